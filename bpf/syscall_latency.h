@@ -1,0 +1,24 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/* Layout shared by syscall_latency.bpf.c and src/tracers/syscall_latency.cpp. */
+#ifndef EBPF_METRICSD_SYSCALL_LATENCY_H
+#define EBPF_METRICSD_SYSCALL_LATENCY_H
+
+/* Syscall numbers at or above this are counted as drops (x32 numbers, -1). */
+#define SYSLAT_MAX_SYSCALLS 512
+/* Slot k holds latencies in (2^(k-1), 2^k] ns; the last slot also holds
+ * everything longer (2^39 ns is about 9 minutes). */
+#define SYSLAT_SLOTS 40
+
+/* One entry per syscall number in a per-CPU array: no hashing, no locks. */
+struct syscall_latency_hist {
+	__u64 slots[SYSLAT_SLOTS];
+	__u64 sum_ns;
+};
+
+enum syscall_latency_drop_reason {
+	SYSLAT_DROP_STORAGE = 0,     /* task storage could not be allocated */
+	SYSLAT_DROP_UNKNOWN_NR = 1,  /* syscall number outside the table */
+	SYSLAT_DROP__COUNT,
+};
+
+#endif

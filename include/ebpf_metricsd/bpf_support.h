@@ -1,0 +1,62 @@
+#pragma once
+
+#include <bpf/libbpf.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ebpf_metricsd {
+
+// A kernel object could not be loaded or attached; the message carries the kernel's reason.
+class BpfError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// "what: strerror (errno)" for a negative libbpf return code or errno value.
+std::string bpf_error_text(const std::string& what, int err);
+
+struct BpfLinkDeleter {
+  void operator()(bpf_link* link) const { bpf_link__destroy(link); }
+};
+using BpfLink = std::unique_ptr<bpf_link, BpfLinkDeleter>;
+
+// Owns a bpftool skeleton: Skeleton::open()/destroy() are the generated functions.
+template <typename Skel, void (*Destroy)(Skel*)>
+struct SkeletonDeleter {
+  void operator()(Skel* s) const { Destroy(s); }
+};
+template <typename Skel, void (*Destroy)(Skel*)>
+using SkeletonPtr = std::unique_ptr<Skel, SkeletonDeleter<Skel, Destroy>>;
+
+// Attaches a program and returns the owning link; throws BpfError with the kernel's reason.
+BpfLink attach_program(bpf_program* prog);
+
+// Sends libbpf's own messages to the daemon's log (debug level for its chatter).
+void route_libbpf_logs();
+
+int possible_cpus();
+
+// Reads a whole BPF_MAP_TYPE_PERCPU_ARRAY: result[key * cpus + cpu] is the value of
+// `key` on `cpu`, copied into T (whose size must equal the map's value size).
+template <typename T>
+std::vector<T> read_percpu_array(int map_fd, std::uint32_t entries);
+
+// Low-level form: raw bytes, each value padded to 8 bytes as the kernel lays them out.
+std::vector<std::uint8_t> read_percpu_array_bytes(int map_fd, std::uint32_t entries,
+                                                  std::size_t value_size);
+
+template <typename T>
+std::vector<T> read_percpu_array(int map_fd, std::uint32_t entries) {
+  static_assert(sizeof(T) % 8 == 0, "per-CPU values are padded to 8 bytes");
+  const auto bytes = read_percpu_array_bytes(map_fd, entries, sizeof(T));
+  std::vector<T> out(bytes.size() / sizeof(T));
+  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(T));
+  return out;
+}
+
+}  // namespace ebpf_metricsd

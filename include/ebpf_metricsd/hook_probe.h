@@ -1,0 +1,54 @@
+#pragma once
+
+#include <map>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace ebpf_metricsd {
+
+// How a BPF program is attached to a kernel tracepoint.
+enum class HookKind { TpBtf, RawTp };
+std::string_view hook_name(HookKind kind);
+
+// What the config asks for: probe (auto) or force one kind.
+enum class HookPreference { Auto, TpBtf, RawTp };
+std::optional<HookPreference> parse_hook_preference(std::string_view text);
+
+// Answers whether a hook kind can really be attached to a tracepoint on this kernel.
+class HookProber {
+ public:
+  virtual ~HookProber() = default;
+  virtual bool can_attach(HookKind kind, const std::string& tracepoint) = 0;
+  // Why the probe of this pair failed ("" if it succeeded, never ran, or is unknown).
+  virtual std::string failure(HookKind /*kind*/, const std::string& /*tracepoint*/) const {
+    return "";
+  }
+};
+
+// Probes by loading a two-instruction program of the kind and attaching it for an instant:
+// the only test that also catches kernels where loading works but attaching is refused.
+// Results are cached per (kind, tracepoint).
+class KernelHookProber : public HookProber {
+ public:
+  bool can_attach(HookKind kind, const std::string& tracepoint) override;
+  std::string failure(HookKind kind, const std::string& tracepoint) const override;
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::pair<HookKind, std::string>, std::string> results_;  // "" = attachable
+};
+
+// The first kind, in preference order (tp_btf before raw_tp), that every tracepoint
+// accepts; nullopt when none does.
+std::optional<HookKind> choose_hook(HookProber& prober, std::span<const std::string> tracepoints,
+                                    HookPreference preference);
+
+// Like choose_hook, but throws BpfError naming every refusal when no kind fits.
+HookKind require_hook(HookProber& prober, std::span<const std::string> tracepoints,
+                      HookPreference preference);
+
+}  // namespace ebpf_metricsd

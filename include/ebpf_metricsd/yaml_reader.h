@@ -1,0 +1,60 @@
+#pragma once
+
+#include <yaml-cpp/yaml.h>
+
+#include <chrono>
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ebpf_metricsd/config_error.h"
+
+namespace ebpf_metricsd {
+
+// Strict reader of one YAML mapping. Every getter records the key as known; finish()
+// rejects any key nobody asked for. All errors name file:line:column and the full key path.
+class YamlMapReader {
+ public:
+  // `node` must be a mapping (or null, read as empty); `path` is its dotted key path.
+  YamlMapReader(const YAML::Node& node, std::string file, std::string path);
+
+  bool has(const std::string& key) const;
+  bool get_bool(const std::string& key, bool fallback);
+  std::string get_string(const std::string& key, const std::string& fallback);
+  std::int64_t get_int(const std::string& key, std::int64_t fallback, std::int64_t min,
+                       std::int64_t max);
+  // Prometheus-style duration: "250ms", "5s", "1m", "1h30m".
+  std::chrono::milliseconds get_duration(const std::string& key,
+                                         std::chrono::milliseconds fallback,
+                                         std::chrono::milliseconds min,
+                                         std::chrono::milliseconds max);
+  std::vector<std::string> get_string_list(const std::string& key);
+  // A nested mapping (null or absent reads as an empty mapping).
+  YamlMapReader get_map(const std::string& key);
+  // The keys present in this mapping, in file order.
+  std::vector<std::string> keys() const;
+
+  // Throws ConfigError for the first key that no getter asked for.
+  void finish() const;
+
+  // Error at this key (or at the mapping itself when key is empty).
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const;
+  [[noreturn]] void fail_at(const YAML::Node& node, const std::string& key,
+                            const std::string& what) const;
+
+  const std::string& file() const { return file_; }
+  std::string key_path(const std::string& key) const;
+
+ private:
+  YAML::Node node_;
+  std::string file_;
+  std::string path_;
+  std::set<std::string> known_;
+};
+
+// Parses a Prometheus-style duration ("1h30m", "500ms"); throws std::invalid_argument.
+std::chrono::milliseconds parse_duration(const std::string& text);
+std::string format_duration(std::chrono::milliseconds d);
+
+}  // namespace ebpf_metricsd

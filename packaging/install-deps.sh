@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs every Debian 12 package that building, running and testing ebpf-metricsd needs.
+# Idempotent: packages already present are left alone. Run as root.
+set -euo pipefail
+
+BUILD_PKGS=(
+  build-essential cmake pkg-config git
+  clang llvm                         # BPF objects are compiled by clang -target bpf
+  bpftool                            # vmlinux.h and skeleton generation at build time
+  libbpf-dev libelf-dev zlib1g-dev
+  prometheus-cpp-dev libcivetweb-dev
+  libspdlog-dev libfmt-dev libyaml-cpp-dev libsystemd-dev libseccomp-dev
+  catch2
+)
+TEST_PKGS=(
+  prometheus                         # promtool check metrics, and the server for e2e tests
+  bpftrace libbpf-tools              # independent oracles
+  stress-ng fio iproute2 curl procps util-linux
+)
+
+want=("${BUILD_PKGS[@]}")
+if [[ "${1:-}" == "--with-tests" ]]; then
+  want+=("${TEST_PKGS[@]}")
+fi
+
+missing=()
+for p in "${want[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]})); then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi

@@ -1,0 +1,86 @@
+#include "ebpf_metricsd/bpf_support.h"
+
+#include <bpf/bpf.h>
+#include <spdlog/spdlog.h>
+
+#include <cerrno>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+
+namespace ebpf_metricsd {
+
+std::string bpf_error_text(const std::string& what, int err) {
+  if (err < 0) err = -err;
+  return what + ": " + std::strerror(err) + " (errno " + std::to_string(err) + ")";
+}
+
+BpfLink attach_program(bpf_program* prog) {
+  bpf_link* link = bpf_program__attach(prog);
+  if (!link) {
+    const int err = errno;
+    throw BpfError(bpf_error_text(std::string("attach ") + bpf_program__name(prog), err));
+  }
+  return BpfLink(link);
+}
+
+namespace {
+
+int libbpf_print(enum libbpf_print_level level, const char* fmt, va_list args) {
+  // Verifier logs run to many kilobytes: size the buffer to the message.
+  va_list copy;
+  va_copy(copy, args);
+  const int n = std::vsnprintf(nullptr, 0, fmt, copy);
+  va_end(copy);
+  if (n <= 0) return n;
+  std::string msg(static_cast<std::size_t>(n) + 1, '\0');
+  std::vsnprintf(msg.data(), msg.size(), fmt, args);
+  msg.resize(static_cast<std::size_t>(n));
+  while (!msg.empty() && msg.back() == '\n') msg.pop_back();
+  switch (level) {
+    case LIBBPF_WARN: spdlog::warn("libbpf: {}", msg); break;
+    case LIBBPF_INFO: spdlog::debug("libbpf: {}", msg); break;
+    case LIBBPF_DEBUG: spdlog::trace("libbpf: {}", msg); break;
+  }
+  return n;
+}
+
+}  // namespace
+
+void route_libbpf_logs() { libbpf_set_print(libbpf_print); }
+
+int possible_cpus() {
+  static const int n = libbpf_num_possible_cpus();
+  if (n <= 0) throw BpfError(bpf_error_text("libbpf_num_possible_cpus", n));
+  return n;
+}
+
+std::vector<std::uint8_t> read_percpu_array_bytes(int map_fd, std::uint32_t entries,
+                                                  std::size_t value_size) {
+  const std::size_t cpus = static_cast<std::size_t>(possible_cpus());
+  const std::size_t stride = (value_size + 7) / 8 * 8;
+  std::vector<std::uint8_t> values(entries * cpus * stride);
+  std::vector<std::uint32_t> keys(entries);
+
+  // One syscall for the whole array where the kernel has batch ops (5.6+).
+  std::uint32_t out_batch = 0;
+  std::uint32_t count = entries;
+  LIBBPF_OPTS(bpf_map_batch_opts, opts);
+  int err = bpf_map_lookup_batch(map_fd, nullptr, &out_batch, keys.data(), values.data(), &count,
+                                 &opts);
+  if ((err == 0 || errno == ENOENT) && count == entries) {
+    // Array keys come back in order 0..entries-1.
+    return values;
+  }
+  if (err != 0 && errno != EINVAL && errno != ENOTSUP && errno != ENOENT) {
+    throw BpfError(bpf_error_text("bpf_map_lookup_batch", errno));
+  }
+  for (std::uint32_t k = 0; k < entries; ++k) {
+    if (bpf_map_lookup_elem(map_fd, &k, values.data() + k * cpus * stride) != 0) {
+      throw BpfError(bpf_error_text("bpf_map_lookup_elem", errno));
+    }
+  }
+  return values;
+}
+
+}  // namespace ebpf_metricsd

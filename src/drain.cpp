@@ -1,0 +1,65 @@
+#include "ebpf_metricsd/drain.h"
+
+#include <spdlog/spdlog.h>
+#include <systemd/sd-daemon.h>
+
+namespace ebpf_metricsd {
+
+DrainLoop::DrainLoop(MetricStore& store, std::chrono::milliseconds interval)
+    : store_(store),
+      duration_metric_(store.declare({"ebpf_metricsd_drain_duration_seconds",
+                                      "How long the last drain of a tracer's maps took.",
+                                      MetricType::Gauge,
+                                      {"tracer"}})),
+      errors_metric_(store.declare({"ebpf_metricsd_drain_errors_total",
+                                    "Drains of a tracer's maps that failed.",
+                                    MetricType::Counter,
+                                    {"tracer"}})),
+      interval_(interval) {}
+
+DrainLoop::~DrainLoop() { stop(); }
+
+void DrainLoop::add(std::string name, Tracer* tracer) {
+  store_.add(errors_metric_, {name}, 0);
+  tracers_.push_back({std::move(name), tracer});
+}
+
+bool DrainLoop::drain_once() {
+  bool all_ok = true;
+  for (auto& e : tracers_) {
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      e.tracer->drain();
+    } catch (const std::exception& ex) {
+      all_ok = false;
+      store_.add(errors_metric_, {e.name}, 1);
+      spdlog::error("drain of tracer {} failed: {}", e.name, ex.what());
+    }
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - t0;
+    store_.set(duration_metric_, {e.name}, took.count());
+  }
+  return all_ok;
+}
+
+void DrainLoop::start() {
+  thread_ = std::thread([this] {
+    std::unique_lock lock(mutex_);
+    while (!stopping_) {
+      lock.unlock();
+      if (drain_once()) sd_notify(0, "WATCHDOG=1");
+      lock.lock();
+      wake_.wait_for(lock, interval_, [this] { return stopping_; });
+    }
+  });
+}
+
+void DrainLoop::stop() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace ebpf_metricsd

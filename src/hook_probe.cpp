@@ -1,0 +1,121 @@
+#include "ebpf_metricsd/hook_probe.h"
+
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+#include <linux/bpf.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <vector>
+
+#include "ebpf_metricsd/bpf_support.h"
+
+namespace ebpf_metricsd {
+
+std::string_view hook_name(HookKind kind) {
+  switch (kind) {
+    case HookKind::TpBtf: return "tp_btf";
+    case HookKind::RawTp: return "raw_tp";
+  }
+  return "?";
+}
+
+std::optional<HookPreference> parse_hook_preference(std::string_view text) {
+  if (text == "auto") return HookPreference::Auto;
+  if (text == "tp_btf") return HookPreference::TpBtf;
+  if (text == "raw_tp") return HookPreference::RawTp;
+  return std::nullopt;
+}
+
+namespace {
+
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+// "return 0"
+const bpf_insn kReturnZero[] = {
+    {.code = BPF_ALU64 | BPF_MOV | BPF_K, .dst_reg = BPF_REG_0, .src_reg = 0, .off = 0, .imm = 0},
+    {.code = BPF_JMP | BPF_EXIT, .dst_reg = 0, .src_reg = 0, .off = 0, .imm = 0},
+};
+
+std::string probe(HookKind kind, const std::string& tracepoint) {
+  LIBBPF_OPTS(bpf_prog_load_opts, opts);
+  bpf_prog_type type = BPF_PROG_TYPE_RAW_TRACEPOINT;
+  if (kind == HookKind::TpBtf) {
+    const int btf_id = libbpf_find_vmlinux_btf_id(tracepoint.c_str(), BPF_TRACE_RAW_TP);
+    if (btf_id < 0) return bpf_error_text("no BTF for tracepoint " + tracepoint, btf_id);
+    type = BPF_PROG_TYPE_TRACING;
+    opts.expected_attach_type = BPF_TRACE_RAW_TP;
+    opts.attach_btf_id = static_cast<__u32>(btf_id);
+  }
+  Fd prog(bpf_prog_load(type, "emd_probe", "GPL", kReturnZero, 2, &opts));
+  if (prog.get() < 0) return bpf_error_text("load probe program", errno);
+  Fd link(bpf_raw_tracepoint_open(kind == HookKind::TpBtf ? nullptr : tracepoint.c_str(),
+                                  prog.get()));
+  if (link.get() < 0) return bpf_error_text("attach probe program", errno);
+  return "";
+}
+
+}  // namespace
+
+bool KernelHookProber::can_attach(HookKind kind, const std::string& tracepoint) {
+  std::lock_guard lock(mutex_);
+  auto key = std::make_pair(kind, tracepoint);
+  auto it = results_.find(key);
+  if (it == results_.end()) it = results_.emplace(key, probe(kind, tracepoint)).first;
+  return it->second.empty();
+}
+
+std::string KernelHookProber::failure(HookKind kind, const std::string& tracepoint) const {
+  std::lock_guard lock(mutex_);
+  auto it = results_.find({kind, tracepoint});
+  return it == results_.end() ? "" : it->second;
+}
+
+std::optional<HookKind> choose_hook(HookProber& prober, std::span<const std::string> tracepoints,
+                                    HookPreference preference) {
+  std::vector<HookKind> order;
+  switch (preference) {
+    case HookPreference::Auto: order = {HookKind::TpBtf, HookKind::RawTp}; break;
+    case HookPreference::TpBtf: order = {HookKind::TpBtf}; break;
+    case HookPreference::RawTp: order = {HookKind::RawTp}; break;
+  }
+  for (HookKind kind : order) {
+    bool all = true;
+    for (const auto& tp : tracepoints) {
+      if (!prober.can_attach(kind, tp)) {
+        all = false;
+        break;
+      }
+    }
+    if (all) return kind;
+  }
+  return std::nullopt;
+}
+
+HookKind require_hook(HookProber& prober, std::span<const std::string> tracepoints,
+                      HookPreference preference) {
+  if (auto kind = choose_hook(prober, tracepoints, preference)) return *kind;
+  std::string why;
+  for (HookKind kind : {HookKind::TpBtf, HookKind::RawTp}) {
+    for (const auto& tp : tracepoints) {
+      const std::string f = prober.failure(kind, tp);
+      if (f.empty()) continue;
+      why += (why.empty() ? "" : "; ") + std::string(hook_name(kind)) + "/" + tp + ": " + f;
+    }
+  }
+  throw BpfError("no usable hook" + (why.empty() ? std::string() : ": " + why));
+}
+
+}  // namespace ebpf_metricsd

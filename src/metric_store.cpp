@@ -1,0 +1,178 @@
+#include "ebpf_metricsd/metric_store.h"
+
+#include <prometheus/check_names.h>
+
+#include <stdexcept>
+
+namespace ebpf_metricsd {
+
+MetricStore::MetricId MetricStore::declare(const MetricSpec& spec) {
+  if (!prometheus::CheckMetricName(spec.name)) {
+    throw std::invalid_argument("invalid metric name: " + spec.name);
+  }
+  for (const auto& l : spec.labels) {
+    if (!prometheus::CheckLabelName(l) || l == "le") {
+      throw std::invalid_argument("invalid label name '" + l + "' on " + spec.name);
+    }
+  }
+  if (spec.type == MetricType::Histogram &&
+      (spec.buckets.max_log2 < spec.buckets.min_log2 || spec.buckets.units_per_base <= 0)) {
+    throw std::invalid_argument("invalid bucket layout on " + spec.name);
+  }
+  std::lock_guard lock(mutex_);
+  for (std::size_t i = 0; i < metrics_.size(); ++i) {
+    const MetricSpec& s = metrics_[i].spec;
+    if (s.name != spec.name) continue;
+    if (s.type != spec.type || s.labels != spec.labels || s.help != spec.help) {
+      throw std::invalid_argument("metric " + spec.name + " declared twice, differently");
+    }
+    return i;
+  }
+  metrics_.push_back(Metric{spec, {}});
+  return metrics_.size() - 1;
+}
+
+MetricStore::Series& MetricStore::series_for(Metric& m, const LabelValues& labels) {
+  if (labels.size() != m.spec.labels.size()) {
+    throw std::invalid_argument("wrong number of label values for " + m.spec.name);
+  }
+  auto it = m.series.find(labels);
+  if (it != m.series.end()) return it->second;
+  LabelValues clean;
+  clean.reserve(labels.size());
+  for (const auto& v : labels) clean.push_back(sanitize_utf8(v));
+  Series fresh;
+  switch (m.spec.type) {
+    case MetricType::Counter: fresh = std::uint64_t{0}; break;
+    case MetricType::Gauge: fresh = 0.0; break;
+    case MetricType::Histogram: {
+      Log2HistogramState h;
+      h.buckets.assign(m.spec.buckets.finite_buckets() + 1, 0);
+      fresh = std::move(h);
+      break;
+    }
+  }
+  return m.series.emplace(std::move(clean), std::move(fresh)).first->second;
+}
+
+void MetricStore::add(MetricId id, const LabelValues& labels, std::uint64_t delta) {
+  std::lock_guard lock(mutex_);
+  Metric& m = metrics_.at(id);
+  if (m.spec.type != MetricType::Counter) throw std::logic_error(m.spec.name + " is no counter");
+  std::get<std::uint64_t>(series_for(m, labels)) += delta;
+}
+
+void MetricStore::set(MetricId id, const LabelValues& labels, double value) {
+  std::lock_guard lock(mutex_);
+  Metric& m = metrics_.at(id);
+  if (m.spec.type != MetricType::Gauge) throw std::logic_error(m.spec.name + " is no gauge");
+  std::get<double>(series_for(m, labels)) = value;
+}
+
+void MetricStore::add_slots(MetricId id, const LabelValues& labels,
+                            std::span<const std::uint64_t> slots, std::uint64_t sum_delta) {
+  std::lock_guard lock(mutex_);
+  Metric& m = metrics_.at(id);
+  if (m.spec.type != MetricType::Histogram) {
+    throw std::logic_error(m.spec.name + " is no histogram");
+  }
+  auto& h = std::get<Log2HistogramState>(series_for(m, labels));
+  m.spec.buckets.fold(slots, h.buckets);
+  h.sum_raw += sum_delta;
+}
+
+void MetricStore::remove(MetricId id, const LabelValues& labels) {
+  std::lock_guard lock(mutex_);
+  metrics_.at(id).series.erase(labels);
+}
+
+std::size_t MetricStore::series_count() const {
+  std::lock_guard lock(mutex_);
+  std::size_t n = 0;
+  for (const auto& m : metrics_) n += m.series.size();
+  return n;
+}
+
+std::vector<prometheus::MetricFamily> MetricStore::Collect() const {
+  std::lock_guard lock(mutex_);
+  std::vector<prometheus::MetricFamily> out;
+  out.reserve(metrics_.size());
+  for (const auto& m : metrics_) {
+    if (m.series.empty()) continue;
+    prometheus::MetricFamily fam;
+    fam.name = m.spec.name;
+    fam.help = m.spec.help;
+    switch (m.spec.type) {
+      case MetricType::Counter: fam.type = prometheus::MetricType::Counter; break;
+      case MetricType::Gauge: fam.type = prometheus::MetricType::Gauge; break;
+      case MetricType::Histogram: fam.type = prometheus::MetricType::Histogram; break;
+    }
+    fam.metric.reserve(m.series.size());
+    for (const auto& [labels, series] : m.series) {
+      prometheus::ClientMetric cm;
+      for (std::size_t i = 0; i < labels.size(); ++i) {
+        cm.label.push_back({m.spec.labels[i], labels[i]});
+      }
+      if (const auto* c = std::get_if<std::uint64_t>(&series)) {
+        cm.counter.value = static_cast<double>(*c) / m.spec.units_per_base;
+      } else if (const auto* g = std::get_if<double>(&series)) {
+        cm.gauge.value = *g;
+      } else {
+        const auto& h = std::get<Log2HistogramState>(series);
+        const auto cumulative = h.cumulative();
+        cm.histogram.sample_count = h.count();
+        cm.histogram.sample_sum = static_cast<double>(h.sum_raw) / m.spec.buckets.units_per_base;
+        for (std::size_t i = 0; i < cumulative.size(); ++i) {
+          cm.histogram.bucket.push_back({cumulative[i], m.spec.buckets.upper_bound(i)});
+        }
+      }
+      fam.metric.push_back(std::move(cm));
+    }
+    out.push_back(std::move(fam));
+  }
+  return out;
+}
+
+std::string sanitize_utf8(std::string_view in) {
+  std::string out;
+  out.reserve(in.size());
+  const auto* s = reinterpret_cast<const unsigned char*>(in.data());
+  const std::size_t n = in.size();
+  std::size_t i = 0;
+  while (i < n) {
+    const unsigned char c = s[i];
+    std::size_t len = 0;
+    std::uint32_t cp = 0;
+    if (c < 0x80) {
+      len = 1;
+      cp = c;
+    } else if ((c & 0xE0) == 0xC0) {
+      len = 2;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4;
+      cp = c & 0x07;
+    }
+    bool ok = len > 0 && i + len <= n;
+    for (std::size_t k = 1; ok && k < len; ++k) {
+      if ((s[i + k] & 0xC0) != 0x80) ok = false;
+      else cp = (cp << 6) | (s[i + k] & 0x3F);
+    }
+    // Reject overlong forms, surrogates and code points past U+10FFFF.
+    static const std::uint32_t min_cp[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (ok && (cp < min_cp[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))) ok = false;
+    if (ok) {
+      out.append(in.substr(i, len));
+      i += len;
+    } else {
+      out.append("\xEF\xBF\xBD");
+      ++i;
+    }
+  }
+  return out;
+}
+
+}  // namespace ebpf_metricsd

@@ -1,0 +1,79 @@
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+
+#include <numeric>
+
+#include "ebpf_metricsd/bpf_support.h"
+#include "ebpf_metricsd/tracer.h"
+
+namespace ebpf_metricsd {
+
+// Each tracer unit in src/tracers/ defines its descriptor.
+TracerDescriptor syscall_latency_descriptor();
+
+const std::vector<TracerDescriptor>& tracer_registry() {
+  static const std::vector<TracerDescriptor> registry = {
+      syscall_latency_descriptor(),
+  };
+  return registry;
+}
+
+const TracerDescriptor* find_tracer(std::string_view name) {
+  for (const auto& d : tracer_registry()) {
+    if (d.name == name) return &d;
+  }
+  return nullptr;
+}
+
+MetricSpec dropped_events_spec() {
+  return {"ebpf_metricsd_dropped_events_total",
+          "Kernel events a tracer saw but could not record, by reason.",
+          MetricType::Counter,
+          {"tracer", "reason"}};
+}
+
+DropAccounting::DropAccounting(MetricStore& store, std::string tracer,
+                               std::vector<std::string> reasons)
+    : store_(store),
+      metric_(store.declare(dropped_events_spec())),
+      tracer_(std::move(tracer)),
+      reasons_(std::move(reasons)),
+      last_(reasons_.size(), 0) {
+  // Zero series up front, so "no drops" is visible rather than absent.
+  for (const auto& r : reasons_) store_.add(metric_, {tracer_, r}, 0);
+  store_.add(metric_, {tracer_, "recursion"}, 0);
+}
+
+void DropAccounting::bind(int drops_map_fd, std::vector<const bpf_program*> programs) {
+  map_fd_ = drops_map_fd;
+  prog_fds_.clear();
+  for (const bpf_program* p : programs) {
+    if (bpf_program__autoload(p)) prog_fds_.push_back(bpf_program__fd(p));
+  }
+}
+
+void DropAccounting::drain() {
+  if (map_fd_ >= 0) {
+    const auto per_cpu = read_percpu_array<std::uint64_t>(map_fd_,
+                                                          static_cast<std::uint32_t>(reasons_.size()));
+    const std::size_t cpus = static_cast<std::size_t>(possible_cpus());
+    for (std::size_t r = 0; r < reasons_.size(); ++r) {
+      std::uint64_t total = 0;
+      for (std::size_t c = 0; c < cpus; ++c) total += per_cpu[r * cpus + c];
+      if (total > last_[r]) store_.add(metric_, {tracer_, reasons_[r]}, total - last_[r]);
+      last_[r] = total;
+    }
+  }
+  // The kernel skips a program that would re-enter itself on one CPU (e.g. from NMI) and
+  // counts that as a recursion miss: an event this tracer did not see.
+  std::uint64_t misses = 0;
+  for (int fd : prog_fds_) {
+    bpf_prog_info info{};
+    __u32 len = sizeof info;
+    if (bpf_obj_get_info_by_fd(fd, &info, &len) == 0) misses += info.recursion_misses;
+  }
+  if (misses > last_misses_) store_.add(metric_, {tracer_, "recursion"}, misses - last_misses_);
+  last_misses_ = misses;
+}
+
+}  // namespace ebpf_metricsd

@@ -1,0 +1,150 @@
+// syscall_latency: time from sys_enter to sys_exit per syscall, as a log2 histogram.
+#include <algorithm>
+#include <array>
+#include <set>
+
+#include "ebpf_metricsd/bpf_support.h"
+#include "ebpf_metricsd/syscall_names.h"
+#include "ebpf_metricsd/tracer.h"
+
+// clang-format off
+#include <linux/types.h>
+#include "syscall_latency.h"
+#include "syscall_latency.skel.h"
+// clang-format on
+
+namespace ebpf_metricsd {
+
+namespace {
+
+struct SyscallLatencyOptions {
+  std::set<int> include;  // empty = all
+  std::set<int> exclude;
+};
+
+MetricSpec latency_spec() {
+  MetricSpec s;
+  s.name = "ebpf_syscall_latency_seconds";
+  s.help = "Time from syscall entry to exit, by syscall.";
+  s.type = MetricType::Histogram;
+  s.labels = {"syscall"};
+  // 32 ns .. 2^36 ns (68.7 s); longer goes to +Inf only.
+  s.buckets = {1e9, 5, 36};
+  return s;
+}
+
+std::set<int> read_syscall_list(YamlMapReader& options, const std::string& key) {
+  std::set<int> out;
+  for (const auto& name : options.get_string_list(key)) {
+    const auto nr = syscall_number(name);
+    if (!nr) options.fail(key, "unknown syscall '" + name + "'");
+    if (*nr >= SYSLAT_MAX_SYSCALLS) {
+      options.fail(key, "syscall '" + name + "' (" + std::to_string(*nr) +
+                            ") is beyond the traced table");
+    }
+    out.insert(*nr);
+  }
+  return out;
+}
+
+using Skeleton = SkeletonPtr<syscall_latency, syscall_latency__destroy>;
+
+class SyscallLatencyTracer final : public Tracer {
+ public:
+  SyscallLatencyTracer(MetricStore& store, SyscallLatencyOptions options)
+      : store_(store),
+        options_(std::move(options)),
+        metric_(store.declare(latency_spec())),
+        drops_(store, "syscall_latency", {"task_storage_full", "unknown_syscall"}) {}
+
+  void start(HookProber& prober, HookPreference preference) override {
+    static const std::array<std::string, 2> tracepoints = {"sys_enter", "sys_exit"};
+    const HookKind kind = require_hook(prober, tracepoints, preference);
+
+    Skeleton skel(syscall_latency__open());
+    if (!skel) throw BpfError(bpf_error_text("open syscall_latency", errno));
+    for (int nr = 0; nr < SYSLAT_MAX_SYSCALLS; ++nr) {
+      const bool wanted = options_.include.empty() || options_.include.count(nr);
+      skel->rodata->traced[nr] = wanted && !options_.exclude.count(nr);
+    }
+    const bool btf = kind == HookKind::TpBtf;
+    bpf_program__set_autoload(skel->progs.sys_enter_btf, btf);
+    bpf_program__set_autoload(skel->progs.sys_exit_btf, btf);
+    bpf_program__set_autoload(skel->progs.sys_enter_raw, !btf);
+    bpf_program__set_autoload(skel->progs.sys_exit_raw, !btf);
+    if (int err = syscall_latency__load(skel.get())) {
+      throw BpfError(bpf_error_text("load syscall_latency", err));
+    }
+    bpf_program* enter = btf ? skel->progs.sys_enter_btf : skel->progs.sys_enter_raw;
+    bpf_program* exit = btf ? skel->progs.sys_exit_btf : skel->progs.sys_exit_raw;
+    // Exit first: an enter without its exit attached would only leave stale stamps.
+    links_.push_back(attach_program(exit));
+    links_.push_back(attach_program(enter));
+    drops_.bind(bpf_map__fd(skel->maps.drops), {enter, exit});
+    hook_ = std::string(hook_name(kind));
+    last_.assign(SYSLAT_MAX_SYSCALLS, syscall_latency_hist{});
+    names_.resize(SYSLAT_MAX_SYSCALLS);
+    skel_ = std::move(skel);
+  }
+
+  std::string hook() const override { return hook_; }
+
+  void drain() override {
+    const auto per_cpu = read_percpu_array<syscall_latency_hist>(bpf_map__fd(skel_->maps.hists),
+                                                                 SYSLAT_MAX_SYSCALLS);
+    const std::size_t cpus = static_cast<std::size_t>(possible_cpus());
+    std::array<std::uint64_t, SYSLAT_SLOTS> delta{};
+    for (std::size_t nr = 0; nr < SYSLAT_MAX_SYSCALLS; ++nr) {
+      syscall_latency_hist total{};
+      for (std::size_t c = 0; c < cpus; ++c) {
+        const auto& h = per_cpu[nr * cpus + c];
+        for (std::size_t s = 0; s < SYSLAT_SLOTS; ++s) total.slots[s] += h.slots[s];
+        total.sum_ns += h.sum_ns;
+      }
+      syscall_latency_hist& last = last_[nr];
+      bool any = false;
+      for (std::size_t s = 0; s < SYSLAT_SLOTS; ++s) {
+        delta[s] = total.slots[s] - last.slots[s];
+        any |= delta[s] != 0;
+      }
+      if (!any && total.sum_ns == last.sum_ns) continue;
+      if (names_[nr].empty()) names_[nr] = syscall_name(static_cast<int>(nr));
+      store_.add_slots(metric_, {names_[nr]}, delta, total.sum_ns - last.sum_ns);
+      last = total;
+    }
+    drops_.drain();
+  }
+
+ private:
+  MetricStore& store_;
+  SyscallLatencyOptions options_;
+  MetricStore::MetricId metric_;
+  DropAccounting drops_;
+  // Links before the skeleton in destruction order: detach, then unload.
+  Skeleton skel_;
+  std::vector<BpfLink> links_;
+  std::string hook_;
+  std::vector<syscall_latency_hist> last_;
+  std::vector<std::string> names_;
+};
+
+}  // namespace
+
+TracerDescriptor syscall_latency_descriptor() {
+  return {
+      "syscall_latency",
+      "Syscall latency (sys_enter to sys_exit), by syscall",
+      [](YamlMapReader& options) -> std::any {
+        SyscallLatencyOptions o;
+        o.include = read_syscall_list(options, "include");
+        o.exclude = read_syscall_list(options, "exclude");
+        return o;
+      },
+      [](MetricStore& store, const std::any& options) -> std::unique_ptr<Tracer> {
+        return std::make_unique<SyscallLatencyTracer>(
+            store, std::any_cast<const SyscallLatencyOptions&>(options));
+      },
+  };
+}
+
+}  // namespace ebpf_metricsd

@@ -1,0 +1,209 @@
+#include "ebpf_metricsd/yaml_reader.h"
+
+#include <cctype>
+#include <limits>
+#include <stdexcept>
+
+namespace ebpf_metricsd {
+
+namespace {
+
+std::string location(const std::string& file, const YAML::Node& node) {
+  const YAML::Mark mark = node.Mark();
+  if (mark.is_null()) return file;
+  return file + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1);
+}
+
+const char* kind_name(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Null: return "null";
+    case YAML::NodeType::Scalar: return "a scalar";
+    case YAML::NodeType::Sequence: return "a list";
+    case YAML::NodeType::Map: return "a mapping";
+    default: return "undefined";
+  }
+}
+
+}  // namespace
+
+YamlMapReader::YamlMapReader(const YAML::Node& node, std::string file, std::string path)
+    : node_(node), file_(std::move(file)), path_(std::move(path)) {
+  if (!node_.IsNull() && !node_.IsMap()) {
+    throw ConfigError(location(file_, node_) + ": " + (path_.empty() ? "<top level>" : path_) +
+                      ": expected a mapping, got " + kind_name(node_));
+  }
+}
+
+std::string YamlMapReader::key_path(const std::string& key) const {
+  if (key.empty()) return path_.empty() ? "<top level>" : path_;
+  return path_.empty() ? key : path_ + "." + key;
+}
+
+void YamlMapReader::fail_at(const YAML::Node& node, const std::string& key,
+                            const std::string& what) const {
+  throw ConfigError(location(file_, node) + ": " + key_path(key) + ": " + what);
+}
+
+void YamlMapReader::fail(const std::string& key, const std::string& what) const {
+  if (!key.empty() && has(key)) fail_at(node_[key], key, what);
+  fail_at(node_, key, what);
+}
+
+bool YamlMapReader::has(const std::string& key) const {
+  return node_.IsMap() && node_[key].IsDefined();
+}
+
+std::vector<std::string> YamlMapReader::keys() const {
+  std::vector<std::string> out;
+  if (!node_.IsMap()) return out;
+  for (const auto& kv : node_) {
+    if (!kv.first.IsScalar()) fail_at(kv.first, "", "keys must be scalars");
+    out.push_back(kv.first.Scalar());
+  }
+  return out;
+}
+
+bool YamlMapReader::get_bool(const std::string& key, bool fallback) {
+  known_.insert(key);
+  if (!has(key)) return fallback;
+  const YAML::Node n = node_[key];
+  if (n.IsScalar()) {
+    const std::string& s = n.Scalar();
+    if (s == "true" || s == "True" || s == "TRUE") return true;
+    if (s == "false" || s == "False" || s == "FALSE") return false;
+  }
+  fail_at(n, key, std::string("expected true or false, got ") +
+                      (n.IsScalar() ? "'" + n.Scalar() + "'" : kind_name(n)));
+}
+
+std::string YamlMapReader::get_string(const std::string& key, const std::string& fallback) {
+  known_.insert(key);
+  if (!has(key)) return fallback;
+  const YAML::Node n = node_[key];
+  if (!n.IsScalar()) fail_at(n, key, std::string("expected a string, got ") + kind_name(n));
+  return n.Scalar();
+}
+
+std::int64_t YamlMapReader::get_int(const std::string& key, std::int64_t fallback,
+                                    std::int64_t min, std::int64_t max) {
+  known_.insert(key);
+  if (!has(key)) return fallback;
+  const YAML::Node n = node_[key];
+  if (!n.IsScalar()) fail_at(n, key, std::string("expected an integer, got ") + kind_name(n));
+  const std::string& s = n.Scalar();
+  std::size_t used = 0;
+  long long v = 0;
+  try {
+    v = std::stoll(s, &used, 10);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != s.size()) fail_at(n, key, "expected an integer, got '" + s + "'");
+  if (v < min || v > max) {
+    fail_at(n, key, "value " + s + " is out of range [" + std::to_string(min) + ", " +
+                        std::to_string(max) + "]");
+  }
+  return v;
+}
+
+std::chrono::milliseconds YamlMapReader::get_duration(const std::string& key,
+                                                      std::chrono::milliseconds fallback,
+                                                      std::chrono::milliseconds min,
+                                                      std::chrono::milliseconds max) {
+  known_.insert(key);
+  if (!has(key)) return fallback;
+  const YAML::Node n = node_[key];
+  if (!n.IsScalar()) fail_at(n, key, std::string("expected a duration, got ") + kind_name(n));
+  std::chrono::milliseconds d{};
+  try {
+    d = parse_duration(n.Scalar());
+  } catch (const std::invalid_argument& e) {
+    fail_at(n, key, e.what());
+  }
+  if (d < min || d > max) {
+    fail_at(n, key, "duration " + n.Scalar() + " is out of range [" + format_duration(min) +
+                        ", " + format_duration(max) + "]");
+  }
+  return d;
+}
+
+std::vector<std::string> YamlMapReader::get_string_list(const std::string& key) {
+  known_.insert(key);
+  std::vector<std::string> out;
+  if (!has(key) || node_[key].IsNull()) return out;
+  const YAML::Node n = node_[key];
+  if (!n.IsSequence()) fail_at(n, key, std::string("expected a list, got ") + kind_name(n));
+  for (const auto& item : n) {
+    if (!item.IsScalar()) {
+      fail_at(item, key, std::string("list items must be strings, got ") + kind_name(item));
+    }
+    out.push_back(item.Scalar());
+  }
+  return out;
+}
+
+YamlMapReader YamlMapReader::get_map(const std::string& key) {
+  known_.insert(key);
+  YAML::Node n = has(key) ? node_[key] : YAML::Node(YAML::NodeType::Null);
+  return YamlMapReader(n, file_, key_path(key));
+}
+
+void YamlMapReader::finish() const {
+  if (!node_.IsMap()) return;
+  for (const auto& kv : node_) {
+    const std::string k = kv.first.Scalar();
+    if (!known_.count(k)) fail_at(kv.first, k, "unknown key");
+  }
+}
+
+std::chrono::milliseconds parse_duration(const std::string& text) {
+  if (text.empty()) throw std::invalid_argument("empty duration");
+  struct Unit {
+    const char* suffix;
+    std::int64_t ms;
+  };
+  // Longest suffix first so "ms" is not read as "m".
+  static const Unit units[] = {{"ms", 1}, {"s", 1000}, {"m", 60'000}, {"h", 3'600'000},
+                               {"d", 86'400'000}};
+  std::int64_t total = 0;
+  std::size_t i = 0;
+  while (i < text.size()) {
+    if (!std::isdigit(static_cast<unsigned char>(text[i]))) {
+      throw std::invalid_argument("invalid duration '" + text +
+                                  "' (expected e.g. 500ms, 5s, 1m, 1h30m)");
+    }
+    std::int64_t n = 0;
+    while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) {
+      if (n > std::numeric_limits<std::int64_t>::max() / 10 / 86'400'000) {
+        throw std::invalid_argument("duration '" + text + "' is too large");
+      }
+      n = n * 10 + (text[i] - '0');
+      ++i;
+    }
+    const Unit* unit = nullptr;
+    for (const auto& u : units) {
+      const std::string suffix = u.suffix;
+      if (text.compare(i, suffix.size(), suffix) == 0) {
+        unit = &u;
+        i += suffix.size();
+        break;
+      }
+    }
+    if (!unit) {
+      throw std::invalid_argument("invalid duration '" + text +
+                                  "' (expected a unit: ms, s, m, h, d)");
+    }
+    total += n * unit->ms;
+  }
+  return std::chrono::milliseconds(total);
+}
+
+std::string format_duration(std::chrono::milliseconds d) {
+  const auto ms = d.count();
+  if (ms % 1000 != 0) return std::to_string(ms) + "ms";
+  if (ms % 3'600'000 == 0 && ms != 0) return std::to_string(ms / 3'600'000) + "h";
+  if (ms % 60'000 == 0 && ms != 0) return std::to_string(ms / 60'000) + "m";
+  return std::to_string(ms / 1000) + "s";
+}
+
+}  // namespace ebpf_metricsd
