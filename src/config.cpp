@@ -37,7 +37,7 @@ Config parse_config(const std::string& yaml_text, const std::string& file_name) 
     if (!find_tracer(name)) {
       std::string known;
       for (const auto& d : tracer_registry()) known += (known.empty() ? "" : ", ") + d.name;
-      tracers.fail(name, "unknown tracer (known: " + known + ")");
+      tracers.fail_key(name, "unknown tracer (known: " + known + ")");
     }
   }
   for (const auto& desc : tracer_registry()) {

@@ -49,6 +49,15 @@ void YamlMapReader::fail(const std::string& key, const std::string& what) const 
   fail_at(node_, key, what);
 }
 
+void YamlMapReader::fail_key(const std::string& key, const std::string& what) const {
+  if (node_.IsMap()) {
+    for (const auto& kv : node_) {
+      if (kv.first.IsScalar() && kv.first.Scalar() == key) fail_at(kv.first, key, what);
+    }
+  }
+  fail(key, what);
+}
+
 bool YamlMapReader::has(const std::string& key) const {
   return node_.IsMap() && node_[key].IsDefined();
 }
@@ -152,7 +161,7 @@ void YamlMapReader::finish() const {
   if (!node_.IsMap()) return;
   for (const auto& kv : node_) {
     const std::string k = kv.first.Scalar();
-    if (!known_.count(k)) fail_at(kv.first, k, "unknown key");
+    if (!known_.count(k)) fail_key(k, "unknown key");
   }
 }
 

@@ -40,6 +40,8 @@ class YamlMapReader {
 
   // Error at this key (or at the mapping itself when key is empty).
   [[noreturn]] void fail(const std::string& key, const std::string& what) const;
+  // Error pointing at the key itself rather than its value (for unknown names).
+  [[noreturn]] void fail_key(const std::string& key, const std::string& what) const;
   [[noreturn]] void fail_at(const YAML::Node& node, const std::string& key,
                             const std::string& what) const;
 

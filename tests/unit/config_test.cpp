@@ -1,0 +1,155 @@
+#include <catch2/catch.hpp>
+#include <fstream>
+
+#include "ebpf_metricsd/config.h"
+#include "ebpf_metricsd/yaml_reader.h"
+
+using namespace ebpf_metricsd;
+using Catch::Matchers::Contains;
+using Catch::Matchers::StartsWith;
+
+namespace {
+
+std::string error_of(const std::string& yaml) {
+  try {
+    parse_config(yaml, "test.yaml");
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+const TracerConfig& tracer(const Config& c, const std::string& name) {
+  for (const auto& t : c.tracers) {
+    if (t.name == name) return t;
+  }
+  throw std::runtime_error("no tracer " + name);
+}
+
+}  // namespace
+
+TEST_CASE("empty config gives the documented defaults") {
+  const Config c = parse_config("", "test.yaml");
+  CHECK(c.listen_address == ":9810");
+  CHECK(c.drain_interval == std::chrono::seconds(5));
+  REQUIRE(!c.tracers.empty());
+  for (const auto& t : c.tracers) CHECK_FALSE(t.enabled);
+}
+
+TEST_CASE("a full valid config is read") {
+  const Config c = parse_config(R"(
+web:
+  listen_address: "127.0.0.1:9999"
+drain_interval: 1m30s
+tracers:
+  syscall_latency:
+    enabled: true
+    hook: raw_tp
+    include: [read, write]
+    exclude: [write]
+)",
+                                "test.yaml");
+  CHECK(c.listen_address == "127.0.0.1:9999");
+  CHECK(c.drain_interval == std::chrono::seconds(90));
+  const auto& t = tracer(c, "syscall_latency");
+  CHECK(t.enabled);
+  CHECK(t.hook == HookPreference::RawTp);
+}
+
+TEST_CASE("the shipped config is valid and enables syscall_latency") {
+  const Config c = load_config(SOURCE_DIR "/config/ebpf-metricsd.yaml");
+  CHECK(c.listen_address == ":9810");
+  CHECK(tracer(c, "syscall_latency").enabled);
+}
+
+TEST_CASE("config errors name file, line, column and key") {
+  SECTION("invalid YAML") {
+    CHECK_THAT(error_of("web: [unclosed\n"), StartsWith("test.yaml:") && Contains("invalid YAML"));
+  }
+  SECTION("top level is not a mapping") {
+    CHECK_THAT(error_of("- a\n- b\n"), StartsWith("test.yaml:1:1:") && Contains("expected a mapping"));
+  }
+  SECTION("unknown top-level key") {
+    CHECK(error_of("drain_interval: 5s\nfrobnicate: 1\n") ==
+          "test.yaml:2:1: frobnicate: unknown key");
+  }
+  SECTION("unknown key in web") {
+    CHECK(error_of("web:\n  listen_adress: ':1'\n") == "test.yaml:2:3: web.listen_adress: unknown key");
+  }
+  SECTION("web is not a mapping") {
+    CHECK_THAT(error_of("web: 5\n"), StartsWith("test.yaml:1:6: web: expected a mapping"));
+  }
+  SECTION("invalid listen address") {
+    CHECK_THAT(error_of("web:\n  listen_address: 'nope'\n"),
+               StartsWith("test.yaml:2:19: web.listen_address: expected host:port"));
+    CHECK_THAT(error_of("web:\n  listen_address: ':99999'\n"),
+               Contains("web.listen_address: invalid port"));
+    CHECK_THAT(error_of("web:\n  listen_address: 'example.com:80'\n"),
+               Contains("web.listen_address: invalid IP address"));
+    CHECK_THAT(error_of("web:\n  listen_address: '[::1:80'\n"),
+               Contains("web.listen_address: unbalanced ["));
+  }
+  SECTION("listen address of the wrong type") {
+    CHECK_THAT(error_of("web:\n  listen_address: [1]\n"),
+               StartsWith("test.yaml:2:19: web.listen_address: expected a string, got a list"));
+  }
+  SECTION("invalid drain interval") {
+    CHECK_THAT(error_of("drain_interval: 5 seconds\n"),
+               StartsWith("test.yaml:1:17: drain_interval: invalid duration"));
+    CHECK_THAT(error_of("drain_interval: 5\n"), Contains("expected a unit"));
+    CHECK_THAT(error_of("drain_interval: {a: 1}\n"), Contains("expected a duration, got a mapping"));
+  }
+  SECTION("drain interval out of range") {
+    CHECK(error_of("drain_interval: 10ms\n") ==
+          "test.yaml:1:17: drain_interval: duration 10ms is out of range [100ms, 1h]");
+    CHECK_THAT(error_of("drain_interval: 2h\n"), Contains("out of range"));
+  }
+  SECTION("unknown tracer") {
+    CHECK_THAT(error_of("tracers:\n  syscal_latency: {enabled: true}\n"),
+               StartsWith("test.yaml:2:3: tracers.syscal_latency: unknown tracer (known: "));
+  }
+  SECTION("tracers is not a mapping") {
+    CHECK_THAT(error_of("tracers: [syscall_latency]\n"), Contains("tracers: expected a mapping"));
+  }
+  SECTION("unknown key in a tracer") {
+    CHECK(error_of("tracers:\n  syscall_latency:\n    enabled: true\n    inclde: [read]\n") ==
+          "test.yaml:4:5: tracers.syscall_latency.inclde: unknown key");
+  }
+  SECTION("enabled is not a boolean") {
+    CHECK(error_of("tracers:\n  syscall_latency:\n    enabled: yes please\n") ==
+          "test.yaml:3:14: tracers.syscall_latency.enabled: expected true or false, got 'yes please'");
+  }
+  SECTION("invalid hook") {
+    CHECK_THAT(error_of("tracers:\n  syscall_latency:\n    hook: kprobe\n"),
+               StartsWith("test.yaml:3:11: tracers.syscall_latency.hook: expected auto, tp_btf or raw_tp"));
+  }
+  SECTION("unknown syscall name") {
+    CHECK(error_of("tracers:\n  syscall_latency:\n    include: [read, frobnicate]\n") ==
+          "test.yaml:3:14: tracers.syscall_latency.include: unknown syscall 'frobnicate'");
+  }
+  SECTION("include is not a list") {
+    CHECK_THAT(error_of("tracers:\n  syscall_latency:\n    exclude: read\n"),
+               StartsWith("test.yaml:3:14: tracers.syscall_latency.exclude: expected a list, got a scalar"));
+  }
+  SECTION("list item is not a string") {
+    CHECK_THAT(error_of("tracers:\n  syscall_latency:\n    include: [[read]]\n"),
+               Contains("tracers.syscall_latency.include: list items must be strings"));
+  }
+  SECTION("missing file") {
+    CHECK_THROWS_WITH(load_config("/nonexistent/ebpf-metricsd.yaml"),
+                      "/nonexistent/ebpf-metricsd.yaml: cannot read config file");
+  }
+}
+
+TEST_CASE("durations parse like Prometheus durations") {
+  CHECK(parse_duration("250ms") == std::chrono::milliseconds(250));
+  CHECK(parse_duration("5s") == std::chrono::seconds(5));
+  CHECK(parse_duration("1h30m") == std::chrono::minutes(90));
+  CHECK(parse_duration("1d") == std::chrono::hours(24));
+  CHECK_THROWS_AS(parse_duration(""), std::invalid_argument);
+  CHECK_THROWS_AS(parse_duration("-5s"), std::invalid_argument);
+  CHECK_THROWS_AS(parse_duration("5x"), std::invalid_argument);
+  CHECK_THROWS_AS(parse_duration("99999999999999999999s"), std::invalid_argument);
+  CHECK(format_duration(std::chrono::milliseconds(100)) == "100ms");
+  CHECK(format_duration(std::chrono::hours(1)) == "1h");
+}
