@@ -1,0 +1,194 @@
+// The built daemon end to end: config file in, /metrics over HTTP out, clean exit.
+#include <dirent.h>
+#include <sys/syscall.h>
+
+#include <catch2/catch.hpp>
+#include <optional>
+#include <set>
+
+#include "daemon_process.h"
+
+using namespace ebpf_metricsd::test;
+using namespace std::chrono_literals;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// The value of the first sample whose line starts with `series` (name and labels).
+std::optional<double> sample(const std::string& text, const std::string& series) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.compare(0, series.size(), series) == 0 && line.size() > series.size() &&
+        line[series.size()] == ' ') {
+      return std::stod(line.substr(series.size() + 1));
+    }
+  }
+  return std::nullopt;
+}
+
+// IDs of the BPF programs or maps ("prog_id" / "map_id") a process holds open.
+std::set<int> bpf_ids(pid_t pid, const std::string& key) {
+  std::set<int> ids;
+  const std::string dir = "/proc/" + std::to_string(pid) + "/fdinfo";
+  DIR* d = opendir(dir.c_str());
+  if (!d) return ids;
+  while (dirent* e = readdir(d)) {
+    std::istringstream in(read_file(dir + "/" + e->d_name));
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.compare(0, key.size() + 1, key + ":") == 0) ids.insert(std::stoi(line.substr(key.size() + 1)));
+    }
+  }
+  closedir(d);
+  return ids;
+}
+
+std::set<int> loaded_prog_ids() {
+  std::set<int> ids;
+  FILE* p = popen("bpftool prog show", "r");
+  char line[512];
+  while (p && fgets(line, sizeof line, p)) {
+    if (line[0] >= '0' && line[0] <= '9') ids.insert(std::atoi(line));
+  }
+  if (p) pclose(p);
+  return ids;
+}
+
+struct Setup {
+  std::string dir = temp_dir();
+  int port = free_port();
+  std::string config = dir + "/config.yaml";
+  std::string log = dir + "/daemon.log";
+
+  explicit Setup(const std::string& tracers_yaml =
+                     "  syscall_latency:\n    enabled: true\n") {
+    std::ofstream(config) << "web:\n  listen_address: \"127.0.0.1:" << port
+                          << "\"\ndrain_interval: 200ms\ntracers:\n"
+                          << tracers_yaml;
+  }
+  ~Setup() { run_command("rm -rf " + dir); }
+  std::vector<std::string> args() const { return {"--config", config, "--log.level", "debug"}; }
+};
+
+}  // namespace
+
+TEST_CASE("daemon serves real syscall latencies, passes promtool, exits cleanly") {
+  Setup s;
+  DaemonProcess d(DAEMON_PATH, s.log, {s.args()});
+  REQUIRE(wait_until([&] {
+    return http_get(s.port, "/metrics").body.find(
+               "ebpf_metricsd_tracer_up{tracer=\"syscall_latency\",hook=\"tp_btf\"} 1") !=
+           std::string::npos;
+  }, 20s));
+
+  const auto progs = bpf_ids(d.pid(), "prog_id");
+  const auto maps = bpf_ids(d.pid(), "map_id");
+  CHECK(progs.size() >= 2);  // sys_enter + sys_exit
+  CHECK(!maps.empty());
+
+  const std::string getppid_count = "ebpf_syscall_latency_seconds_count{syscall=\"getppid\"}";
+  const double before = sample(http_get(s.port, "/metrics").body, getppid_count).value_or(0);
+  constexpr int kCalls = 20000;
+  for (int i = 0; i < kCalls; ++i) syscall(SYS_getppid);
+  std::string body;
+  REQUIRE(wait_until([&] {
+    body = http_get(s.port, "/metrics").body;
+    return sample(body, getppid_count).value_or(0) - before >= kCalls;
+  }, 10s));
+  const double got = *sample(body, getppid_count) - before;
+  CHECK(got <= kCalls + kCalls / 100);
+  const std::string inf = "ebpf_syscall_latency_seconds_bucket{syscall=\"getppid\",le=\"+Inf\"}";
+  CHECK(sample(body, inf) == sample(body, getppid_count));
+  CHECK(sample(body, "ebpf_syscall_latency_seconds_bucket{syscall=\"getppid\",le=\"3.2e-08\"}"));
+  CHECK(sample(body, "ebpf_syscall_latency_seconds_bucket{syscall=\"getppid\",le=\"1.024e-06\"}"));
+  CHECK(sample(body, "ebpf_syscall_latency_seconds_sum{syscall=\"getppid\"}").value_or(0) > 0);
+  CHECK_THAT(body, Contains("# TYPE ebpf_syscall_latency_seconds histogram"));
+  CHECK(sample(body, "ebpf_metricsd_build_info{version=\"" EBPF_METRICSD_VERSION "\"}") == 1.0);
+  CHECK(sample(body, "ebpf_metricsd_drain_duration_seconds{tracer=\"syscall_latency\"}"));
+  CHECK(sample(body, "ebpf_metricsd_dropped_events_total{tracer=\"syscall_latency\",reason=\"task_storage_full\"}") == 0.0);
+
+  std::ofstream(s.dir + "/metrics.txt") << body;
+  CHECK(run_command("promtool check metrics < " + s.dir + "/metrics.txt") == 0);
+
+  // Counters never go down between scrapes.
+  const std::string next = http_get(s.port, "/metrics").body;
+  CHECK(sample(next, getppid_count).value_or(0) >= *sample(body, getppid_count));
+
+  const auto landing = http_get(s.port, "/");
+  CHECK(landing.status == 200);
+  CHECK_THAT(landing.body, Contains("href=\"/metrics\"") && Contains("syscall_latency") &&
+                               Contains("tp_btf"));
+  CHECK(http_get(s.port, "/nope").status == 404);
+  CHECK(http_get(s.port, "/metrics/extra").status == 404);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  kill(d.pid(), SIGTERM);
+  const int status = d.wait_exit(5s);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  CHECK(status == 0);
+  CHECK(took < 1s);
+  CHECK_THAT(d.log(), Contains("stopped: all tracers detached"));
+  // Detaching is synchronous; the kernel frees the unreferenced programs after an RCU
+  // grace period, so give it a moment before reading the list.
+  const bool gone = wait_until([&] {
+    const auto still = loaded_prog_ids();
+    for (int id : progs) {
+      if (still.count(id)) return false;
+    }
+    return true;
+  }, 3s);
+  CHECK(gone);
+}
+
+TEST_CASE("a tracer that cannot load is reported and the daemon runs on") {
+  Setup s;
+  DaemonProcess d(DAEMON_PATH, s.log, {s.args(), /*deny_bpf=*/true});
+  INFO("daemon log:\n" << d.log());
+  REQUIRE(wait_until([&] {
+    return http_get(s.port, "/metrics").body.find(
+               "ebpf_metricsd_tracer_up{tracer=\"syscall_latency\",hook=\"none\"} 0") !=
+           std::string::npos;
+  }, 20s));
+  CHECK_THAT(d.log(), Contains("tracer syscall_latency failed to start") &&
+                          Contains("Operation not permitted"));
+  CHECK_THAT(http_get(s.port, "/").body, Contains("failed"));
+  kill(d.pid(), SIGINT);
+  CHECK(d.wait_exit(5s) == 0);
+}
+
+TEST_CASE("--strict makes a failed tracer fatal") {
+  Setup s;
+  auto args = s.args();
+  args.push_back("--strict");
+  DaemonProcess d(DAEMON_PATH, s.log, {args, /*deny_bpf=*/true});
+  CHECK(d.wait_exit(20s) == 1);
+  CHECK_THAT(d.log(), Contains("--strict"));
+}
+
+TEST_CASE("--check-config and bad configs") {
+  Setup good;
+  CHECK(run_command(std::string(DAEMON_PATH) + " --check-config --config " + good.config +
+                    " > /dev/null 2>&1") == 0);
+  CHECK(run_command(std::string(DAEMON_PATH) + " --check-config --config " SOURCE_DIR
+                    "/config/ebpf-metricsd.yaml > /dev/null 2>&1") == 0);
+
+  Setup bad("  syscall_latency:\n    enabled: true\n    colour: blue\n");
+  const std::string out = bad.dir + "/out.txt";
+  CHECK(run_command(std::string(DAEMON_PATH) + " --check-config --config " + bad.config + " > " +
+                    out + " 2>&1") == 1);
+  CHECK_THAT(read_file(out), Contains(bad.config + ":7:5: tracers.syscall_latency.colour: unknown key"));
+
+  // The daemon itself refuses to start on it, and serves nothing.
+  DaemonProcess d(DAEMON_PATH, bad.log, {bad.args()});
+  CHECK(d.wait_exit(10s) == 1);
+  CHECK_THAT(d.log(), Contains("tracers.syscall_latency.colour: unknown key"));
+  CHECK(http_get(bad.port, "/metrics").status == 0);
+}
+
+TEST_CASE("flags: --version, --help, unknown flags") {
+  CHECK(run_command(std::string(DAEMON_PATH) + " --version | grep -q 'ebpf-metricsd " EBPF_METRICSD_VERSION "'") == 0);
+  CHECK(run_command(std::string(DAEMON_PATH) + " --help | grep -q -- '--web.listen-address'") == 0);
+  CHECK(run_command(std::string(DAEMON_PATH) + " --bogus > /dev/null 2>&1") == 2);
+  CHECK(run_command(std::string(DAEMON_PATH) + " --log.level loud > /dev/null 2>&1") == 2);
+}
