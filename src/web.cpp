@@ -20,6 +20,12 @@ struct SplitAddress {
   std::string error;
 };
 
+}  // namespace
+
+bool web_server_has_ipv6() { return mg_check_feature(8) != 0; }
+
+namespace {
+
 SplitAddress split(const std::string& address) {
   SplitAddress out;
   const auto colon = address.rfind(':');
@@ -44,6 +50,10 @@ SplitAddress split(const std::string& address) {
     return out;
   }
   if (out.host == "localhost") out.host = "127.0.0.1";
+  if (out.ipv6 && !web_server_has_ipv6()) {
+    out.error = "IPv6 addresses are not supported: this build's civetweb has no IPv6";
+    return out;
+  }
   unsigned char buf[sizeof(in6_addr)];
   if (!out.host.empty() &&
       inet_pton(out.ipv6 ? AF_INET6 : AF_INET, out.host.c_str(), buf) != 1) {
@@ -86,7 +96,8 @@ std::string validate_listen_address(const std::string& address) { return split(a
 std::string civetweb_listen_spec(const std::string& address) {
   const SplitAddress a = split(address);
   if (!a.error.empty()) throw std::invalid_argument(address + ": " + a.error);
-  if (a.host.empty()) return "+" + a.port;  // IPv4 and IPv6, all interfaces
+  // All interfaces: IPv4 and IPv6 where civetweb has IPv6, else IPv4.
+  if (a.host.empty()) return web_server_has_ipv6() ? "+" + a.port : "0.0.0.0:" + a.port;
   if (a.ipv6) return "[" + a.host + "]:" + a.port;
   return a.host + ":" + a.port;
 }

@@ -12,6 +12,8 @@ class Collectable;
 
 namespace ebpf_metricsd {
 
+// Whether the HTTP server library was built with IPv6 (Debian 12's civetweb is not).
+bool web_server_has_ipv6();
 // "" when the address is usable ("host:port", ":port", "[v6]:port"), else why not.
 std::string validate_listen_address(const std::string& address);
 // The same address in civetweb's listening_ports syntax.
