@@ -38,7 +38,7 @@ DropAccounting::DropAccounting(MetricStore& store, std::string tracer,
       metric_(store.declare(dropped_events_spec())),
       tracer_(std::move(tracer)),
       reasons_(std::move(reasons)),
-      last_(reasons_.size(), 0) {
+      counters_(store, metric_) {
   // Zero series up front, so "no drops" is visible rather than absent.
   for (const auto& r : reasons_) store_.add(metric_, {tracer_, r}, 0);
   store_.add(metric_, {tracer_, "recursion"}, 0);
@@ -54,15 +54,11 @@ void DropAccounting::bind(int drops_map_fd, std::vector<const bpf_program*> prog
 
 void DropAccounting::drain() {
   if (map_fd_ >= 0) {
-    const auto per_cpu = read_percpu_array<std::uint64_t>(map_fd_,
-                                                          static_cast<std::uint32_t>(reasons_.size()));
-    const std::size_t cpus = static_cast<std::size_t>(possible_cpus());
-    for (std::size_t r = 0; r < reasons_.size(); ++r) {
-      std::uint64_t total = 0;
-      for (std::size_t c = 0; c < cpus; ++c) total += per_cpu[r * cpus + c];
-      if (total > last_[r]) store_.add(metric_, {tracer_, reasons_[r]}, total - last_[r]);
-      last_[r] = total;
-    }
+    counters_.drain_array(map_fd_, static_cast<std::uint32_t>(reasons_.size()),
+                          [&](const void* key) {
+                            return MetricStore::LabelValues{
+                                tracer_, reasons_[*static_cast<const std::uint32_t*>(key)]};
+                          });
   }
   // The kernel skips a program that would re-enter itself on one CPU (e.g. from NMI) and
   // counts that as a recursion miss: an event this tracer did not see.

@@ -41,22 +41,10 @@ void route_libbpf_logs();
 
 int possible_cpus();
 
-// Reads a whole BPF_MAP_TYPE_PERCPU_ARRAY: result[key * cpus + cpu] is the value of
-// `key` on `cpu`, copied into T (whose size must equal the map's value size).
-template <typename T>
-std::vector<T> read_percpu_array(int map_fd, std::uint32_t entries);
-
-// Low-level form: raw bytes, each value padded to 8 bytes as the kernel lays them out.
+// Reads a whole BPF_MAP_TYPE_PERCPU_ARRAY as the kernel lays it out: for each key, one
+// value per possible CPU, each padded to 8 bytes.
 std::vector<std::uint8_t> read_percpu_array_bytes(int map_fd, std::uint32_t entries,
                                                   std::size_t value_size);
 
-template <typename T>
-std::vector<T> read_percpu_array(int map_fd, std::uint32_t entries) {
-  static_assert(sizeof(T) % 8 == 0, "per-CPU values are padded to 8 bytes");
-  const auto bytes = read_percpu_array_bytes(map_fd, entries, sizeof(T));
-  std::vector<T> out(bytes.size() / sizeof(T));
-  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(T));
-  return out;
-}
 
 }  // namespace ebpf_metricsd

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ebpf_metricsd/hook_probe.h"
+#include "ebpf_metricsd/map_drain.h"
 #include "ebpf_metricsd/metric_store.h"
 #include "ebpf_metricsd/yaml_reader.h"
 
@@ -57,9 +58,9 @@ class DropAccounting {
   MetricStore::MetricId metric_;
   std::string tracer_;
   std::vector<std::string> reasons_;
+  CounterDrain counters_;
   int map_fd_ = -1;
   std::vector<int> prog_fds_;
-  std::vector<std::uint64_t> last_;
   std::uint64_t last_misses_ = 0;
 };
 

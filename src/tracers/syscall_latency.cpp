@@ -4,6 +4,7 @@
 #include <set>
 
 #include "ebpf_metricsd/bpf_support.h"
+#include "ebpf_metricsd/map_drain.h"
 #include "ebpf_metricsd/syscall_names.h"
 #include "ebpf_metricsd/tracer.h"
 
@@ -52,9 +53,8 @@ using Skeleton = SkeletonPtr<syscall_latency, syscall_latency__destroy>;
 class SyscallLatencyTracer final : public Tracer {
  public:
   SyscallLatencyTracer(MetricStore& store, SyscallLatencyOptions options)
-      : store_(store),
-        options_(std::move(options)),
-        metric_(store.declare(latency_spec())),
+      : options_(std::move(options)),
+        hists_(store, store.declare(latency_spec()), SYSLAT_SLOTS),
         drops_(store, "syscall_latency", {"task_storage_full", "unknown_syscall"}) {}
 
   void start(HookProber& prober, HookPreference preference) override {
@@ -82,7 +82,6 @@ class SyscallLatencyTracer final : public Tracer {
     links_.push_back(attach_program(enter));
     drops_.bind(bpf_map__fd(skel->maps.drops), {enter, exit});
     hook_ = std::string(hook_name(kind));
-    last_.assign(SYSLAT_MAX_SYSCALLS, syscall_latency_hist{});
     names_.resize(SYSLAT_MAX_SYSCALLS);
     skel_ = std::move(skel);
   }
@@ -90,41 +89,23 @@ class SyscallLatencyTracer final : public Tracer {
   std::string hook() const override { return hook_; }
 
   void drain() override {
-    const auto per_cpu = read_percpu_array<syscall_latency_hist>(bpf_map__fd(skel_->maps.hists),
-                                                                 SYSLAT_MAX_SYSCALLS);
-    const std::size_t cpus = static_cast<std::size_t>(possible_cpus());
-    std::array<std::uint64_t, SYSLAT_SLOTS> delta{};
-    for (std::size_t nr = 0; nr < SYSLAT_MAX_SYSCALLS; ++nr) {
-      syscall_latency_hist total{};
-      for (std::size_t c = 0; c < cpus; ++c) {
-        const auto& h = per_cpu[nr * cpus + c];
-        for (std::size_t s = 0; s < SYSLAT_SLOTS; ++s) total.slots[s] += h.slots[s];
-        total.sum_ns += h.sum_ns;
-      }
-      syscall_latency_hist& last = last_[nr];
-      bool any = false;
-      for (std::size_t s = 0; s < SYSLAT_SLOTS; ++s) {
-        delta[s] = total.slots[s] - last.slots[s];
-        any |= delta[s] != 0;
-      }
-      if (!any && total.sum_ns == last.sum_ns) continue;
+    static_assert(sizeof(syscall_latency_hist) == (SYSLAT_SLOTS + 1) * 8);
+    hists_.drain_array(bpf_map__fd(skel_->maps.hists), SYSLAT_MAX_SYSCALLS, [&](const void* key) {
+      const std::uint32_t nr = *static_cast<const std::uint32_t*>(key);
       if (names_[nr].empty()) names_[nr] = syscall_name(static_cast<int>(nr));
-      store_.add_slots(metric_, {names_[nr]}, delta, total.sum_ns - last.sum_ns);
-      last = total;
-    }
+      return MetricStore::LabelValues{names_[nr]};
+    });
     drops_.drain();
   }
 
  private:
-  MetricStore& store_;
   SyscallLatencyOptions options_;
-  MetricStore::MetricId metric_;
+  Log2HistDrain hists_;
   DropAccounting drops_;
   // Links before the skeleton in destruction order: detach, then unload.
   Skeleton skel_;
   std::vector<BpfLink> links_;
   std::string hook_;
-  std::vector<syscall_latency_hist> last_;
   std::vector<std::string> names_;
 };
 

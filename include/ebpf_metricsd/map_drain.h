@@ -1,0 +1,64 @@
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <vector>
+
+#include "ebpf_metricsd/metric_store.h"
+
+namespace ebpf_metricsd {
+
+// Turns per-CPU BPF map values, which the kernel side only ever increments, into deltas
+// since the previous drain. A value is `width` u64s; per key, the CPUs are summed first.
+// Every increment is seen exactly once: what a drain misses (a CPU updating while it
+// reads) is still in the map, and so in the next delta.
+class PerCpuDeltas {
+ public:
+  explicit PerCpuDeltas(std::size_t width) : width_(width) {}
+
+  using Visit = std::function<void(const void* key, const std::uint64_t* delta)>;
+  // Visits every key of a PERCPU_ARRAY whose value changed.
+  void drain_array(int map_fd, std::uint32_t entries, const Visit& visit);
+  // Visits every key of a PERCPU_HASH whose value changed.
+  void drain_hash(int map_fd, std::size_t key_size, const Visit& visit);
+
+ private:
+  void account(const void* key, std::size_t key_size, const std::uint64_t* per_cpu,
+               const Visit& visit);
+  std::size_t width_;
+  std::map<std::vector<std::uint8_t>, std::vector<std::uint64_t>> last_;
+};
+
+// The common value layouts: a log2 histogram {u64 slots[n]; u64 sum;} and a plain counter.
+class Log2HistDrain {
+ public:
+  Log2HistDrain(MetricStore& store, MetricStore::MetricId metric, std::size_t slots)
+      : store_(store), metric_(metric), slots_(slots), deltas_(slots + 1) {}
+  using Labels = std::function<MetricStore::LabelValues(const void* key)>;
+  void drain_array(int map_fd, std::uint32_t entries, const Labels& labels);
+  void drain_hash(int map_fd, std::size_t key_size, const Labels& labels);
+
+ private:
+  PerCpuDeltas::Visit visitor(const Labels& labels);
+  MetricStore& store_;
+  MetricStore::MetricId metric_;
+  std::size_t slots_;
+  PerCpuDeltas deltas_;
+};
+
+class CounterDrain {
+ public:
+  CounterDrain(MetricStore& store, MetricStore::MetricId metric)
+      : store_(store), metric_(metric), deltas_(1) {}
+  using Labels = std::function<MetricStore::LabelValues(const void* key)>;
+  void drain_array(int map_fd, std::uint32_t entries, const Labels& labels);
+  void drain_hash(int map_fd, std::size_t key_size, const Labels& labels);
+
+ private:
+  MetricStore& store_;
+  MetricStore::MetricId metric_;
+  PerCpuDeltas deltas_;
+};
+
+}  // namespace ebpf_metricsd

@@ -1,0 +1,91 @@
+#include "ebpf_metricsd/map_drain.h"
+
+#include <bpf/bpf.h>
+
+#include <cerrno>
+#include <cstring>
+#include <span>
+
+#include "ebpf_metricsd/bpf_support.h"
+
+namespace ebpf_metricsd {
+
+void PerCpuDeltas::account(const void* key, std::size_t key_size, const std::uint64_t* per_cpu,
+                           const Visit& visit) {
+  const std::size_t cpus = static_cast<std::size_t>(possible_cpus());
+  std::vector<std::uint64_t> total(width_, 0);
+  for (std::size_t c = 0; c < cpus; ++c) {
+    for (std::size_t i = 0; i < width_; ++i) total[i] += per_cpu[c * width_ + i];
+  }
+  const auto* kb = static_cast<const std::uint8_t*>(key);
+  std::vector<std::uint8_t> k(kb, kb + key_size);
+  auto it = last_.find(k);
+  if (it == last_.end()) it = last_.emplace(std::move(k), std::vector<std::uint64_t>(width_, 0)).first;
+  std::vector<std::uint64_t>& last = it->second;
+  bool changed = false;
+  std::vector<std::uint64_t> delta(width_);
+  for (std::size_t i = 0; i < width_; ++i) {
+    delta[i] = total[i] - last[i];
+    changed |= delta[i] != 0;
+  }
+  if (!changed) return;
+  last = std::move(total);
+  visit(key, delta.data());
+}
+
+void PerCpuDeltas::drain_array(int map_fd, std::uint32_t entries, const Visit& visit) {
+  const auto values = read_percpu_array_bytes(map_fd, entries, width_ * 8);
+  const std::size_t cpus = static_cast<std::size_t>(possible_cpus());
+  std::vector<std::uint64_t> per_cpu(cpus * width_);
+  for (std::uint32_t k = 0; k < entries; ++k) {
+    std::memcpy(per_cpu.data(), values.data() + k * cpus * width_ * 8, per_cpu.size() * 8);
+    account(&k, sizeof k, per_cpu.data(), visit);
+  }
+}
+
+void PerCpuDeltas::drain_hash(int map_fd, std::size_t key_size, const Visit& visit) {
+  const std::size_t cpus = static_cast<std::size_t>(possible_cpus());
+  std::vector<std::uint64_t> per_cpu(cpus * width_);
+  std::vector<std::uint8_t> key(key_size), next(key_size);
+  // Keys are never deleted by the kernel side, so walking with get_next_key sees each once.
+  int err = bpf_map_get_next_key(map_fd, nullptr, next.data());
+  while (err == 0) {
+    key = next;
+    if (bpf_map_lookup_elem(map_fd, key.data(), per_cpu.data()) == 0) {
+      account(key.data(), key_size, per_cpu.data(), visit);
+    } else if (errno != ENOENT) {
+      throw BpfError(bpf_error_text("bpf_map_lookup_elem", errno));
+    }
+    err = bpf_map_get_next_key(map_fd, key.data(), next.data());
+  }
+  if (errno != ENOENT) throw BpfError(bpf_error_text("bpf_map_get_next_key", errno));
+}
+
+PerCpuDeltas::Visit Log2HistDrain::visitor(const Labels& labels) {
+  return [this, &labels](const void* key, const std::uint64_t* delta) {
+    store_.add_slots(metric_, labels(key), std::span<const std::uint64_t>(delta, slots_),
+                     delta[slots_]);
+  };
+}
+
+void Log2HistDrain::drain_array(int map_fd, std::uint32_t entries, const Labels& labels) {
+  deltas_.drain_array(map_fd, entries, visitor(labels));
+}
+
+void Log2HistDrain::drain_hash(int map_fd, std::size_t key_size, const Labels& labels) {
+  deltas_.drain_hash(map_fd, key_size, visitor(labels));
+}
+
+void CounterDrain::drain_array(int map_fd, std::uint32_t entries, const Labels& labels) {
+  deltas_.drain_array(map_fd, entries, [&](const void* key, const std::uint64_t* delta) {
+    store_.add(metric_, labels(key), delta[0]);
+  });
+}
+
+void CounterDrain::drain_hash(int map_fd, std::size_t key_size, const Labels& labels) {
+  deltas_.drain_hash(map_fd, key_size, [&](const void* key, const std::uint64_t* delta) {
+    store_.add(metric_, labels(key), delta[0]);
+  });
+}
+
+}  // namespace ebpf_metricsd
