@@ -9,7 +9,6 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 
-#include "common/log2_slot.h"
 #include "common/maps.bpf.h"
 #include "syscall_latency.h"
 
@@ -75,8 +74,7 @@ static __always_inline int on_exit(void)
 	h = bpf_map_lookup_elem(&hists, &nr);
 	if (!h)
 		return 0;
-	h->slots[emd_log2_slot(delta, SYSLAT_SLOTS - 1)] += 1;
-	h->sum_ns += delta;
+	emd_hist_add(h, delta);
 	return 0;
 }
 

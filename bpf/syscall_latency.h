@@ -12,7 +12,7 @@
 /* One entry per syscall number in a per-CPU array: no hashing, no locks. */
 struct syscall_latency_hist {
 	__u64 slots[SYSLAT_SLOTS];
-	__u64 sum_ns;
+	__u64 sum; /* ns */
 };
 
 enum syscall_latency_drop_reason {

@@ -10,10 +10,14 @@ namespace ebpf_metricsd {
 
 // Each tracer unit in src/tracers/ defines its descriptor.
 TracerDescriptor syscall_latency_descriptor();
+TracerDescriptor runqueue_latency_descriptor();
+TracerDescriptor offcpu_time_descriptor();
 
 const std::vector<TracerDescriptor>& tracer_registry() {
   static const std::vector<TracerDescriptor> registry = {
       syscall_latency_descriptor(),
+      runqueue_latency_descriptor(),
+      offcpu_time_descriptor(),
   };
   return registry;
 }
@@ -37,10 +41,11 @@ DropAccounting::DropAccounting(MetricStore& store, std::string tracer,
     : store_(store),
       metric_(store.declare(dropped_events_spec())),
       tracer_(std::move(tracer)),
-      reasons_(std::move(reasons)),
-      counters_(store, metric_) {
+      reasons_(std::move(reasons)) {
   // Zero series up front, so "no drops" is visible rather than absent.
-  for (const auto& r : reasons_) store_.add(metric_, {tracer_, r}, 0);
+  for (const auto& r : reasons_) {
+    if (!r.empty()) store_.add(metric_, {tracer_, r}, 0);
+  }
   store_.add(metric_, {tracer_, "recursion"}, 0);
 }
 
@@ -54,11 +59,11 @@ void DropAccounting::bind(int drops_map_fd, std::vector<const bpf_program*> prog
 
 void DropAccounting::drain() {
   if (map_fd_ >= 0) {
-    counters_.drain_array(map_fd_, static_cast<std::uint32_t>(reasons_.size()),
-                          [&](const void* key) {
-                            return MetricStore::LabelValues{
-                                tracer_, reasons_[*static_cast<const std::uint32_t*>(key)]};
-                          });
+    deltas_.drain_array(map_fd_, static_cast<std::uint32_t>(reasons_.size()),
+                        [&](const void* key, const std::uint64_t* delta) {
+                          const auto& reason = reasons_[*static_cast<const std::uint32_t*>(key)];
+                          if (!reason.empty()) store_.add(metric_, {tracer_, reason}, delta[0]);
+                        });
   }
   // The kernel skips a program that would re-enter itself on one CPU (e.g. from NMI) and
   // counts that as a recursion miss: an event this tracer did not see.

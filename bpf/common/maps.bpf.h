@@ -5,6 +5,8 @@
 
 #include <bpf/bpf_helpers.h>
 
+#include "common/log2_slot.h"
+
 /*
  * Every tracer has a per-CPU array "drops" indexed by a reason code of its
  * own; user space exports it as ebpf_metricsd_dropped_events_total{reason}.
@@ -24,6 +26,38 @@ static __always_inline void emd_count_drop(void *drops_map, __u32 reason)
 
 	if (n)
 		*n += 1;
+}
+
+/* Adds value v to a log2 histogram struct {__u64 slots[N]; __u64 sum;}. */
+#define emd_hist_add(h, v)                                                     \
+	do {                                                                   \
+		__u64 __v = (v);                                               \
+		(h)->slots[emd_log2_slot(__v, sizeof((h)->slots) /             \
+						  sizeof((h)->slots[0]) - 1)] += 1;    \
+		(h)->sum += __v;                                               \
+	} while (0)
+
+#define EMD_EEXIST 17
+
+/*
+ * Value of key in a hash map, inserting *zero first if absent. When the map is
+ * full the event is counted under drop reason `reason` and NULL returned.
+ */
+static __always_inline void *emd_lookup_or_init(void *map, const void *key,
+						const void *zero, void *drops_map,
+						__u32 reason)
+{
+	void *v = bpf_map_lookup_elem(map, key);
+	long err;
+
+	if (v)
+		return v;
+	err = bpf_map_update_elem(map, key, zero, BPF_NOEXIST);
+	if (err && err != -EMD_EEXIST) {
+		emd_count_drop(drops_map, reason);
+		return NULL;
+	}
+	return bpf_map_lookup_elem(map, key);
 }
 
 #endif

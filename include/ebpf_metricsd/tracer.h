@@ -48,6 +48,8 @@ const TracerDescriptor* find_tracer(std::string_view name);
 // and the recursion misses of its programs as ebpf_metricsd_dropped_events_total.
 class DropAccounting {
  public:
+  // reasons[i] names drop code i; "" marks a code that belongs to another tracer sharing
+  // the map.
   DropAccounting(MetricStore& store, std::string tracer, std::vector<std::string> reasons);
   // Call after load: the map to read and the programs whose misses count.
   void bind(int drops_map_fd, std::vector<const bpf_program*> programs);
@@ -58,7 +60,7 @@ class DropAccounting {
   MetricStore::MetricId metric_;
   std::string tracer_;
   std::vector<std::string> reasons_;
-  CounterDrain counters_;
+  PerCpuDeltas deltas_{1};
   int map_fd_ = -1;
   std::vector<int> prog_fds_;
   std::uint64_t last_misses_ = 0;

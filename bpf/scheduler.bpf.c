@@ -1,0 +1,243 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * Scheduler tracers sharing one sched_switch hook:
+ *  - run-queue latency: from a task becoming runnable (sched_wakeup,
+ *    sched_wakeup_new, or preempted while still runnable at sched_switch) to it
+ *    being switched in;
+ *  - off-CPU time: from a task switching out blocked to it switching in again;
+ *  - context switches, voluntary or involuntary, exactly as the kernel counts
+ *    nvcsw/nivcsw (voluntary = not preempted and not runnable).
+ * Each hook exists as tp_btf (per-task state in task storage) and raw_tp
+ * (per-task state in a pid hash, removed at sched_process_free).
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+
+#include "common/maps.bpf.h"
+#include "scheduler.h"
+
+#define TASK_RUNNING 0
+
+struct sched_config sched_cfg = {};
+
+static const struct sched_hist zero_hist = {};
+
+struct task_sched {
+	__u64 enqueued; /* ns when it became runnable, 0 = not waiting */
+	__u64 blocked;  /* ns when it switched out blocked, 0 = not blocked */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct task_sched);
+} tstate SEC(".maps");
+
+/* raw_tp fallback only; user space sizes it (1 entry when tp_btf is used). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct task_sched);
+} tstate_by_pid SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct sched_hist);
+} runq_hist SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct sched_hist);
+} offcpu_hist SEC(".maps");
+
+/* Labelled variants: allocated on first use of a label set, at most
+ * SCHED_MAX_LABEL_SETS each. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, SCHED_MAX_LABEL_SETS);
+	__type(key, struct sched_key);
+	__type(value, struct sched_hist);
+} runq_hist_labelled SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, SCHED_MAX_LABEL_SETS);
+	__type(key, struct sched_key);
+	__type(value, struct sched_hist);
+} offcpu_hist_labelled SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, SCHED_SWITCH__COUNT);
+	__type(key, __u32);
+	__type(value, __u64);
+} switches SEC(".maps");
+
+EMD_DROPS_MAP(SCHED_DROP__COUNT);
+
+static __always_inline struct task_sched *task_state(struct task_struct *t,
+						     bool create, bool raw)
+{
+	struct task_sched *s;
+	__u32 pid;
+
+	pid = BPF_CORE_READ(t, pid);
+	if (pid == 0) /* the idle tasks share pid 0 and never wait */
+		return NULL;
+	if (!raw) {
+		s = bpf_task_storage_get(&tstate, t, 0,
+					 create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+		if (!s && create)
+			emd_count_drop(&drops, SCHED_DROP_TASK_STATE);
+		return s;
+	}
+	if (!create)
+		return bpf_map_lookup_elem(&tstate_by_pid, &pid);
+	{
+		static const struct task_sched zero = {};
+
+		return emd_lookup_or_init(&tstate_by_pid, &pid, &zero, &drops,
+					  SCHED_DROP_TASK_STATE);
+	}
+}
+
+static __always_inline struct sched_hist *
+hist_for(struct task_struct *t, void *plain, void *labelled, bool by_cgroup,
+	 bool by_comm, __u32 drop_reason)
+{
+	struct sched_key key = {};
+	__u32 zero = 0;
+
+	if (!by_cgroup && !by_comm)
+		return bpf_map_lookup_elem(plain, &zero);
+	if (by_cgroup)
+		key.cgroup_id = BPF_CORE_READ(t, cgroups, dfl_cgrp, kn, id);
+	if (by_comm)
+		BPF_CORE_READ_STR_INTO(&key.comm, t, comm);
+	return emd_lookup_or_init(labelled, &key, &zero_hist, &drops,
+				  drop_reason);
+}
+
+static __always_inline int on_wakeup(struct task_struct *p, bool raw)
+{
+	struct task_sched *s;
+
+	if (!sched_cfg.runq_on)
+		return 0;
+	s = task_state(p, true, raw);
+	if (s)
+		s->enqueued = bpf_ktime_get_ns();
+	return 0;
+}
+
+static __always_inline int on_switch(bool preempt, struct task_struct *prev,
+				     struct task_struct *next,
+				     unsigned int prev_state, bool raw)
+{
+	bool runnable = preempt || prev_state == TASK_RUNNING;
+	__u32 kind = runnable ? SCHED_SWITCH_INVOLUNTARY :
+				SCHED_SWITCH_VOLUNTARY;
+	struct sched_hist *h;
+	struct task_sched *s;
+	__u64 *n, now;
+
+	n = bpf_map_lookup_elem(&switches, &kind);
+	if (n)
+		*n += 1;
+	if (!sched_cfg.runq_on && !sched_cfg.offcpu_on)
+		return 0;
+	now = bpf_ktime_get_ns();
+
+	/* prev: still on the run queue (preempted), or going to sleep */
+	s = task_state(prev, true, raw);
+	if (s) {
+		if (runnable) {
+			s->enqueued = sched_cfg.runq_on ? now : 0;
+		} else {
+			s->enqueued = 0;
+			s->blocked = sched_cfg.offcpu_on ? now : 0;
+		}
+	}
+
+	/* next: its wait ends now */
+	s = task_state(next, false, raw);
+	if (!s)
+		return 0;
+	if (s->enqueued && sched_cfg.runq_on) {
+		h = hist_for(next, &runq_hist, &runq_hist_labelled,
+			     sched_cfg.runq_by_cgroup, sched_cfg.runq_by_comm,
+			     SCHED_DROP_RUNQ_LABELS);
+		if (h)
+			emd_hist_add(h, now - s->enqueued);
+	}
+	s->enqueued = 0;
+	if (s->blocked && sched_cfg.offcpu_on) {
+		h = hist_for(next, &offcpu_hist, &offcpu_hist_labelled,
+			     sched_cfg.offcpu_by_cgroup, sched_cfg.offcpu_by_comm,
+			     SCHED_DROP_OFFCPU_LABELS);
+		if (h)
+			emd_hist_add(h, now - s->blocked);
+	}
+	s->blocked = 0;
+	return 0;
+}
+
+SEC("tp_btf/sched_wakeup")
+int BPF_PROG(sched_wakeup_btf, struct task_struct *p)
+{
+	return on_wakeup(p, false);
+}
+
+SEC("tp_btf/sched_wakeup_new")
+int BPF_PROG(sched_wakeup_new_btf, struct task_struct *p)
+{
+	return on_wakeup(p, false);
+}
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(sched_switch_btf, bool preempt, struct task_struct *prev,
+	     struct task_struct *next, unsigned int prev_state)
+{
+	return on_switch(preempt, prev, next, prev_state, false);
+}
+
+SEC("raw_tp/sched_wakeup")
+int BPF_PROG(sched_wakeup_raw, struct task_struct *p)
+{
+	return on_wakeup(p, true);
+}
+
+SEC("raw_tp/sched_wakeup_new")
+int BPF_PROG(sched_wakeup_new_raw, struct task_struct *p)
+{
+	return on_wakeup(p, true);
+}
+
+SEC("raw_tp/sched_switch")
+int BPF_PROG(sched_switch_raw, bool preempt, struct task_struct *prev,
+	     struct task_struct *next, unsigned int prev_state)
+{
+	return on_switch(preempt, prev, next, prev_state, true);
+}
+
+/* raw_tp keeps per-task state in a pid map: drop it with the task. */
+SEC("raw_tp/sched_process_free")
+int BPF_PROG(sched_free_raw, struct task_struct *p)
+{
+	__u32 pid = BPF_CORE_READ(p, pid);
+
+	bpf_map_delete_elem(&tstate_by_pid, &pid);
+	return 0;
+}
+
+char LICENSE[] SEC("license") = "GPL";

@@ -1,0 +1,61 @@
+// offcpu_time: time tasks spend switched out while blocked, and context switches by kind.
+#include "sched_object.h"
+
+namespace ebpf_metricsd {
+
+namespace {
+
+class OffcpuTimeTracer final : public SchedHistTracer {
+ public:
+  OffcpuTimeTracer(MetricStore& store, SchedHistKind kind, SchedLabelOptions labels)
+      : SchedHistTracer(store, std::move(kind), labels),
+        switches_(store, store.declare({"ebpf_context_switches_total",
+                                        "Context switches: voluntary (the task blocked) or "
+                                        "involuntary (it was preempted while runnable).",
+                                        MetricType::Counter,
+                                        {"kind"}})) {}
+
+  void drain() override {
+    SchedHistTracer::drain();
+    switches_.drain_array(bpf_map__fd(skel()->maps.switches), SCHED_SWITCH__COUNT,
+                          [](const void* key) {
+                            const auto k = *static_cast<const std::uint32_t*>(key);
+                            return MetricStore::LabelValues{
+                                k == SCHED_SWITCH_VOLUNTARY ? "voluntary" : "involuntary"};
+                          });
+  }
+
+ private:
+  CounterDrain switches_;
+};
+
+}  // namespace
+
+TracerDescriptor offcpu_time_descriptor() {
+  return {
+      "offcpu_time",
+      "Off-CPU time while blocked, and context switches",
+      [](YamlMapReader& options) -> std::any { return SchedLabelOptions::read(options); },
+      [](MetricStore& store, const std::any& options) -> std::unique_ptr<Tracer> {
+        SchedHistKind kind{
+            "offcpu_time",
+            {"ebpf_offcpu_seconds",
+             "Time tasks spent switched out while blocked, until switched in again.",
+             MetricType::Histogram,
+             {},
+             Log2Layout{1e9, 10, 38}},
+            /*wants_wakeups=*/false,
+            &sched_config::offcpu_on,
+            &sched_config::offcpu_by_cgroup,
+            &sched_config::offcpu_by_comm,
+            [](scheduler* s) { return s->maps.offcpu_hist; },
+            [](scheduler* s) { return s->maps.offcpu_hist_labelled; },
+            {"task_state", "", "label_sets_full"},
+        };
+        return std::make_unique<OffcpuTimeTracer>(store, std::move(kind),
+                                                  std::any_cast<SchedLabelOptions>(options));
+      },
+  };
+}
+
+}  // namespace ebpf_metricsd

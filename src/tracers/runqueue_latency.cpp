@@ -1,0 +1,33 @@
+// runqueue_latency: time from a task becoming runnable to it running.
+#include "sched_object.h"
+
+namespace ebpf_metricsd {
+
+TracerDescriptor runqueue_latency_descriptor() {
+  return {
+      "runqueue_latency",
+      "Run-queue latency (runnable to running)",
+      [](YamlMapReader& options) -> std::any { return SchedLabelOptions::read(options); },
+      [](MetricStore& store, const std::any& options) -> std::unique_ptr<Tracer> {
+        SchedHistKind kind{
+            "runqueue_latency",
+            {"ebpf_runqueue_latency_seconds",
+             "Time tasks spent runnable, waiting for a CPU (wakeup or preemption to running).",
+             MetricType::Histogram,
+             {},
+             Log2Layout{1e9, 8, 36}},
+            /*wants_wakeups=*/true,
+            &sched_config::runq_on,
+            &sched_config::runq_by_cgroup,
+            &sched_config::runq_by_comm,
+            [](scheduler* s) { return s->maps.runq_hist; },
+            [](scheduler* s) { return s->maps.runq_hist_labelled; },
+            {"task_state", "label_sets_full", ""},
+        };
+        return std::make_unique<SchedHistTracer>(store, std::move(kind),
+                                                 std::any_cast<SchedLabelOptions>(options));
+      },
+  };
+}
+
+}  // namespace ebpf_metricsd

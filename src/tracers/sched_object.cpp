@@ -1,0 +1,125 @@
+#include "sched_object.h"
+
+#include <spdlog/spdlog.h>
+
+#include <array>
+#include <cstring>
+#include <mutex>
+
+namespace ebpf_metricsd {
+
+namespace {
+std::mutex g_mutex;
+std::weak_ptr<SchedObject> g_live;
+constexpr std::uint32_t kPidMapEntries = 65536;
+}  // namespace
+
+std::shared_ptr<SchedObject> SchedObject::acquire(HookProber& prober, HookPreference preference) {
+  std::lock_guard lock(g_mutex);
+  if (auto live = g_live.lock()) return live;
+
+  static const std::array<std::string, 4> tracepoints = {"sched_wakeup", "sched_wakeup_new",
+                                                         "sched_switch", "sched_process_free"};
+  std::shared_ptr<SchedObject> obj(new SchedObject());
+  obj->kind_ = require_hook(prober, tracepoints, preference);
+  obj->skel_.reset(scheduler__open());
+  if (!obj->skel_) throw BpfError(bpf_error_text("open scheduler", errno));
+  scheduler* s = obj->skel_.get();
+  const bool btf = !obj->raw();
+  bpf_program__set_autoload(s->progs.sched_wakeup_btf, btf);
+  bpf_program__set_autoload(s->progs.sched_wakeup_new_btf, btf);
+  bpf_program__set_autoload(s->progs.sched_switch_btf, btf);
+  bpf_program__set_autoload(s->progs.sched_wakeup_raw, !btf);
+  bpf_program__set_autoload(s->progs.sched_wakeup_new_raw, !btf);
+  bpf_program__set_autoload(s->progs.sched_switch_raw, !btf);
+  bpf_program__set_autoload(s->progs.sched_free_raw, !btf);
+  // The pid map only backs the raw_tp variant (tp_btf keeps state in task storage).
+  bpf_map__set_max_entries(s->maps.tstate_by_pid, btf ? 1 : kPidMapEntries);
+  if (int err = scheduler__load(s)) throw BpfError(bpf_error_text("load scheduler", err));
+  if (!btf) obj->links_.push_back(attach_program(s->progs.sched_free_raw));
+  obj->links_.push_back(attach_program(obj->switch_program()));
+  g_live = obj;
+  return obj;
+}
+
+SchedObject::~SchedObject() = default;
+
+bpf_program* SchedObject::switch_program() const {
+  return raw() ? skel_->progs.sched_switch_raw : skel_->progs.sched_switch_btf;
+}
+bpf_program* SchedObject::wakeup_program() const {
+  return raw() ? skel_->progs.sched_wakeup_raw : skel_->progs.sched_wakeup_btf;
+}
+bpf_program* SchedObject::wakeup_new_program() const {
+  return raw() ? skel_->progs.sched_wakeup_new_raw : skel_->progs.sched_wakeup_new_btf;
+}
+
+SchedLabelOptions SchedLabelOptions::read(YamlMapReader& options) {
+  SchedLabelOptions o;
+  o.cgroup = options.get_bool("cgroup", false);
+  o.comm = options.get_bool("comm", false);
+  return o;
+}
+
+std::vector<std::string> SchedLabelOptions::names() const {
+  std::vector<std::string> n;
+  if (cgroup) n.push_back("cgroup");
+  if (comm) n.push_back("comm");
+  return n;
+}
+
+MetricStore::LabelValues SchedLabelOptions::values(const sched_key& key,
+                                                   CgroupNames& cgroups) const {
+  MetricStore::LabelValues v;
+  if (cgroup) v.push_back(cgroups.name(key.cgroup_id));
+  if (comm) v.emplace_back(key.comm, strnlen(key.comm, sizeof key.comm));
+  return v;
+}
+
+namespace {
+MetricSpec with_labels(MetricSpec spec, const SchedLabelOptions& labels) {
+  for (auto& n : labels.names()) spec.labels.push_back(n);
+  return spec;
+}
+}  // namespace
+
+SchedHistTracer::SchedHistTracer(MetricStore& store, SchedHistKind kind, SchedLabelOptions labels)
+    : kind_(std::move(kind)),
+      labels_(labels),
+      hist_(store, store.declare(with_labels(kind_.spec, labels_)), SCHED_SLOTS),
+      drops_(store, kind_.tracer, kind_.drop_reasons) {}
+
+SchedHistTracer::~SchedHistTracer() {
+  if (obj_) skel()->bss->sched_cfg.*kind_.on = 0;
+}
+
+void SchedHistTracer::start(HookProber& prober, HookPreference preference) {
+  obj_ = SchedObject::acquire(prober, preference);
+  std::vector<const bpf_program*> progs = {obj_->switch_program()};
+  if (kind_.wants_wakeups) {
+    links_.push_back(attach_program(obj_->wakeup_program()));
+    links_.push_back(attach_program(obj_->wakeup_new_program()));
+    progs.push_back(obj_->wakeup_program());
+    progs.push_back(obj_->wakeup_new_program());
+  }
+  sched_config& cfg = skel()->bss->sched_cfg;
+  cfg.*kind_.by_cgroup = labels_.cgroup;
+  cfg.*kind_.by_comm = labels_.comm;
+  cfg.*kind_.on = 1;
+  drops_.bind(bpf_map__fd(skel()->maps.drops), progs);
+}
+
+void SchedHistTracer::drain() {
+  if (labels_.cgroup || labels_.comm) {
+    hist_.drain_hash(bpf_map__fd(kind_.labelled_map(skel())), sizeof(sched_key),
+                     [&](const void* key) {
+                       return labels_.values(*static_cast<const sched_key*>(key), cgroups_);
+                     });
+  } else {
+    hist_.drain_array(bpf_map__fd(kind_.plain_map(skel())), 1,
+                      [](const void*) { return MetricStore::LabelValues{}; });
+  }
+  drops_.drain();
+}
+
+}  // namespace ebpf_metricsd
