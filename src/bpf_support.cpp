@@ -7,6 +7,8 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 namespace ebpf_metricsd {
 
@@ -53,6 +55,22 @@ int possible_cpus() {
   static const int n = libbpf_num_possible_cpus();
   if (n <= 0) throw BpfError(bpf_error_text("libbpf_num_possible_cpus", n));
   return n;
+}
+
+std::vector<int> online_cpus() {
+  std::ifstream in("/sys/devices/system/cpu/online");
+  std::string list;
+  if (!std::getline(in, list)) throw BpfError("cannot read /sys/devices/system/cpu/online");
+  std::vector<int> cpus;
+  std::stringstream ss(list);
+  std::string range;
+  while (std::getline(ss, range, ',')) {
+    const auto dash = range.find('-');
+    const int lo = std::stoi(range.substr(0, dash));
+    const int hi = dash == std::string::npos ? lo : std::stoi(range.substr(dash + 1));
+    for (int c = lo; c <= hi; ++c) cpus.push_back(c);
+  }
+  return cpus;
 }
 
 std::vector<std::uint8_t> read_percpu_array_bytes(int map_fd, std::uint32_t entries,

@@ -48,6 +48,10 @@ Config parse_config(const std::string& yaml_text, const std::string& file_name) 
     const std::string hook = t.get_string("hook", "auto");
     const auto pref = parse_hook_preference(hook);
     if (!pref) t.fail("hook", "expected auto, tp_btf or raw_tp, got '" + hook + "'");
+    if (!desc.single_hook.empty() && *pref != HookPreference::Auto) {
+      t.fail("hook", desc.name + " has a single hook kind (" + desc.single_hook +
+                         "); only auto is accepted");
+    }
     tc.hook = *pref;
     tc.options = desc.parse_options(t);
     t.finish();

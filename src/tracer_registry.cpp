@@ -12,12 +12,16 @@ namespace ebpf_metricsd {
 TracerDescriptor syscall_latency_descriptor();
 TracerDescriptor runqueue_latency_descriptor();
 TracerDescriptor offcpu_time_descriptor();
+TracerDescriptor page_faults_descriptor();
+TracerDescriptor kmalloc_descriptor();
 
 const std::vector<TracerDescriptor>& tracer_registry() {
   static const std::vector<TracerDescriptor> registry = {
       syscall_latency_descriptor(),
       runqueue_latency_descriptor(),
       offcpu_time_descriptor(),
+      page_faults_descriptor(),
+      kmalloc_descriptor(),
   };
   return registry;
 }

@@ -40,6 +40,8 @@ BpfLink attach_program(bpf_program* prog);
 void route_libbpf_logs();
 
 int possible_cpus();
+// The CPUs online now, from /sys/devices/system/cpu/online.
+std::vector<int> online_cpus();
 
 // Reads a whole BPF_MAP_TYPE_PERCPU_ARRAY as the kernel lays it out: for each key, one
 // value per possible CPU, each padded to 8 bytes.

@@ -38,6 +38,8 @@ struct TracerDescriptor {
   // Throws ConfigError. The result is handed to create() unchanged.
   std::function<std::any(YamlMapReader& options)> parse_options;
   std::function<std::unique_ptr<Tracer>(MetricStore& store, const std::any& options)> create;
+  // Set for tracers with one fixed hook kind (nothing to probe): `hook` must stay auto.
+  std::string single_hook = {};
 };
 
 // All tracers this build ships, in the order they are started.

@@ -1,0 +1,147 @@
+// kmalloc: kmalloc/kfree calls, bytes and sizes; optionally kmem_cache_alloc/free by cache.
+#include <array>
+#include <cstring>
+
+#include "ebpf_metricsd/bpf_support.h"
+#include "ebpf_metricsd/map_drain.h"
+#include "ebpf_metricsd/tracer.h"
+
+// clang-format off
+#include <linux/types.h>
+#include "kmalloc.h"
+#include "kmalloc.skel.h"
+// clang-format on
+
+namespace ebpf_metricsd {
+
+namespace {
+
+struct KmallocOptions {
+  bool caches = false;
+};
+
+using Skeleton = SkeletonPtr<kmalloc, kmalloc__destroy>;
+
+class KmallocTracer final : public Tracer {
+ public:
+  KmallocTracer(MetricStore& store, KmallocOptions options)
+      : store_(store),
+        options_(options),
+        kmalloc_calls_(store.declare({"ebpf_kmalloc_calls_total", "kmalloc() calls.",
+                                      MetricType::Counter, {}})),
+        kfree_calls_(store.declare({"ebpf_kfree_calls_total", "kfree() calls.",
+                                    MetricType::Counter, {}})),
+        bytes_(store.declare({"ebpf_kmalloc_bytes_total",
+                              "Bytes asked of kmalloc (requested) and handed out by it "
+                              "(allocated, rounded up to the slab size).",
+                              MetricType::Counter,
+                              {"kind"}})),
+        sizes_(store,
+               store.declare({"ebpf_kmalloc_size_bytes", "Requested kmalloc() sizes.",
+                              MetricType::Histogram, {}, Log2Layout{1, 3, KMALLOC_SLOTS - 2}}),
+               KMALLOC_SLOTS),
+        drops_(store, "kmalloc", {"caches_full"}) {
+    if (options_.caches) {
+      cache_alloc_ = store.declare({"ebpf_kmem_cache_alloc_calls_total",
+                                    "kmem_cache_alloc() calls, by slab cache.",
+                                    MetricType::Counter,
+                                    {"cache"}});
+      cache_free_ = store.declare({"ebpf_kmem_cache_free_calls_total",
+                                   "kmem_cache_free() calls, by slab cache.",
+                                   MetricType::Counter,
+                                   {"cache"}});
+    }
+  }
+
+  void start(HookProber& prober, HookPreference preference) override {
+    std::vector<std::string> tps = {"kmalloc", "kfree"};
+    if (options_.caches) {
+      tps.push_back("kmem_cache_alloc");
+      tps.push_back("kmem_cache_free");
+    }
+    const HookKind kind = require_hook(prober, tps, preference);
+    Skeleton skel(kmalloc__open());
+    if (!skel) throw BpfError(bpf_error_text("open kmalloc", errno));
+    auto& p = skel->progs;
+    const bool btf = kind == HookKind::TpBtf;
+    const bool caches = options_.caches;
+    const std::array<std::pair<bpf_program*, bool>, 8> wanted = {{
+        {p.kmalloc_btf, btf},
+        {p.kfree_btf, btf},
+        {p.cache_alloc_btf, btf && caches},
+        {p.cache_free_btf, btf && caches},
+        {p.kmalloc_raw, !btf},
+        {p.kfree_raw, !btf},
+        {p.cache_alloc_raw, !btf && caches},
+        {p.cache_free_raw, !btf && caches},
+    }};
+    for (auto [prog, on] : wanted) bpf_program__set_autoload(prog, on);
+    if (int err = kmalloc__load(skel.get())) throw BpfError(bpf_error_text("load kmalloc", err));
+    std::vector<const bpf_program*> attached;
+    for (auto [prog, on] : wanted) {
+      if (!on) continue;
+      links_.push_back(attach_program(prog));
+      attached.push_back(prog);
+    }
+    drops_.bind(bpf_map__fd(skel->maps.drops), attached);
+    hook_ = std::string(hook_name(kind));
+    skel_ = std::move(skel);
+  }
+
+  std::string hook() const override { return hook_; }
+
+  void drain() override {
+    static_assert(sizeof(kmalloc_totals) == 4 * 8);
+    totals_.drain_array(bpf_map__fd(skel_->maps.totals), 1,
+                        [&](const void*, const std::uint64_t* d) {
+                          store_.add(kmalloc_calls_, {}, d[0]);
+                          store_.add(kfree_calls_, {}, d[1]);
+                          store_.add(bytes_, {"requested"}, d[2]);
+                          store_.add(bytes_, {"allocated"}, d[3]);
+                        });
+    sizes_.drain_array(bpf_map__fd(skel_->maps.sizes), 1,
+                       [](const void*) { return MetricStore::LabelValues{}; });
+    if (options_.caches) {
+      caches_.drain_hash(bpf_map__fd(skel_->maps.caches), sizeof(kmalloc_cache_key),
+                         [&](const void* key, const std::uint64_t* d) {
+                           const auto* k = static_cast<const kmalloc_cache_key*>(key);
+                           const std::string name(k->name, strnlen(k->name, sizeof k->name));
+                           store_.add(*cache_alloc_, {name}, d[0]);
+                           store_.add(*cache_free_, {name}, d[1]);
+                         });
+    }
+    drops_.drain();
+  }
+
+ private:
+  MetricStore& store_;
+  KmallocOptions options_;
+  MetricStore::MetricId kmalloc_calls_, kfree_calls_, bytes_;
+  std::optional<MetricStore::MetricId> cache_alloc_, cache_free_;
+  PerCpuDeltas totals_{4};
+  PerCpuDeltas caches_{2};
+  Log2HistDrain sizes_;
+  DropAccounting drops_;
+  Skeleton skel_;
+  std::vector<BpfLink> links_;
+  std::string hook_;
+};
+
+}  // namespace
+
+TracerDescriptor kmalloc_descriptor() {
+  return {
+      "kmalloc",
+      "kmalloc/kfree calls and sizes",
+      [](YamlMapReader& options) -> std::any {
+        KmallocOptions o;
+        o.caches = options.get_bool("caches", false);
+        return o;
+      },
+      [](MetricStore& store, const std::any& options) -> std::unique_ptr<Tracer> {
+        return std::make_unique<KmallocTracer>(store, std::any_cast<KmallocOptions>(options));
+      },
+  };
+}
+
+}  // namespace ebpf_metricsd
