@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "../metrics_lookup.h"
+#include "tracer_fixture.h"
 #include "ebpf_metricsd/config.h"
 #include "ebpf_metricsd/hook_probe.h"
 #include "ebpf_metricsd/tracer.h"
@@ -29,18 +30,6 @@ void call_getppid(std::uint64_t n) {
   for (std::uint64_t i = 0; i < n; ++i) syscall(SYS_getppid);
 }
 
-std::unique_ptr<Tracer> make_tracer(MetricStore& store, const std::string& options_yaml,
-                                    HookPreference& hook) {
-  const Config cfg = parse_config("tracers:\n  syscall_latency:\n    enabled: true\n" + options_yaml,
-                                  "test.yaml");
-  for (const auto& tc : cfg.tracers) {
-    if (tc.name != "syscall_latency") continue;
-    hook = tc.hook;
-    return find_tracer(tc.name)->create(store, tc.options);
-  }
-  throw std::runtime_error("syscall_latency not registered");
-}
-
 }  // namespace
 
 TEST_CASE("syscall_latency counts every getppid call", "[syscall_latency]") {
@@ -50,10 +39,7 @@ TEST_CASE("syscall_latency counts every getppid call", "[syscall_latency]") {
   }));
   INFO("hook option: " << hook_yaml);
   MetricStore store;
-  KernelHookProber prober;
-  HookPreference pref{};
-  auto tracer = make_tracer(store, hook_yaml, pref);
-  tracer->start(prober, pref);
+  auto tracer = test::start_tracer(store, "syscall_latency", hook_yaml);
   CHECK(tracer->hook() == expected_hook);
 
   tracer->drain();
@@ -83,10 +69,7 @@ TEST_CASE("syscall_latency counts every getppid call", "[syscall_latency]") {
 
 TEST_CASE("drains racing with the calls lose no increment", "[syscall_latency]") {
   MetricStore store;
-  KernelHookProber prober;
-  HookPreference pref{};
-  auto tracer = make_tracer(store, "    include: [getppid]\n", pref);
-  tracer->start(prober, pref);
+  auto tracer = test::start_tracer(store, "syscall_latency", "    include: [getppid]\n");
   tracer->drain();
   const std::uint64_t before = histogram_count(store, kMetric, {{"syscall", "getppid"}});
   std::atomic<bool> done{false};
@@ -110,11 +93,8 @@ TEST_CASE("drains racing with the calls lose no increment", "[syscall_latency]")
 
 TEST_CASE("include and exclude filter in the kernel", "[syscall_latency]") {
   MetricStore store;
-  KernelHookProber prober;
-  HookPreference pref{};
   SECTION("include only getppid") {
-    auto tracer = make_tracer(store, "    include: [getppid]\n", pref);
-    tracer->start(prober, pref);
+    auto tracer = test::start_tracer(store, "syscall_latency", "    include: [getppid]\n");
     call_getppid(1000);
     syscall(SYS_getpid);
     tracer->drain();
@@ -126,8 +106,7 @@ TEST_CASE("include and exclude filter in the kernel", "[syscall_latency]") {
     }
   }
   SECTION("exclude getppid") {
-    auto tracer = make_tracer(store, "    exclude: [getppid]\n", pref);
-    tracer->start(prober, pref);
+    auto tracer = test::start_tracer(store, "syscall_latency", "    exclude: [getppid]\n");
     call_getppid(1000);
     syscall(SYS_getpid);
     tracer->drain();
@@ -139,10 +118,7 @@ TEST_CASE("include and exclude filter in the kernel", "[syscall_latency]") {
 
 TEST_CASE("syscall numbers outside the table are counted as drops", "[syscall_latency]") {
   MetricStore store;
-  KernelHookProber prober;
-  HookPreference pref{};
-  auto tracer = make_tracer(store, "", pref);
-  tracer->start(prober, pref);
+  auto tracer = test::start_tracer(store, "syscall_latency");
   tracer->drain();
   const test::Labels labels = {{"tracer", "syscall_latency"}, {"reason", "unknown_syscall"}};
   const double before = test::counter_value(store, "ebpf_metricsd_dropped_events_total", labels);

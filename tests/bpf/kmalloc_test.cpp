@@ -1,0 +1,89 @@
+// kmalloc on the real kernel, against an independent BPF counter of the same tracepoints.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+
+#include "../metrics_lookup.h"
+#include "kmalloc_oracle.skel.h"
+#include "tracer_fixture.h"
+
+using namespace ebpf_metricsd;
+
+namespace {
+
+struct OracleCounts {
+  std::uint64_t kmallocs, kfrees, requested;
+};
+
+OracleCounts read_oracle(const kmalloc_oracle* o) {
+  return {__atomic_load_n(&o->bss->kmallocs, __ATOMIC_SEQ_CST),
+          __atomic_load_n(&o->bss->kfrees, __ATOMIC_SEQ_CST),
+          __atomic_load_n(&o->bss->requested, __ATOMIC_SEQ_CST)};
+}
+
+// Work that allocates: /proc files are read through seq_file, whose buffer is kmalloc'ed.
+void read_proc_files(int n) {
+  char buf[256];
+  for (int i = 0; i < n; ++i) {
+    const int fd = open("/proc/self/stat", O_RDONLY);
+    REQUIRE(fd >= 0);
+    REQUIRE(read(fd, buf, sizeof buf) > 0);
+    close(fd);
+  }
+}
+
+double value(const MetricStore& store, const std::string& name, const test::Labels& l = {}) {
+  return test::counter_value(store, name, l);
+}
+
+}  // namespace
+
+TEST_CASE("kmalloc counts agree with an independent counter of the same tracepoints",
+          "[kmalloc]") {
+  std::unique_ptr<kmalloc_oracle, void (*)(kmalloc_oracle*)> oracle(kmalloc_oracle__open_and_load(),
+                                                                     kmalloc_oracle__destroy);
+  REQUIRE(oracle);
+  REQUIRE(kmalloc_oracle__attach(oracle.get()) == 0);
+  const std::string hook = GENERATE(std::string("auto"), std::string("raw_tp"));
+  INFO("hook " << hook);
+  MetricStore store;
+  auto tracer = test::start_tracer(store, "kmalloc", "    caches: true\n    hook: " + hook + "\n");
+
+  constexpr int kReads = 20000;
+  // The oracle's window encloses ours: read it first and last.
+  const OracleCounts o0 = read_oracle(oracle.get());
+  tracer->drain();
+  const double calls0 = value(store, "ebpf_kmalloc_calls_total");
+  const double frees0 = value(store, "ebpf_kfree_calls_total");
+  const double req0 = value(store, "ebpf_kmalloc_bytes_total", {{"kind", "requested"}});
+  const double alloc0 = value(store, "ebpf_kmalloc_bytes_total", {{"kind", "allocated"}});
+  const double seq0 = value(store, "ebpf_kmem_cache_alloc_calls_total", {{"cache", "seq_file"}});
+  read_proc_files(kReads);
+  tracer->drain();
+  const OracleCounts o1 = read_oracle(oracle.get());
+
+  const double calls = value(store, "ebpf_kmalloc_calls_total") - calls0;
+  const double frees = value(store, "ebpf_kfree_calls_total") - frees0;
+  const double req = value(store, "ebpf_kmalloc_bytes_total", {{"kind", "requested"}}) - req0;
+  const double alloc = value(store, "ebpf_kmalloc_bytes_total", {{"kind", "allocated"}}) - alloc0;
+  const double seq = value(store, "ebpf_kmem_cache_alloc_calls_total", {{"cache", "seq_file"}}) - seq0;
+  const double o_calls = static_cast<double>(o1.kmallocs - o0.kmallocs);
+  const double o_frees = static_cast<double>(o1.kfrees - o0.kfrees);
+  const double o_req = static_cast<double>(o1.requested - o0.requested);
+  INFO("kmalloc " << calls << " (oracle " << o_calls << "), kfree " << frees << " (oracle "
+                  << o_frees << "), requested bytes " << req << " (oracle " << o_req
+                  << "), seq_file allocs " << seq);
+  // Every read opened a seq_file (kmem_cache) and kmalloc'ed its buffer.
+  CHECK(calls >= kReads);
+  CHECK(seq >= kReads);
+  CHECK(alloc >= req);
+  // Only the allocations of the two drains themselves (bpf syscalls) and the instants
+  // between an oracle read and a drain can differ.
+  CHECK(calls <= o_calls);
+  CHECK(calls >= o_calls * 0.99 - 200);
+  CHECK(frees <= o_frees);
+  CHECK(frees >= o_frees * 0.99 - 200);
+  CHECK(req <= o_req);
+  CHECK(req >= o_req * 0.99 - 200 * 4096);
+}

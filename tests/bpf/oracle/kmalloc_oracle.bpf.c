@@ -1,0 +1,27 @@
+// SPDX-License-Identifier: GPL-2.0
+/* An independent count of the kmalloc and kfree tracepoints, for the tests. */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+
+__u64 kmallocs = 0;
+__u64 kfrees = 0;
+__u64 requested = 0;
+
+SEC("tp_btf/kmalloc")
+int BPF_PROG(oracle_kmalloc, unsigned long call_site, const void *ptr,
+	     size_t bytes_req)
+{
+	__sync_fetch_and_add(&kmallocs, 1);
+	__sync_fetch_and_add(&requested, bytes_req);
+	return 0;
+}
+
+SEC("tp_btf/kfree")
+int BPF_PROG(oracle_kfree)
+{
+	__sync_fetch_and_add(&kfrees, 1);
+	return 0;
+}
+
+char LICENSE[] SEC("license") = "GPL";

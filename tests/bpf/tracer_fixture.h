@@ -1,0 +1,30 @@
+#pragma once
+// Building a tracer the way the daemon does (config text -> descriptor -> tracer).
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "ebpf_metricsd/config.h"
+#include "ebpf_metricsd/hook_probe.h"
+#include "ebpf_metricsd/tracer.h"
+
+namespace ebpf_metricsd::test {
+
+// Creates and starts tracer `name` with the YAML option lines `options` (each indented by
+// four spaces, e.g. "    hook: raw_tp\n").
+inline std::unique_ptr<Tracer> start_tracer(MetricStore& store, const std::string& name,
+                                            const std::string& options = "") {
+  const Config cfg = parse_config(
+      "tracers:\n  " + name + ":\n    enabled: true\n" + options, "test.yaml");
+  for (const auto& tc : cfg.tracers) {
+    if (tc.name != name) continue;
+    auto tracer = find_tracer(name)->create(store, tc.options);
+    KernelHookProber prober;
+    tracer->start(prober, tc.hook);
+    return tracer;
+  }
+  throw std::runtime_error("tracer " + name + " is not registered");
+}
+
+}  // namespace ebpf_metricsd::test
