@@ -1,9 +1,14 @@
-// Overhead of a tracer's BPF side, in ns added per hooked event, against the floor: empty
-// programs on the same hooks. Modes are interleaved round by round in one process so that
-// machine noise hits them alike; medians are reported.
+// Overhead of each tracer's BPF side, in ns added per workload event, against the floor:
+// empty programs on the same hooks. Within a workload, baseline (nothing attached), floor
+// and tracer are interleaved round by round in one process, so machine noise hits them
+// alike; medians are reported. Prints, per workload: baseline, floor and tracer ns, and
+// the ratio (tracer added / floor added). Needs root.
 //
-//   overhead_bench [--rounds N] [--calls N]
+//   overhead_bench [--rounds N] [--only WORKLOAD]
+#include <fcntl.h>
+#include <linux/perf_event.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -14,12 +19,13 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ebpf_metricsd/bpf_support.h"
 #include "ebpf_metricsd/config.h"
 #include "ebpf_metricsd/tracer.h"
-#include "floor_syscall.skel.h"
+#include "floors.skel.h"
 
 using namespace ebpf_metricsd;
 
@@ -27,10 +33,14 @@ namespace {
 
 // Something attached for one measurement; destroying it detaches.
 using Attachment = std::shared_ptr<void>;
+using Attach = std::function<Attachment()>;
+
+// Runs the workload and returns the number of events it caused.
+using Workload = std::function<long()>;
 
 struct Mode {
   std::string name;
-  std::function<Attachment()> attach;  // nullptr result = nothing attached (baseline)
+  Attach attach;
   std::vector<double> ns_per_event;
 };
 
@@ -39,79 +49,189 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-double time_per_call(const std::function<void()>& event, long calls) {
-  for (long i = 0; i < calls / 10; ++i) event();  // warm caches and task storage
+double measure(const Workload& work) {
+  work();  // warm caches, task storage, map entries
   const auto t0 = std::chrono::steady_clock::now();
-  for (long i = 0; i < calls; ++i) event();
+  const long events = work();
   const std::chrono::duration<double, std::nano> took = std::chrono::steady_clock::now() - t0;
-  return took.count() / static_cast<double>(calls);
+  return took.count() / static_cast<double>(events);
 }
 
-Attachment attach_floor_syscall() {
-  auto skel = std::shared_ptr<struct floor_syscall>(floor_syscall__open_and_load(),
-                                                    floor_syscall__destroy);
-  if (!skel) throw BpfError("load floor_syscall");
-  if (floor_syscall__attach(skel.get()) != 0) throw BpfError("attach floor_syscall");
-  return skel;
+std::shared_ptr<floors> g_floors;
+
+Attach floor_of(std::vector<std::string> progs, bool perf_faults = false) {
+  return [progs, perf_faults]() -> Attachment {
+    auto links = std::make_shared<std::vector<BpfLink>>();
+    for (const auto& p : progs) {
+      links->push_back(attach_program(bpf_object__find_program_by_name(g_floors->obj, p.c_str())));
+    }
+    if (perf_faults) {
+      for (int cpu : online_cpus()) {
+        links->push_back(attach_perf_sw_event(g_floors->progs.floor_fault,
+                                              PERF_COUNT_SW_PAGE_FAULTS_MIN, cpu));
+        links->push_back(attach_perf_sw_event(g_floors->progs.floor_fault,
+                                              PERF_COUNT_SW_PAGE_FAULTS_MAJ, cpu));
+      }
+    }
+    return links;
+  };
 }
 
-Attachment tracer(const std::string& name, MetricStore& store) {
-  const Config cfg = parse_config("tracers:\n  " + name + ":\n    enabled: true\n", "bench");
-  for (const auto& tc : cfg.tracers) {
-    if (tc.name != name) continue;
-    std::shared_ptr<Tracer> t = find_tracer(name)->create(store, tc.options);
-    KernelHookProber prober;
-    t->start(prober, tc.hook);
-    return t;
+Attach tracer(const std::string& name, MetricStore& store, const std::string& options = "") {
+  return [name, &store, options]() -> Attachment {
+    const Config cfg =
+        parse_config("tracers:\n  " + name + ":\n    enabled: true\n" + options, "bench");
+    for (const auto& tc : cfg.tracers) {
+      if (tc.name != name) continue;
+      std::shared_ptr<Tracer> t = find_tracer(name)->create(store, tc.options);
+      KernelHookProber prober;
+      t->start(prober, tc.hook);
+      return t;
+    }
+    throw std::runtime_error("no tracer " + name);
+  };
+}
+
+// --- workloads -------------------------------------------------------------------------
+
+long getppid_calls() {
+  constexpr long n = 300'000;
+  for (long i = 0; i < n; ++i) syscall(SYS_getppid);
+  return n;
+}
+
+// Pipe ping-pong between two threads: each round trip is two wakeups and four switches.
+long pipe_ping_pong() {
+  constexpr int rounds = 20'000;
+  int ab[2], ba[2];
+  if (pipe(ab) || pipe(ba)) throw std::runtime_error("pipe");
+  std::thread echo([&] {
+    char c;
+    for (int i = 0; i < rounds; ++i) {
+      if (read(ab[0], &c, 1) != 1 || write(ba[1], &c, 1) != 1) break;
+    }
+  });
+  char c = 'x';
+  for (int i = 0; i < rounds; ++i) {
+    if (write(ab[1], &c, 1) != 1 || read(ba[0], &c, 1) != 1) break;
   }
-  throw std::runtime_error("no tracer " + name);
+  echo.join();
+  for (int fd : {ab[0], ab[1], ba[0], ba[1]}) close(fd);
+  return rounds;
 }
 
-void report(const char* workload, std::vector<Mode>& modes) {
-  const double base = median(modes[0].ns_per_event);
-  const double floor = median(modes[1].ns_per_event);
-  std::printf("%s\n", workload);
-  for (auto& m : modes) std::printf("  %-22s %8.1f ns/event\n", m.name.c_str(), median(m.ns_per_event));
-  const double floor_added = floor - base;
-  std::printf("  floor added            %8.1f ns\n", floor_added);
-  for (std::size_t i = 2; i < modes.size(); ++i) {
-    const double added = median(modes[i].ns_per_event) - base;
-    std::printf("  %-22s %8.1f ns added, ratio to floor %.2f\n", modes[i].name.c_str(), added,
-                added / floor_added);
+// First touches of fresh anonymous pages: one minor fault each.
+long touch_pages() {
+  constexpr long pages = 20'000;
+  const long page = sysconf(_SC_PAGESIZE);
+  const std::size_t len = static_cast<std::size_t>(pages * page);
+  auto* p = static_cast<char*>(
+      mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  if (p == MAP_FAILED) throw std::runtime_error("mmap");
+  madvise(p, len, MADV_NOHUGEPAGE);
+  for (std::size_t off = 0; off < len; off += static_cast<std::size_t>(page)) p[off] = 1;
+  munmap(p, len);
+  return pages;
+}
+
+// open/read/close of a /proc file: seq_file buffers are kmalloc'ed and kfree'd.
+long read_proc_files() {
+  constexpr long n = 20'000;
+  char buf[256];
+  for (long i = 0; i < n; ++i) {
+    const int fd = open("/proc/self/stat", O_RDONLY);
+    if (fd < 0 || read(fd, buf, sizeof buf) <= 0) throw std::runtime_error("/proc/self/stat");
+    close(fd);
   }
+  return n;
+}
+
+struct Suite {
+  std::string name;
+  std::string event;
+  Workload work;
+  std::vector<Mode> modes;  // [0] baseline, [1] floor, then tracers
+};
+
+void run(Suite& s, int rounds) {
+  for (int r = 0; r < rounds; ++r) {
+    // Rotate the order every round so no mode always runs first or last.
+    for (std::size_t k = 0; k < s.modes.size(); ++k) {
+      Mode& m = s.modes[(k + static_cast<std::size_t>(r)) % s.modes.size()];
+      Attachment a = m.attach();
+      m.ns_per_event.push_back(measure(s.work));
+    }
+  }
+  // "Added" is taken per round against that round's baseline, then the median over rounds:
+  // slow drifts of the machine cancel out of each difference.
+  const auto added = [&](std::size_t mode) {
+    std::vector<double> d;
+    for (int r = 0; r < rounds; ++r) {
+      d.push_back(s.modes[mode].ns_per_event[r] - s.modes[0].ns_per_event[r]);
+    }
+    return median(d);
+  };
+  const double base = median(s.modes[0].ns_per_event);
+  const double floor_added = added(1);
+  std::printf("%s (ns per %s, median of %d rounds)\n", s.name.c_str(), s.event.c_str(), rounds);
+  std::printf("  %-28s %9.1f\n", "baseline", base);
+  std::printf("  %-28s %9.1f  added %7.1f\n", s.modes[1].name.c_str(),
+              median(s.modes[1].ns_per_event), floor_added);
+  for (std::size_t i = 2; i < s.modes.size(); ++i) {
+    std::printf("  %-28s %9.1f  added %7.1f  ratio %.2f\n", s.modes[i].name.c_str(),
+                median(s.modes[i].ns_per_event), added(i), added(i) / floor_added);
+  }
+  std::fflush(stdout);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int rounds = 15;
-  long calls = 300'000;
+  int rounds = 21;
+  std::string only;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--rounds")) rounds = std::atoi(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--calls")) calls = std::atol(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--only")) only = argv[i + 1];
   }
-  // One CPU: the comparison is per event, and migrations only add noise.
+  g_floors.reset(floors__open_and_load(), floors__destroy);
+  if (!g_floors) {
+    std::fprintf(stderr, "cannot load the floor programs (root and BPF needed)\n");
+    return 1;
+  }
+  MetricStore store;
+  const Attach none = [] { return Attachment(); };
+  std::vector<Suite> suites = {
+      {"syscall_latency: getppid()", "syscall", getppid_calls,
+       {{"baseline", none, {}},
+        {"floor sys_enter+sys_exit", floor_of({"floor_sys_enter", "floor_sys_exit"}), {}},
+        {"syscall_latency", tracer("syscall_latency", store), {}}}},
+      {"runqueue_latency: pipe ping-pong", "round trip", pipe_ping_pong,
+       {{"baseline", none, {}},
+        {"floor wakeup(_new)+switch",
+         floor_of({"floor_wakeup", "floor_wakeup_new", "floor_switch"}), {}},
+        {"runqueue_latency", tracer("runqueue_latency", store), {}}}},
+      {"offcpu_time: pipe ping-pong", "round trip", pipe_ping_pong,
+       {{"baseline", none, {}},
+        {"floor sched_switch", floor_of({"floor_switch"}), {}},
+        {"offcpu_time", tracer("offcpu_time", store), {}}}},
+      {"page_faults: first touch of anonymous pages", "page", touch_pages,
+       {{"baseline", none, {}},
+        {"floor perf_event", floor_of({}, /*perf_faults=*/true), {}},
+        {"page_faults", tracer("page_faults", store), {}}}},
+      {"kmalloc: open+read+close /proc/self/stat", "open/read/close", read_proc_files,
+       {{"baseline", none, {}},
+        {"floor kmalloc+kfree", floor_of({"floor_kmalloc", "floor_kfree"}), {}},
+        {"kmalloc", tracer("kmalloc", store), {}}}},
+  };
+  // One CPU for the single-threaded workloads: the comparison is per event, and migrations
+  // only add noise. The ping-pong threads inherit it, so every round trip switches.
   cpu_set_t set;
   CPU_ZERO(&set);
   CPU_SET(0, &set);
   sched_setaffinity(0, sizeof set, &set);
-
-  MetricStore store;
-  std::vector<Mode> modes = {
-      {"baseline", [] { return Attachment(); }, {}},
-      {"floor (empty progs)", attach_floor_syscall, {}},
-      {"syscall_latency", [&] { return tracer("syscall_latency", store); }, {}},
-  };
-  const auto event = [] { syscall(SYS_getppid); };
-  for (int r = 0; r < rounds; ++r) {
-    // Rotate the order every round so no mode always runs first or last.
-    for (std::size_t k = 0; k < modes.size(); ++k) {
-      Mode& m = modes[(k + static_cast<std::size_t>(r)) % modes.size()];
-      Attachment a = m.attach();
-      m.ns_per_event.push_back(time_per_call(event, calls));
-    }
+  for (auto& s : suites) {
+    if (!only.empty() && s.name.find(only) == std::string::npos) continue;
+    run(s, rounds);
   }
-  std::printf("rounds %d x %ld calls, medians\n", rounds, calls);
-  report("getppid() syscall: sys_enter + sys_exit", modes);
   return 0;
 }

@@ -91,7 +91,8 @@ static __always_inline struct task_sched *task_state(struct task_struct *t,
 	struct task_sched *s;
 	__u32 pid;
 
-	pid = BPF_CORE_READ(t, pid);
+	/* tp_btf hands over trusted pointers: plain loads, no probe_read */
+	pid = raw ? BPF_CORE_READ(t, pid) : t->pid;
 	if (pid == 0) /* the idle tasks share pid 0 and never wait */
 		return NULL;
 	if (!raw) {
@@ -151,21 +152,27 @@ static __always_inline int on_switch(bool preempt, struct task_struct *prev,
 	struct task_sched *s;
 	__u64 *n, now;
 
-	n = bpf_map_lookup_elem(&switches, &kind);
-	if (n)
-		*n += 1;
-	if (!sched_cfg.runq_on && !sched_cfg.offcpu_on)
+	if (!sched_cfg.offcpu_on && !sched_cfg.runq_on)
 		return 0;
+	if (sched_cfg.offcpu_on) { /* the switch counts are offcpu_time's */
+		n = bpf_map_lookup_elem(&switches, &kind);
+		if (n)
+			*n += 1;
+	}
 	now = bpf_ktime_get_ns();
 
-	/* prev: still on the run queue (preempted), or going to sleep */
-	s = task_state(prev, true, raw);
-	if (s) {
-		if (runnable) {
-			s->enqueued = sched_cfg.runq_on ? now : 0;
-		} else {
-			s->enqueued = 0;
-			s->blocked = sched_cfg.offcpu_on ? now : 0;
+	/*
+	 * prev: still on the run queue (preempted), or going to sleep. Both
+	 * stamps were cleared when it was switched in, so there is nothing to
+	 * do for it unless one of them is being set now.
+	 */
+	if (runnable ? sched_cfg.runq_on : sched_cfg.offcpu_on) {
+		s = task_state(prev, true, raw);
+		if (s) {
+			if (runnable)
+				s->enqueued = now;
+			else
+				s->blocked = now;
 		}
 	}
 

@@ -1,6 +1,9 @@
 #include "ebpf_metricsd/bpf_support.h"
 
 #include <bpf/bpf.h>
+#include <linux/perf_event.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <spdlog/spdlog.h>
 
 #include <cerrno>
@@ -22,6 +25,28 @@ BpfLink attach_program(bpf_program* prog) {
   if (!link) {
     const int err = errno;
     throw BpfError(bpf_error_text(std::string("attach ") + bpf_program__name(prog), err));
+  }
+  return BpfLink(link);
+}
+
+BpfLink attach_perf_sw_event(bpf_program* prog, std::uint64_t config, int cpu) {
+  perf_event_attr attr{};
+  attr.type = PERF_TYPE_SOFTWARE;
+  attr.size = sizeof attr;
+  attr.config = config;
+  attr.sample_period = 1;  // the program runs on every event
+  const int fd = static_cast<int>(
+      syscall(SYS_perf_event_open, &attr, -1, cpu, -1, PERF_FLAG_FD_CLOEXEC));
+  if (fd < 0) {
+    throw BpfError(bpf_error_text("perf_event_open on CPU " + std::to_string(cpu), errno));
+  }
+  bpf_link* link = bpf_program__attach_perf_event(prog, fd);
+  if (!link) {
+    const int err = errno;
+    close(fd);
+    throw BpfError(bpf_error_text(std::string("attach ") + bpf_program__name(prog) + " on CPU " +
+                                      std::to_string(cpu),
+                                  err));
   }
   return BpfLink(link);
 }

@@ -36,6 +36,10 @@ using SkeletonPtr = std::unique_ptr<Skel, SkeletonDeleter<Skel, Destroy>>;
 // Attaches a program and returns the owning link; throws BpfError with the kernel's reason.
 BpfLink attach_program(bpf_program* prog);
 
+// Opens perf software event `config` (PERF_COUNT_SW_*) on `cpu` with sample_period 1 and
+// attaches `prog` to it; the link owns the perf event fd.
+BpfLink attach_perf_sw_event(bpf_program* prog, std::uint64_t config, int cpu);
+
 // Sends libbpf's own messages to the daemon's log (debug level for its chatter).
 void route_libbpf_logs();
 

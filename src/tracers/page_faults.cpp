@@ -1,10 +1,5 @@
 // page_faults: minor and major page faults, from perf software events with a BPF program.
 #include <linux/perf_event.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
-#include <fstream>
-#include <spdlog/spdlog.h>
 
 #include "ebpf_metricsd/bpf_support.h"
 #include "ebpf_metricsd/map_drain.h"
@@ -32,17 +27,12 @@ class PageFaultsTracer final : public Tracer {
                                       {"type"}})),
         drops_(store, "page_faults", {}) {}
 
-  ~PageFaultsTracer() override {
-    links_.clear();
-    for (int fd : perf_fds_) close(fd);
-  }
-
   void start(HookProber&, HookPreference) override {
     Skeleton skel(page_faults__open_and_load());
     if (!skel) throw BpfError(bpf_error_text("load page_faults", errno));
     for (int cpu : online_cpus()) {
-      attach(skel->progs.minor_fault, PERF_COUNT_SW_PAGE_FAULTS_MIN, cpu);
-      attach(skel->progs.major_fault, PERF_COUNT_SW_PAGE_FAULTS_MAJ, cpu);
+      links_.push_back(attach_perf_sw_event(skel->progs.minor_fault, PERF_COUNT_SW_PAGE_FAULTS_MIN, cpu));
+      links_.push_back(attach_perf_sw_event(skel->progs.major_fault, PERF_COUNT_SW_PAGE_FAULTS_MAJ, cpu));
     }
     drops_.bind(-1, {skel->progs.minor_fault, skel->progs.major_fault});
     skel_ = std::move(skel);
@@ -59,32 +49,10 @@ class PageFaultsTracer final : public Tracer {
   }
 
  private:
-  void attach(bpf_program* prog, std::uint64_t config, int cpu) {
-    perf_event_attr attr{};
-    attr.type = PERF_TYPE_SOFTWARE;
-    attr.size = sizeof attr;
-    attr.config = config;
-    attr.sample_period = 1;  // the program runs on every fault
-    const int fd = static_cast<int>(
-        syscall(SYS_perf_event_open, &attr, -1, cpu, -1, PERF_FLAG_FD_CLOEXEC));
-    if (fd < 0) {
-      throw BpfError(bpf_error_text("perf_event_open on CPU " + std::to_string(cpu), errno));
-    }
-    perf_fds_.push_back(fd);
-    bpf_link* link = bpf_program__attach_perf_event(prog, fd);
-    if (!link) {
-      throw BpfError(bpf_error_text(std::string("attach ") + bpf_program__name(prog) +
-                                        " on CPU " + std::to_string(cpu),
-                                    errno));
-    }
-    links_.emplace_back(link);
-  }
-
   CounterDrain faults_;
   DropAccounting drops_;
   Skeleton skel_;
   std::vector<BpfLink> links_;
-  std::vector<int> perf_fds_;
 };
 
 }  // namespace
