@@ -192,3 +192,41 @@ TEST_CASE("flags: --version, --help, unknown flags") {
   CHECK(run_command(std::string(DAEMON_PATH) + " --bogus > /dev/null 2>&1") == 2);
   CHECK(run_command(std::string(DAEMON_PATH) + " --log.level loud > /dev/null 2>&1") == 2);
 }
+
+TEST_CASE("every tracer, with every optional label, up at once and valid for promtool") {
+  Setup s(
+      "  syscall_latency:\n    enabled: true\n"
+      "  runqueue_latency:\n    enabled: true\n    cgroup: true\n    comm: true\n"
+      "  offcpu_time:\n    enabled: true\n    cgroup: true\n"
+      "  page_faults:\n    enabled: true\n"
+      "  kmalloc:\n    enabled: true\n    caches: true\n");
+  DaemonProcess d(DAEMON_PATH, s.log, {s.args()});
+  const std::vector<std::string> tracers = {"syscall_latency", "runqueue_latency", "offcpu_time",
+                                            "page_faults", "kmalloc"};
+  std::string body;
+  const bool all_up = wait_until([&] {
+    body = http_get(s.port, "/metrics").body;
+    for (const auto& t : tracers) {
+      if (body.find("ebpf_metricsd_tracer_up{tracer=\"" + t + "\",hook=\"") == std::string::npos) {
+        return false;
+      }
+    }
+    return body.find("ebpf_runqueue_latency_seconds_count{") != std::string::npos &&
+           body.find("ebpf_kmem_cache_alloc_calls_total{") != std::string::npos;
+  }, 20s);
+  INFO("daemon log:\n" << d.log());
+  REQUIRE(all_up);
+  for (const auto& t : tracers) {
+    INFO("tracer " << t);
+    CHECK(body.find("ebpf_metricsd_tracer_up{tracer=\"" + t + "\",hook=\"none\"} 0") ==
+          std::string::npos);
+  }
+  CHECK_THAT(body, Contains("ebpf_page_faults_total{type=\"minor\"}") &&
+                       Contains("ebpf_context_switches_total{kind=\"voluntary\"}") &&
+                       Contains("ebpf_offcpu_seconds_bucket{cgroup=\"") &&
+                       Contains("ebpf_kmalloc_size_bytes_bucket{le=\"8\"}"));
+  std::ofstream(s.dir + "/metrics.txt") << body;
+  CHECK(run_command("promtool check metrics < " + s.dir + "/metrics.txt") == 0);
+  kill(d.pid(), SIGTERM);
+  CHECK(d.wait_exit(5s) == 0);
+}
