@@ -26,6 +26,7 @@
 #include "ebpf_metricsd/config.h"
 #include "ebpf_metricsd/tracer.h"
 #include "floors.skel.h"
+#include "workloads.h"
 
 using namespace ebpf_metricsd;
 
@@ -92,57 +93,25 @@ Attach tracer(const std::string& name, MetricStore& store, const std::string& op
   };
 }
 
-// --- workloads -------------------------------------------------------------------------
-
+// Each workload returns the number of events it caused.
 long getppid_calls() {
   constexpr long n = 300'000;
-  for (long i = 0; i < n; ++i) syscall(SYS_getppid);
+  workload::getppid_calls(n);
   return n;
 }
-
-// Pipe ping-pong between two threads: each round trip is two wakeups and four switches.
 long pipe_ping_pong() {
   constexpr int rounds = 20'000;
-  int ab[2], ba[2];
-  if (pipe(ab) || pipe(ba)) throw std::runtime_error("pipe");
-  std::thread echo([&] {
-    char c;
-    for (int i = 0; i < rounds; ++i) {
-      if (read(ab[0], &c, 1) != 1 || write(ba[1], &c, 1) != 1) break;
-    }
-  });
-  char c = 'x';
-  for (int i = 0; i < rounds; ++i) {
-    if (write(ab[1], &c, 1) != 1 || read(ba[0], &c, 1) != 1) break;
-  }
-  echo.join();
-  for (int fd : {ab[0], ab[1], ba[0], ba[1]}) close(fd);
+  workload::pipe_ping_pong(rounds);
   return rounds;
 }
-
-// First touches of fresh anonymous pages: one minor fault each.
 long touch_pages() {
   constexpr long pages = 20'000;
-  const long page = sysconf(_SC_PAGESIZE);
-  const std::size_t len = static_cast<std::size_t>(pages * page);
-  auto* p = static_cast<char*>(
-      mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-  if (p == MAP_FAILED) throw std::runtime_error("mmap");
-  madvise(p, len, MADV_NOHUGEPAGE);
-  for (std::size_t off = 0; off < len; off += static_cast<std::size_t>(page)) p[off] = 1;
-  munmap(p, len);
+  workload::touch_anon_pages(pages);
   return pages;
 }
-
-// open/read/close of a /proc file: seq_file buffers are kmalloc'ed and kfree'd.
 long read_proc_files() {
   constexpr long n = 20'000;
-  char buf[256];
-  for (long i = 0; i < n; ++i) {
-    const int fd = open("/proc/self/stat", O_RDONLY);
-    if (fd < 0 || read(fd, buf, sizeof buf) <= 0) throw std::runtime_error("/proc/self/stat");
-    close(fd);
-  }
+  workload::read_proc_files(n);
   return n;
 }
 

@@ -6,6 +6,7 @@
 
 #include "../metrics_lookup.h"
 #include "kmalloc_oracle.skel.h"
+#include "../workloads.h"
 #include "tracer_fixture.h"
 
 using namespace ebpf_metricsd;
@@ -20,17 +21,6 @@ OracleCounts read_oracle(const kmalloc_oracle* o) {
   return {__atomic_load_n(&o->bss->kmallocs, __ATOMIC_SEQ_CST),
           __atomic_load_n(&o->bss->kfrees, __ATOMIC_SEQ_CST),
           __atomic_load_n(&o->bss->requested, __ATOMIC_SEQ_CST)};
-}
-
-// Work that allocates: /proc files are read through seq_file, whose buffer is kmalloc'ed.
-void read_proc_files(int n) {
-  char buf[256];
-  for (int i = 0; i < n; ++i) {
-    const int fd = open("/proc/self/stat", O_RDONLY);
-    REQUIRE(fd >= 0);
-    REQUIRE(read(fd, buf, sizeof buf) > 0);
-    close(fd);
-  }
 }
 
 double value(const MetricStore& store, const std::string& name, const test::Labels& l = {}) {
@@ -59,7 +49,7 @@ TEST_CASE("kmalloc counts agree with an independent counter of the same tracepoi
   const double req0 = value(store, "ebpf_kmalloc_bytes_total", {{"kind", "requested"}});
   const double alloc0 = value(store, "ebpf_kmalloc_bytes_total", {{"kind", "allocated"}});
   const double seq0 = value(store, "ebpf_kmem_cache_alloc_calls_total", {{"cache", "seq_file"}});
-  read_proc_files(kReads);
+  workload::read_proc_files(kReads);
   tracer->drain();
   const OracleCounts o1 = read_oracle(oracle.get());
 

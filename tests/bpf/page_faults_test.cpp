@@ -8,6 +8,7 @@
 
 #include "../kernel_counters.h"
 #include "../metrics_lookup.h"
+#include "../workloads.h"
 #include "tracer_fixture.h"
 
 using namespace ebpf_metricsd;
@@ -47,13 +48,8 @@ TEST_CASE("minor and major faults match what the test caused and /proc/vmstat", 
   tracer->drain();
   const double minor0 = faults(store, "minor"), major0 = faults(store, "major");
 
-  // Minor: first touch of fresh anonymous pages, one fault each (no huge pages).
-  const std::size_t anon_len = static_cast<std::size_t>(page) * kAnonPages;
-  auto* anon = static_cast<char*>(
-      mmap(nullptr, anon_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-  REQUIRE(anon != MAP_FAILED);
-  madvise(anon, anon_len, MADV_NOHUGEPAGE);
-  for (std::size_t off = 0; off < anon_len; off += static_cast<std::size_t>(page)) anon[off] = 1;
+  // Minor: first touch of fresh anonymous pages, one fault each.
+  workload::touch_anon_pages(kAnonPages);
 
   // Major: read the evicted file through a mapping, without readahead.
   auto* file = static_cast<volatile char*>(
@@ -84,7 +80,6 @@ TEST_CASE("minor and major faults match what the test caused and /proc/vmstat", 
   CHECK(major <= vm_major);
   CHECK(major >= vm_major * 0.995 - 10);
 
-  munmap(anon, anon_len);
   munmap(const_cast<char*>(file), block.size());
   close(fd);
 }

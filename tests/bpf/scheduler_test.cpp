@@ -10,32 +10,13 @@
 
 #include "../kernel_counters.h"
 #include "../metrics_lookup.h"
+#include "../workloads.h"
 #include "tracer_fixture.h"
 
 using namespace ebpf_metricsd;
 using test::histogram_count;
 
 namespace {
-
-// Two threads bounce a byte over two pipes `rounds` times: each round wakes each side once.
-void ping_pong(int rounds) {
-  int ab[2], ba[2];
-  REQUIRE(pipe(ab) == 0);
-  REQUIRE(pipe(ba) == 0);
-  std::thread echo([&] {
-    char c;
-    for (int i = 0; i < rounds; ++i) {
-      if (read(ab[0], &c, 1) != 1 || write(ba[1], &c, 1) != 1) break;
-    }
-  });
-  char c = 'x';
-  for (int i = 0; i < rounds; ++i) {
-    REQUIRE(write(ab[1], &c, 1) == 1);
-    REQUIRE(read(ba[0], &c, 1) == 1);
-  }
-  echo.join();
-  for (int fd : {ab[0], ab[1], ba[0], ba[1]}) close(fd);
-}
 
 std::uint64_t context_switches(const MetricStore& store) {
   return static_cast<std::uint64_t>(
@@ -74,7 +55,7 @@ TEST_CASE("run-queue latency sees every wakeup of a pipe ping-pong", "[scheduler
   offcpu->drain();
   const std::uint64_t runq0 = histogram_count(store, kRunq, {});
   const std::uint64_t sw0 = context_switches(store);
-  ping_pong(kRounds);
+  workload::pipe_ping_pong(kRounds);
   runq->drain();
   offcpu->drain();
   const std::uint64_t ctxt1 = test::proc_counter("/proc/stat", "ctxt");
@@ -109,7 +90,7 @@ TEST_CASE("run-queue totals agree with libbpf-tools runqlat over the same window
   REQUIRE_THAT(out, Catch::Matchers::Contains("Tracing run queue latency"));
   runq->drain();
   const std::uint64_t before = histogram_count(store, kRunq, {});
-  ping_pong(kRounds);
+  workload::pipe_ping_pong(kRounds);
   while (fgets(line, sizeof line, oracle)) out += line;  // until its 3 s interval ends
   runq->drain();
   REQUIRE(pclose(oracle) == 0);

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "../metrics_lookup.h"
+#include "../workloads.h"
 #include "tracer_fixture.h"
 #include "ebpf_metricsd/config.h"
 #include "ebpf_metricsd/hook_probe.h"
@@ -26,10 +27,6 @@ constexpr std::uint64_t kOtherCallers = kCalls / 100;
 
 const std::string kMetric = "ebpf_syscall_latency_seconds";
 
-void call_getppid(std::uint64_t n) {
-  for (std::uint64_t i = 0; i < n; ++i) syscall(SYS_getppid);
-}
-
 }  // namespace
 
 TEST_CASE("syscall_latency counts every getppid call", "[syscall_latency]") {
@@ -44,7 +41,7 @@ TEST_CASE("syscall_latency counts every getppid call", "[syscall_latency]") {
 
   tracer->drain();
   const std::uint64_t before = histogram_count(store, kMetric, {{"syscall", "getppid"}});
-  call_getppid(kCalls);
+  workload::getppid_calls(kCalls);
   tracer->drain();
   const std::uint64_t after = histogram_count(store, kMetric, {{"syscall", "getppid"}});
   CHECK(after - before >= kCalls);
@@ -74,7 +71,7 @@ TEST_CASE("drains racing with the calls lose no increment", "[syscall_latency]")
   const std::uint64_t before = histogram_count(store, kMetric, {{"syscall", "getppid"}});
   std::atomic<bool> done{false};
   std::thread caller([&] {
-    call_getppid(kCalls);
+    workload::getppid_calls(kCalls);
     done = true;
   });
   int drains = 0;
@@ -95,7 +92,7 @@ TEST_CASE("include and exclude filter in the kernel", "[syscall_latency]") {
   MetricStore store;
   SECTION("include only getppid") {
     auto tracer = test::start_tracer(store, "syscall_latency", "    include: [getppid]\n");
-    call_getppid(1000);
+    workload::getppid_calls(1000);
     syscall(SYS_getpid);
     tracer->drain();
     CHECK(histogram_count(store, kMetric, {{"syscall", "getppid"}}) >= 1000);
@@ -107,7 +104,7 @@ TEST_CASE("include and exclude filter in the kernel", "[syscall_latency]") {
   }
   SECTION("exclude getppid") {
     auto tracer = test::start_tracer(store, "syscall_latency", "    exclude: [getppid]\n");
-    call_getppid(1000);
+    workload::getppid_calls(1000);
     syscall(SYS_getpid);
     tracer->drain();
     // The other callers on the machine are excluded as well: not one getppid may show.
