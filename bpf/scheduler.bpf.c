@@ -16,6 +16,7 @@
 #include <bpf/bpf_tracing.h>
 
 #include "common/maps.bpf.h"
+#include "common/read.bpf.h"
 #include "scheduler.h"
 
 #define TASK_RUNNING 0
@@ -91,8 +92,7 @@ static __always_inline struct task_sched *task_state(struct task_struct *t,
 	struct task_sched *s;
 	__u32 pid;
 
-	/* tp_btf hands over trusted pointers: plain loads, no probe_read */
-	pid = raw ? BPF_CORE_READ(t, pid) : t->pid;
+	pid = EMD_READ(raw, t, pid);
 	if (pid == 0) /* the idle tasks share pid 0 and never wait */
 		return NULL;
 	if (!raw) {

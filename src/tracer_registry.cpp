@@ -14,6 +14,7 @@ TracerDescriptor runqueue_latency_descriptor();
 TracerDescriptor offcpu_time_descriptor();
 TracerDescriptor page_faults_descriptor();
 TracerDescriptor kmalloc_descriptor();
+TracerDescriptor tcp_connect_latency_descriptor();
 
 const std::vector<TracerDescriptor>& tracer_registry() {
   static const std::vector<TracerDescriptor> registry = {
@@ -22,6 +23,7 @@ const std::vector<TracerDescriptor>& tracer_registry() {
       offcpu_time_descriptor(),
       page_faults_descriptor(),
       kmalloc_descriptor(),
+      tcp_connect_latency_descriptor(),
   };
   return registry;
 }

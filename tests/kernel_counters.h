@@ -22,4 +22,20 @@ inline std::uint64_t proc_counter(const std::string& file, const std::string& na
   throw std::runtime_error("no " + name + " in " + file);
 }
 
+// A field of /proc/net/snmp, where each protocol has a header line of names and a line of
+// values: snmp_counter("Tcp", "ActiveOpens").
+inline std::uint64_t snmp_counter(const std::string& proto, const std::string& field) {
+  std::ifstream in("/proc/net/snmp");
+  std::string names, values;
+  while (std::getline(in, names) && std::getline(in, values)) {
+    if (names.compare(0, proto.size() + 1, proto + ":") != 0) continue;
+    std::istringstream n(names), v(values);
+    std::string name, value;
+    while (n >> name && v >> value) {
+      if (name == field) return std::stoull(value);
+    }
+  }
+  throw std::runtime_error("no " + proto + " " + field + " in /proc/net/snmp");
+}
+
 }  // namespace ebpf_metricsd::test

@@ -1,0 +1,126 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * TCP active opens: inet_sock_set_state to SYN_SENT stamps the socket; from
+ * SYN_SENT, ESTABLISHED adds the latency to the family's histogram and CLOSE
+ * counts a failure. tp_btf keeps the stamp in socket-local storage; the raw_tp
+ * fallback, whose socket pointer is untyped, in a hash keyed by the pointer.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+
+#include "common/maps.bpf.h"
+#include "common/read.bpf.h"
+#include "tcp_connect_latency.h"
+
+#define AF_INET 2
+#define AF_INET6 10
+#define IPPROTO_TCP 6
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, __u64);
+} start SEC(".maps");
+
+/* raw_tp fallback only; user space sizes it (1 entry when tp_btf is used). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1);
+	__type(key, __u64);
+	__type(value, __u64);
+} start_by_sk SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, TCPCONN_FAMILIES);
+	__type(key, __u32);
+	__type(value, struct tcpconn_hist);
+} latency SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, TCPCONN_FAMILIES);
+	__type(key, __u32);
+	__type(value, __u64);
+} failures SEC(".maps");
+
+EMD_DROPS_MAP(TCPCONN_DROP__COUNT);
+
+static __always_inline int on_set_state(struct sock *sk, int oldstate,
+					int newstate, bool raw)
+{
+	__u64 *ts, key = (__u64)sk, now;
+	__u32 family;
+	__u16 f;
+
+	if (newstate != TCP_SYN_SENT && oldstate != TCP_SYN_SENT &&
+	    oldstate != TCP_SYN_RECV)
+		return 0;
+	if (EMD_READ(raw, sk, sk_protocol) != IPPROTO_TCP)
+		return 0;
+	f = EMD_READ(raw, sk, __sk_common.skc_family);
+	if (f != AF_INET && f != AF_INET6)
+		return 0;
+	family = f == AF_INET ? TCPCONN_IPV4 : TCPCONN_IPV6;
+
+	if (newstate == TCP_SYN_SENT) {
+		now = bpf_ktime_get_ns();
+		if (!raw) {
+			ts = bpf_sk_storage_get(&start, sk, 0,
+						BPF_SK_STORAGE_GET_F_CREATE);
+			if (!ts) {
+				emd_count_drop(&drops, TCPCONN_DROP_STORAGE);
+				return 0;
+			}
+			*ts = now;
+		} else if (bpf_map_update_elem(&start_by_sk, &key, &now, 0)) {
+			emd_count_drop(&drops, TCPCONN_DROP_STORAGE);
+		}
+		return 0;
+	}
+
+	/* leaving SYN_SENT: to ESTABLISHED (done) or CLOSE (failed); a
+	 * simultaneous open passes SYN_RECV first and is judged on leaving it */
+	if (newstate != TCP_ESTABLISHED && newstate != TCP_CLOSE)
+		return 0;
+	if (!raw)
+		ts = bpf_sk_storage_get(&start, sk, 0, 0);
+	else
+		ts = bpf_map_lookup_elem(&start_by_sk, &key);
+	if (!ts || !*ts)
+		return 0; /* the connect began before we attached */
+	now = bpf_ktime_get_ns() - *ts;
+	*ts = 0;
+	if (raw)
+		bpf_map_delete_elem(&start_by_sk, &key);
+	if (newstate == TCP_ESTABLISHED) {
+		struct tcpconn_hist *h = bpf_map_lookup_elem(&latency, &family);
+
+		if (h)
+			emd_hist_add(h, now);
+	} else {
+		__u64 *n = bpf_map_lookup_elem(&failures, &family);
+
+		if (n)
+			*n += 1;
+	}
+	return 0;
+}
+
+SEC("tp_btf/inet_sock_set_state")
+int BPF_PROG(inet_sock_set_state_btf, struct sock *sk, int oldstate,
+	     int newstate)
+{
+	return on_set_state(sk, oldstate, newstate, false);
+}
+
+SEC("raw_tp/inet_sock_set_state")
+int BPF_PROG(inet_sock_set_state_raw, struct sock *sk, int oldstate,
+	     int newstate)
+{
+	return on_set_state(sk, oldstate, newstate, true);
+}
+
+char LICENSE[] SEC("license") = "GPL";

@@ -1,0 +1,24 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+#ifndef EBPF_METRICSD_TCP_CONNECT_LATENCY_H
+#define EBPF_METRICSD_TCP_CONNECT_LATENCY_H
+
+/* Slot k: (2^(k-1), 2^k] ns; the last slot holds anything longer. */
+#define TCPCONN_SLOTS 40
+
+enum tcpconn_family {
+	TCPCONN_IPV4 = 0,
+	TCPCONN_IPV6 = 1,
+	TCPCONN_FAMILIES,
+};
+
+struct tcpconn_hist {
+	__u64 slots[TCPCONN_SLOTS];
+	__u64 sum; /* ns */
+};
+
+enum tcpconn_drop_reason {
+	TCPCONN_DROP_STORAGE = 0, /* no room to remember a connect in flight */
+	TCPCONN_DROP__COUNT,
+};
+
+#endif

@@ -1,0 +1,93 @@
+// tcp_connect_latency: active TCP opens, SYN_SENT to ESTABLISHED (latency) or CLOSE (failure).
+#include <array>
+
+#include "ebpf_metricsd/bpf_support.h"
+#include "ebpf_metricsd/map_drain.h"
+#include "ebpf_metricsd/tracer.h"
+
+// clang-format off
+#include <linux/types.h>
+#include "tcp_connect_latency.h"
+#include "tcp_connect_latency.skel.h"
+// clang-format on
+
+namespace ebpf_metricsd {
+
+namespace {
+
+using Skeleton = SkeletonPtr<tcp_connect_latency, tcp_connect_latency__destroy>;
+constexpr std::uint32_t kRawInFlight = 65536;  // connects in flight the raw_tp map holds
+
+MetricStore::LabelValues family_label(const void* key) {
+  return {*static_cast<const std::uint32_t*>(key) == TCPCONN_IPV4 ? "ipv4" : "ipv6"};
+}
+
+class TcpConnectLatencyTracer final : public Tracer {
+ public:
+  explicit TcpConnectLatencyTracer(MetricStore& store)
+      : latency_(store,
+                 store.declare({"ebpf_tcp_connect_latency_seconds",
+                                "Time from an active TCP open (SYN sent) to the connection "
+                                "being established.",
+                                MetricType::Histogram,
+                                {"family"},
+                                Log2Layout{1e9, 10, 36}}),
+                 TCPCONN_SLOTS),
+        failures_(store, store.declare({"ebpf_tcp_connect_failures_total",
+                                        "Active TCP opens that went from SYN_SENT to CLOSE "
+                                        "(refused, timed out, reset).",
+                                        MetricType::Counter,
+                                        {"family"}})),
+        drops_(store, "tcp_connect_latency", {"socket_storage_full"}) {}
+
+  void start(HookProber& prober, HookPreference preference) override {
+    static const std::array<std::string, 1> tps = {"inet_sock_set_state"};
+    const HookKind kind = require_hook(prober, tps, preference);
+    Skeleton skel(tcp_connect_latency__open());
+    if (!skel) throw BpfError(bpf_error_text("open tcp_connect_latency", errno));
+    const bool btf = kind == HookKind::TpBtf;
+    bpf_program__set_autoload(skel->progs.inet_sock_set_state_btf, btf);
+    bpf_program__set_autoload(skel->progs.inet_sock_set_state_raw, !btf);
+    bpf_map__set_max_entries(skel->maps.start_by_sk, btf ? 1 : kRawInFlight);
+    if (int err = tcp_connect_latency__load(skel.get())) {
+      throw BpfError(bpf_error_text("load tcp_connect_latency", err));
+    }
+    bpf_program* prog =
+        btf ? skel->progs.inet_sock_set_state_btf : skel->progs.inet_sock_set_state_raw;
+    links_.push_back(attach_program(prog));
+    drops_.bind(bpf_map__fd(skel->maps.drops), {prog});
+    hook_ = std::string(hook_name(kind));
+    skel_ = std::move(skel);
+  }
+
+  std::string hook() const override { return hook_; }
+
+  void drain() override {
+    latency_.drain_array(bpf_map__fd(skel_->maps.latency), TCPCONN_FAMILIES, family_label);
+    failures_.drain_array(bpf_map__fd(skel_->maps.failures), TCPCONN_FAMILIES, family_label);
+    drops_.drain();
+  }
+
+ private:
+  Log2HistDrain latency_;
+  CounterDrain failures_;
+  DropAccounting drops_;
+  Skeleton skel_;
+  std::vector<BpfLink> links_;
+  std::string hook_;
+};
+
+}  // namespace
+
+TracerDescriptor tcp_connect_latency_descriptor() {
+  return {
+      "tcp_connect_latency",
+      "TCP connect latency and failures, by family",
+      [](YamlMapReader&) -> std::any { return {}; },
+      [](MetricStore& store, const std::any&) -> std::unique_ptr<Tracer> {
+        return std::make_unique<TcpConnectLatencyTracer>(store);
+      },
+  };
+}
+
+}  // namespace ebpf_metricsd

@@ -1,0 +1,125 @@
+// tcp_connect_latency on the real kernel: loopback connects the test makes, against
+// /proc/net/snmp Tcp ActiveOpens.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+
+#include "../kernel_counters.h"
+#include "../metrics_lookup.h"
+#include "tracer_fixture.h"
+
+using namespace ebpf_metricsd;
+
+namespace {
+
+struct Loopback {
+  int family;
+  sockaddr_storage addr{};
+  socklen_t len = 0;
+
+  explicit Loopback(int f) : family(f) {
+    if (f == AF_INET) {
+      auto* a = reinterpret_cast<sockaddr_in*>(&addr);
+      a->sin_family = AF_INET;
+      a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      len = sizeof(sockaddr_in);
+    } else {
+      auto* a = reinterpret_cast<sockaddr_in6*>(&addr);
+      a->sin6_family = AF_INET6;
+      a->sin6_addr = in6addr_loopback;
+      len = sizeof(sockaddr_in6);
+    }
+  }
+  void set_port(int port) {
+    if (family == AF_INET) reinterpret_cast<sockaddr_in*>(&addr)->sin_port = htons(port);
+    else reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port = htons(port);
+  }
+  int port_of(int fd) {
+    sockaddr_storage a{};
+    socklen_t l = sizeof a;
+    getsockname(fd, reinterpret_cast<sockaddr*>(&a), &l);
+    return ntohs(family == AF_INET ? reinterpret_cast<sockaddr_in*>(&a)->sin_port
+                                   : reinterpret_cast<sockaddr_in6*>(&a)->sin6_port);
+  }
+  // A listening socket on a free port.
+  int listen_any() {
+    set_port(0);
+    const int fd = socket(family, SOCK_STREAM, 0);
+    REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&addr), len) == 0);
+    REQUIRE(listen(fd, 1024) == 0);
+    set_port(port_of(fd));
+    return fd;
+  }
+  // A port nothing listens on: bound, then closed.
+  void closed_port() {
+    set_port(0);
+    const int fd = socket(family, SOCK_STREAM, 0);
+    REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&addr), len) == 0);
+    set_port(port_of(fd));
+    close(fd);
+  }
+  bool connect_once() {
+    const int fd = socket(family, SOCK_STREAM, 0);
+    const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), len) == 0;
+    close(fd);
+    return ok;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("every loopback connect and refusal is counted, per family", "[tcp]") {
+  const std::string hook = GENERATE(std::string("auto"), std::string("raw_tp"));
+  INFO("hook " << hook);
+  MetricStore store;
+  auto tracer = test::start_tracer(store, "tcp_connect_latency", "    hook: " + hook + "\n");
+
+  constexpr int kConnects = 50, kRefused = 20;
+  Loopback v4(AF_INET), v6(AF_INET6);
+  const int l4 = v4.listen_any(), l6 = v6.listen_any();
+  Loopback c4(AF_INET), c6(AF_INET6);
+  c4.closed_port();
+  c6.closed_port();
+
+  const std::uint64_t opens0 = test::snmp_counter("Tcp", "ActiveOpens");
+  tracer->drain();
+  const auto count = [&](const char* fam) {
+    return test::histogram_count(store, "ebpf_tcp_connect_latency_seconds", {{"family", fam}});
+  };
+  const auto failed = [&](const char* fam) {
+    return test::counter_value(store, "ebpf_tcp_connect_failures_total", {{"family", fam}});
+  };
+  const std::uint64_t ok4 = count("ipv4"), ok6 = count("ipv6");
+  const double bad4 = failed("ipv4"), bad6 = failed("ipv6");
+  for (int i = 0; i < kConnects; ++i) {
+    REQUIRE(v4.connect_once());
+    REQUIRE(v6.connect_once());
+  }
+  for (int i = 0; i < kRefused; ++i) {
+    REQUIRE_FALSE(c4.connect_once());
+    REQUIRE_FALSE(c6.connect_once());
+  }
+  tracer->drain();
+  const std::uint64_t opens = test::snmp_counter("Tcp", "ActiveOpens") - opens0;
+  close(l4);
+  close(l6);
+
+  const std::uint64_t d_ok4 = count("ipv4") - ok4, d_ok6 = count("ipv6") - ok6;
+  const double d_bad4 = failed("ipv4") - bad4, d_bad6 = failed("ipv6") - bad6;
+  INFO("ipv4 " << d_ok4 << " ok " << d_bad4 << " failed; ipv6 " << d_ok6 << " ok " << d_bad6
+               << " failed; ActiveOpens " << opens);
+  CHECK(d_ok4 == kConnects);
+  CHECK(d_ok6 == kConnects);
+  CHECK(d_bad4 == kRefused);
+  CHECK(d_bad6 == kRefused);
+  CHECK(static_cast<double>(d_ok4 + d_ok6) + d_bad4 + d_bad6 == static_cast<double>(opens));
+
+  const auto fams = store.Collect();
+  const auto* h = test::find_series(fams, "ebpf_tcp_connect_latency_seconds", {{"family", "ipv4"}});
+  REQUIRE(h != nullptr);
+  CHECK(h->histogram.sample_sum > 0);
+  CHECK(h->histogram.sample_sum / static_cast<double>(h->histogram.sample_count) < 0.1);
+}
