@@ -1,11 +1,13 @@
 #include "ebpf_metricsd/hook_probe.h"
 
 #include <bpf/bpf.h>
+#include <bpf/btf.h>
 #include <bpf/libbpf.h>
 #include <linux/bpf.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <memory>
 #include <vector>
 
 #include "ebpf_metricsd/bpf_support.h"
@@ -68,6 +70,21 @@ std::string probe(HookKind kind, const std::string& tracepoint) {
 }
 
 }  // namespace
+
+std::optional<int> tracepoint_arg_count(const std::string& tracepoint) {
+  std::unique_ptr<btf, void (*)(btf*)> vmlinux(btf__load_vmlinux_btf(), btf__free);
+  if (!vmlinux) return std::nullopt;
+  const int id = btf__find_by_name_kind(vmlinux.get(), ("btf_trace_" + tracepoint).c_str(),
+                                        BTF_KIND_TYPEDEF);
+  if (id < 0) return std::nullopt;
+  // typedef -> pointer -> function prototype (void *data, args...)
+  const btf_type* t = btf__type_by_id(vmlinux.get(), static_cast<__u32>(id));
+  t = t ? btf__type_by_id(vmlinux.get(), t->type) : nullptr;
+  if (!t || !btf_is_ptr(t)) return std::nullopt;
+  t = btf__type_by_id(vmlinux.get(), t->type);
+  if (!t || !btf_is_func_proto(t)) return std::nullopt;
+  return static_cast<int>(btf_vlen(t)) - 1;
+}
 
 bool KernelHookProber::can_attach(HookKind kind, const std::string& tracepoint) {
   std::lock_guard lock(mutex_);

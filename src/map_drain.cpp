@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <span>
 
 #include "ebpf_metricsd/bpf_support.h"
@@ -86,6 +87,31 @@ void CounterDrain::drain_hash(int map_fd, std::size_t key_size, const Labels& la
   deltas_.drain_hash(map_fd, key_size, [&](const void* key, const std::uint64_t* delta) {
     store_.add(metric_, labels(key), delta[0]);
   });
+}
+
+std::uint64_t sweep_stale_stamps(int map_fd, std::chrono::nanoseconds max_age) {
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);  // the clock of bpf_ktime_get_ns()
+  const std::uint64_t now_ns =
+      static_cast<std::uint64_t>(now.tv_sec) * 1'000'000'000ULL + static_cast<std::uint64_t>(now.tv_nsec);
+  const std::uint64_t limit = static_cast<std::uint64_t>(max_age.count());
+  std::vector<std::uint64_t> stale;
+  std::uint64_t key = 0, next = 0, stamp = 0;
+  int err = bpf_map_get_next_key(map_fd, nullptr, &next);
+  while (err == 0) {
+    key = next;
+    if (bpf_map_lookup_elem(map_fd, &key, &stamp) == 0 && stamp != 0 && stamp < now_ns &&
+        now_ns - stamp > limit) {
+      stale.push_back(key);
+    }
+    err = bpf_map_get_next_key(map_fd, &key, &next);
+  }
+  std::uint64_t deleted = 0;
+  for (std::uint64_t k : stale) {
+    // The end event may have raced us and removed it already; only what we delete counts.
+    if (bpf_map_delete_elem(map_fd, &k) == 0) ++deleted;
+  }
+  return deleted;
 }
 
 }  // namespace ebpf_metricsd

@@ -15,6 +15,7 @@ TracerDescriptor offcpu_time_descriptor();
 TracerDescriptor page_faults_descriptor();
 TracerDescriptor kmalloc_descriptor();
 TracerDescriptor tcp_connect_latency_descriptor();
+TracerDescriptor block_io_descriptor();
 
 const std::vector<TracerDescriptor>& tracer_registry() {
   static const std::vector<TracerDescriptor> registry = {
@@ -24,6 +25,7 @@ const std::vector<TracerDescriptor>& tracer_registry() {
       page_faults_descriptor(),
       kmalloc_descriptor(),
       tcp_connect_latency_descriptor(),
+      block_io_descriptor(),
   };
   return registry;
 }

@@ -42,6 +42,11 @@ class KernelHookProber : public HookProber {
   std::map<std::pair<HookKind, std::string>, std::string> results_;  // "" = attachable
 };
 
+// How many arguments the kernel's tracepoint passes (from the btf_trace_<name> typedef in
+// the kernel's BTF), for tracepoints whose signature changed across kernels. nullopt when
+// the kernel has no BTF for it.
+std::optional<int> tracepoint_arg_count(const std::string& tracepoint);
+
 // The first kind, in preference order (tp_btf before raw_tp), that every tracepoint
 // accepts; nullopt when none does.
 std::optional<HookKind> choose_hook(HookProber& prober, std::span<const std::string> tracepoints,

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -60,5 +61,10 @@ class CounterDrain {
   MetricStore::MetricId metric_;
   PerCpuDeltas deltas_;
 };
+
+// For maps of things in flight (a u64 key, a u64 bpf_ktime_get_ns() stamp as value) whose
+// end event may never come (a dropped packet, a request of a removed disk): deletes entries
+// older than `max_age` and returns how many, so they can be counted, not leaked.
+std::uint64_t sweep_stale_stamps(int map_fd, std::chrono::nanoseconds max_age);
 
 }  // namespace ebpf_metricsd

@@ -1,0 +1,114 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * Block I/O: block_rq_issue stamps the request, block_rq_complete adds the
+ * latency and the completed bytes to the (disk, op) series. block_rq_issue
+ * lost its request_queue argument in Linux 5.11; both shapes are here and user
+ * space picks by the argument count in the kernel's BTF.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+
+#include "block_io.h"
+#include "common/maps.bpf.h"
+#include "common/read.bpf.h"
+
+#define REQ_OP_MASK 0xff
+
+static const struct blockio_value zero_value = {};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, BLOCKIO_MAX_IN_FLIGHT);
+	__type(key, __u64); /* struct request * */
+	__type(value, __u64);
+} issued SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, BLOCKIO_MAX_SERIES);
+	__type(key, struct blockio_key);
+	__type(value, struct blockio_value);
+} series SEC(".maps");
+
+EMD_DROPS_MAP(BLOCKIO_DROP__COUNT);
+
+static __always_inline int on_issue(struct request *rq)
+{
+	__u64 key = (__u64)rq, now = bpf_ktime_get_ns();
+
+	if (bpf_map_update_elem(&issued, &key, &now, BPF_ANY))
+		emd_count_drop(&drops, BLOCKIO_DROP_IN_FLIGHT_FULL);
+	return 0;
+}
+
+static __always_inline int on_complete(struct request *rq,
+				       unsigned int nr_bytes, bool raw)
+{
+	struct blockio_key key = {};
+	struct blockio_value *v;
+	struct gendisk *disk;
+	__u64 rqkey = (__u64)rq, *ts, delta;
+	__u32 op;
+
+	ts = bpf_map_lookup_elem(&issued, &rqkey);
+	if (!ts)
+		return 0; /* issued before we attached */
+	delta = bpf_ktime_get_ns() - *ts;
+	bpf_map_delete_elem(&issued, &rqkey);
+
+	op = EMD_READ(raw, rq, cmd_flags) & REQ_OP_MASK;
+	key.op = op <= BLOCKIO_OP_DISCARD ? op : BLOCKIO_OP_OTHER;
+	disk = EMD_READ(raw, rq, q, disk);
+	bpf_probe_read_kernel_str(key.disk, sizeof(key.disk), &disk->disk_name);
+	v = emd_lookup_or_init(&series, &key, &zero_value, &drops,
+			       BLOCKIO_DROP_SERIES_FULL);
+	if (!v)
+		return 0;
+	emd_hist_add(v, delta);
+	v->bytes += nr_bytes;
+	return 0;
+}
+
+SEC("tp_btf/block_rq_issue")
+int BPF_PROG(block_rq_issue_btf, struct request *rq)
+{
+	return on_issue(rq);
+}
+
+/* before 5.11: block_rq_issue(struct request_queue *q, struct request *rq) */
+SEC("tp_btf/block_rq_issue")
+int BPF_PROG(block_rq_issue_btf_q, void *q, struct request *rq)
+{
+	return on_issue(rq);
+}
+
+SEC("tp_btf/block_rq_complete")
+int BPF_PROG(block_rq_complete_btf, struct request *rq, int error,
+	     unsigned int nr_bytes)
+{
+	return on_complete(rq, nr_bytes, false);
+}
+
+SEC("raw_tp/block_rq_issue")
+int BPF_PROG(block_rq_issue_raw, struct request *rq)
+{
+	return on_issue(rq);
+}
+
+SEC("raw_tp/block_rq_issue")
+int BPF_PROG(block_rq_issue_raw_q, void *q, struct request *rq)
+{
+	return on_issue(rq);
+}
+
+SEC("raw_tp/block_rq_complete")
+int BPF_PROG(block_rq_complete_raw, struct request *rq, int error,
+	     unsigned int nr_bytes)
+{
+	return on_complete(rq, nr_bytes, true);
+}
+
+char LICENSE[] SEC("license") = "GPL";

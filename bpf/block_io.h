@@ -1,0 +1,36 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+#ifndef EBPF_METRICSD_BLOCK_IO_H
+#define EBPF_METRICSD_BLOCK_IO_H
+
+/* Slot k: (2^(k-1), 2^k] ns; the last slot holds anything longer. */
+#define BLOCKIO_SLOTS 40
+#define BLOCKIO_DISK_NAME_LEN 32
+#define BLOCKIO_MAX_SERIES 4096 /* (disk, op) pairs */
+#define BLOCKIO_MAX_IN_FLIGHT 65536
+
+enum blockio_op {
+	BLOCKIO_OP_READ = 0,
+	BLOCKIO_OP_WRITE = 1,
+	BLOCKIO_OP_FLUSH = 2,
+	BLOCKIO_OP_DISCARD = 3,
+	BLOCKIO_OP_OTHER = 4,
+};
+
+struct blockio_key {
+	char disk[BLOCKIO_DISK_NAME_LEN];
+	__u32 op;
+};
+
+struct blockio_value {
+	__u64 slots[BLOCKIO_SLOTS];
+	__u64 sum;   /* ns */
+	__u64 bytes;
+};
+
+enum blockio_drop_reason {
+	BLOCKIO_DROP_IN_FLIGHT_FULL = 0,
+	BLOCKIO_DROP_SERIES_FULL = 1,
+	BLOCKIO_DROP__COUNT,
+};
+
+#endif

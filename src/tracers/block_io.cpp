@@ -1,0 +1,128 @@
+// block_io: block request latency (issue to complete) and bytes, by disk and operation.
+#include <array>
+#include <cstring>
+
+#include "ebpf_metricsd/bpf_support.h"
+#include "ebpf_metricsd/map_drain.h"
+#include "ebpf_metricsd/tracer.h"
+
+// clang-format off
+#include <linux/types.h>
+#include "block_io.h"
+#include "block_io.skel.h"
+// clang-format on
+
+namespace ebpf_metricsd {
+
+namespace {
+
+using Skeleton = SkeletonPtr<block_io, block_io__destroy>;
+
+const char* op_name(std::uint32_t op) {
+  switch (op) {
+    case BLOCKIO_OP_READ: return "read";
+    case BLOCKIO_OP_WRITE: return "write";
+    case BLOCKIO_OP_FLUSH: return "flush";
+    case BLOCKIO_OP_DISCARD: return "discard";
+    default: return "other";
+  }
+}
+
+class BlockIoTracer final : public Tracer {
+ public:
+  explicit BlockIoTracer(MetricStore& store)
+      : store_(store),
+        latency_(store.declare({"ebpf_block_io_latency_seconds",
+                                "Block request latency, from issue to the device until "
+                                "completion, by disk and operation.",
+                                MetricType::Histogram,
+                                {"device", "op"},
+                                Log2Layout{1e9, 10, 36}})),
+        bytes_(store.declare({"ebpf_block_io_bytes_total",
+                              "Bytes completed by block requests, by disk and operation.",
+                              MetricType::Counter,
+                              {"device", "op"}})),
+        drops_(store, "block_io", {"in_flight_full", "series_full"}),
+        stale_(store.declare(dropped_events_spec())) {
+    store_.add(stale_, {"block_io", "never_completed"}, 0);
+  }
+
+  void start(HookProber& prober, HookPreference preference) override {
+    static const std::array<std::string, 2> tps = {"block_rq_issue", "block_rq_complete"};
+    const HookKind kind = require_hook(prober, tps, preference);
+    // block_rq_issue(rq) since 5.11, block_rq_issue(q, rq) before: ask the kernel's BTF.
+    const auto args = tracepoint_arg_count("block_rq_issue");
+    const bool with_queue = args && *args == 2;
+    Skeleton skel(block_io__open());
+    if (!skel) throw BpfError(bpf_error_text("open block_io", errno));
+    auto& p = skel->progs;
+    const bool btf = kind == HookKind::TpBtf;
+    const std::array<std::pair<bpf_program*, bool>, 6> wanted = {{
+        {p.block_rq_issue_btf, btf && !with_queue},
+        {p.block_rq_issue_btf_q, btf && with_queue},
+        {p.block_rq_complete_btf, btf},
+        {p.block_rq_issue_raw, !btf && !with_queue},
+        {p.block_rq_issue_raw_q, !btf && with_queue},
+        {p.block_rq_complete_raw, !btf},
+    }};
+    for (auto [prog, on] : wanted) bpf_program__set_autoload(prog, on);
+    if (int err = block_io__load(skel.get())) throw BpfError(bpf_error_text("load block_io", err));
+    std::vector<const bpf_program*> attached;
+    for (auto [prog, on] : wanted) {
+      if (!on) continue;
+      links_.push_back(attach_program(prog));
+      attached.push_back(prog);
+    }
+    drops_.bind(bpf_map__fd(skel->maps.drops), attached);
+    hook_ = std::string(hook_name(kind));
+    skel_ = std::move(skel);
+  }
+
+  std::string hook() const override { return hook_; }
+
+  void drain() override {
+    static_assert(sizeof(blockio_value) == (BLOCKIO_SLOTS + 2) * 8);
+    series_.drain_hash(bpf_map__fd(skel_->maps.series), sizeof(blockio_key),
+                       [&](const void* key, const std::uint64_t* d) {
+                         const auto* k = static_cast<const blockio_key*>(key);
+                         const MetricStore::LabelValues labels = {
+                             std::string(k->disk, strnlen(k->disk, sizeof k->disk)),
+                             op_name(k->op)};
+                         store_.add_slots(latency_, labels,
+                                          std::span<const std::uint64_t>(d, BLOCKIO_SLOTS),
+                                          d[BLOCKIO_SLOTS]);
+                         store_.add(bytes_, labels, d[BLOCKIO_SLOTS + 1]);
+                       });
+    drops_.drain();
+    // A request that has not completed in 10 minutes never will (its disk is gone): its
+    // stamp is removed so the in-flight map cannot fill up with them.
+    if (const auto n = sweep_stale_stamps(bpf_map__fd(skel_->maps.issued), std::chrono::minutes(10))) {
+      store_.add(stale_, {"block_io", "never_completed"}, n);
+    }
+  }
+
+ private:
+  MetricStore& store_;
+  MetricStore::MetricId latency_, bytes_;
+  PerCpuDeltas series_{BLOCKIO_SLOTS + 2};
+  DropAccounting drops_;
+  MetricStore::MetricId stale_;
+  Skeleton skel_;
+  std::vector<BpfLink> links_;
+  std::string hook_;
+};
+
+}  // namespace
+
+TracerDescriptor block_io_descriptor() {
+  return {
+      "block_io",
+      "Block I/O latency and bytes, by disk and operation",
+      [](YamlMapReader&) -> std::any { return {}; },
+      [](MetricStore& store, const std::any&) -> std::unique_ptr<Tracer> {
+        return std::make_unique<BlockIoTracer>(store);
+      },
+  };
+}
+
+}  // namespace ebpf_metricsd
