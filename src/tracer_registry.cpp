@@ -16,6 +16,7 @@ TracerDescriptor page_faults_descriptor();
 TracerDescriptor kmalloc_descriptor();
 TracerDescriptor tcp_connect_latency_descriptor();
 TracerDescriptor block_io_descriptor();
+TracerDescriptor page_cache_descriptor();
 
 const std::vector<TracerDescriptor>& tracer_registry() {
   static const std::vector<TracerDescriptor> registry = {
@@ -26,6 +27,7 @@ const std::vector<TracerDescriptor>& tracer_registry() {
       kmalloc_descriptor(),
       tcp_connect_latency_descriptor(),
       block_io_descriptor(),
+      page_cache_descriptor(),
   };
   return registry;
 }

@@ -1,0 +1,185 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * Page cache accesses, misses and dirtied pages from tracepoints only (for
+ * kernels without kprobes/fentry on folio_mark_accessed):
+ *  - accesses: the page range each read asks filemap_get_pages for, plus
+ *    mmap faults (mm_filemap_fault) and fault-around (mm_filemap_map_pages);
+ *  - misses: pages added to the page cache (mm_filemap_add_to_page_cache);
+ *  - dirtied: pages marked dirty (writeback_dirty_folio).
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+
+#include "page_cache.h"
+
+/* Before Linux 6.9 (approximately) the count of a large folio's pages was
+ * _folio_nr_pages; now it is _nr_pages. */
+struct folio___old {
+	unsigned int _folio_nr_pages;
+} __attribute__((preserve_access_index));
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct page_cache_totals);
+} totals SEC(".maps");
+
+/*
+ * One read is served in batches, and filemap_get_pages reports the range from
+ * the batch's first page to the end of the whole read each time. The last call
+ * on this CPU is remembered so that a continuation batch is not counted again.
+ */
+struct last_read {
+	__u64 mapping;
+	__u64 index;
+	__u64 last_index;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct last_read);
+} last SEC(".maps");
+
+static __always_inline struct page_cache_totals *get_totals(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&totals, &zero);
+}
+
+static __always_inline __u64 folio_pages(struct folio *folio)
+{
+	__u64 flags = 0;
+
+	bpf_core_read(&flags, sizeof(flags), &folio->flags);
+	if (!(flags & (1ULL << bpf_core_enum_value(enum pageflags, PG_head))))
+		return 1;
+	if (bpf_core_field_exists(folio->_nr_pages))
+		return BPF_CORE_READ(folio, _nr_pages);
+	if (bpf_core_field_exists(((struct folio___old *)folio)->_folio_nr_pages))
+		return BPF_CORE_READ((struct folio___old *)folio,
+				     _folio_nr_pages);
+	return 1;
+}
+
+static __always_inline int on_get_pages(void *mapping, __u64 index,
+					__u64 last_index)
+{
+	struct page_cache_totals *t = get_totals();
+	struct last_read *l;
+	__u32 zero = 0;
+
+	if (!t || last_index < index)
+		return 0;
+	l = bpf_map_lookup_elem(&last, &zero);
+	if (l) {
+		if (l->mapping == (__u64)mapping && l->last_index == last_index &&
+		    index > l->index) {
+			l->index = index; /* next batch of the same read */
+			return 0;
+		}
+		l->mapping = (__u64)mapping;
+		l->index = index;
+		l->last_index = last_index;
+	}
+	t->accesses += last_index - index + 1;
+	return 0;
+}
+
+static __always_inline int add_accesses(__u64 n)
+{
+	struct page_cache_totals *t = get_totals();
+
+	if (t)
+		t->accesses += n;
+	return 0;
+}
+
+static __always_inline int add_misses(struct folio *folio)
+{
+	struct page_cache_totals *t = get_totals();
+
+	if (t)
+		t->misses += folio_pages(folio);
+	return 0;
+}
+
+static __always_inline int add_dirtied(struct folio *folio)
+{
+	struct page_cache_totals *t = get_totals();
+
+	if (t)
+		t->dirtied += folio_pages(folio);
+	return 0;
+}
+
+SEC("tp_btf/mm_filemap_get_pages")
+int BPF_PROG(get_pages_btf, struct address_space *mapping, unsigned long index,
+	     unsigned long last_index)
+{
+	return on_get_pages(mapping, index, last_index);
+}
+
+SEC("tp_btf/mm_filemap_map_pages")
+int BPF_PROG(map_pages_btf, struct address_space *mapping, unsigned long start,
+	     unsigned long end)
+{
+	return add_accesses(end >= start ? end - start + 1 : 0);
+}
+
+SEC("tp_btf/mm_filemap_fault")
+int BPF_PROG(fault_btf)
+{
+	return add_accesses(1);
+}
+
+SEC("tp_btf/mm_filemap_add_to_page_cache")
+int BPF_PROG(add_to_page_cache_btf, struct folio *folio)
+{
+	return add_misses(folio);
+}
+
+SEC("tp_btf/writeback_dirty_folio")
+int BPF_PROG(dirty_folio_btf, struct folio *folio)
+{
+	return add_dirtied(folio);
+}
+
+SEC("raw_tp/mm_filemap_get_pages")
+int BPF_PROG(get_pages_raw, struct address_space *mapping, unsigned long index,
+	     unsigned long last_index)
+{
+	return on_get_pages(mapping, index, last_index);
+}
+
+SEC("raw_tp/mm_filemap_map_pages")
+int BPF_PROG(map_pages_raw, struct address_space *mapping, unsigned long start,
+	     unsigned long end)
+{
+	return add_accesses(end >= start ? end - start + 1 : 0);
+}
+
+SEC("raw_tp/mm_filemap_fault")
+int BPF_PROG(fault_raw)
+{
+	return add_accesses(1);
+}
+
+SEC("raw_tp/mm_filemap_add_to_page_cache")
+int BPF_PROG(add_to_page_cache_raw, struct folio *folio)
+{
+	return add_misses(folio);
+}
+
+SEC("raw_tp/writeback_dirty_folio")
+int BPF_PROG(dirty_folio_raw, struct folio *folio)
+{
+	return add_dirtied(folio);
+}
+
+char LICENSE[] SEC("license") = "GPL";

@@ -1,0 +1,111 @@
+// page_cache: page cache accesses, misses (pages added) and pages dirtied.
+#include <array>
+
+#include "ebpf_metricsd/bpf_support.h"
+#include "ebpf_metricsd/map_drain.h"
+#include "ebpf_metricsd/tracer.h"
+
+// clang-format off
+#include <linux/types.h>
+#include "page_cache.h"
+#include "page_cache.skel.h"
+// clang-format on
+
+namespace ebpf_metricsd {
+
+namespace {
+
+using Skeleton = SkeletonPtr<page_cache, page_cache__destroy>;
+
+class PageCacheTracer final : public Tracer {
+ public:
+  explicit PageCacheTracer(MetricStore& store)
+      : store_(store),
+        accesses_(store.declare({"ebpf_page_cache_accesses_total",
+                                 "Page cache pages looked up by reads and file mmap faults.",
+                                 MetricType::Counter,
+                                 {}})),
+        misses_(store.declare({"ebpf_page_cache_misses_total",
+                               "Pages added to the page cache because a lookup missed "
+                               "(including readahead).",
+                               MetricType::Counter,
+                               {}})),
+        dirtied_(store.declare({"ebpf_page_cache_dirtied_total",
+                                "Page cache pages marked dirty.",
+                                MetricType::Counter,
+                                {}})),
+        drops_(store, "page_cache", {}) {}
+
+  void start(HookProber& prober, HookPreference preference) override {
+    static const std::array<std::string, 5> tps = {
+        "mm_filemap_get_pages", "mm_filemap_map_pages", "mm_filemap_fault",
+        "mm_filemap_add_to_page_cache", "writeback_dirty_folio"};
+    const HookKind kind = require_hook(prober, tps, preference);
+    Skeleton skel(page_cache__open());
+    if (!skel) throw BpfError(bpf_error_text("open page_cache", errno));
+    auto& p = skel->progs;
+    const bool btf = kind == HookKind::TpBtf;
+    const std::array<std::pair<bpf_program*, bool>, 10> wanted = {{
+        {p.get_pages_btf, btf},
+        {p.map_pages_btf, btf},
+        {p.fault_btf, btf},
+        {p.add_to_page_cache_btf, btf},
+        {p.dirty_folio_btf, btf},
+        {p.get_pages_raw, !btf},
+        {p.map_pages_raw, !btf},
+        {p.fault_raw, !btf},
+        {p.add_to_page_cache_raw, !btf},
+        {p.dirty_folio_raw, !btf},
+    }};
+    for (auto [prog, on] : wanted) bpf_program__set_autoload(prog, on);
+    if (int err = page_cache__load(skel.get())) {
+      throw BpfError(bpf_error_text("load page_cache", err));
+    }
+    std::vector<const bpf_program*> attached;
+    for (auto [prog, on] : wanted) {
+      if (!on) continue;
+      links_.push_back(attach_program(prog));
+      attached.push_back(prog);
+    }
+    drops_.bind(-1, attached);
+    hook_ = std::string(hook_name(kind));
+    skel_ = std::move(skel);
+  }
+
+  std::string hook() const override { return hook_; }
+
+  void drain() override {
+    static_assert(sizeof(page_cache_totals) == 3 * 8);
+    totals_.drain_array(bpf_map__fd(skel_->maps.totals), 1,
+                        [&](const void*, const std::uint64_t* d) {
+                          store_.add(accesses_, {}, d[0]);
+                          store_.add(misses_, {}, d[1]);
+                          store_.add(dirtied_, {}, d[2]);
+                        });
+    drops_.drain();
+  }
+
+ private:
+  MetricStore& store_;
+  MetricStore::MetricId accesses_, misses_, dirtied_;
+  PerCpuDeltas totals_{3};
+  DropAccounting drops_;
+  Skeleton skel_;
+  std::vector<BpfLink> links_;
+  std::string hook_;
+};
+
+}  // namespace
+
+TracerDescriptor page_cache_descriptor() {
+  return {
+      "page_cache",
+      "Page cache accesses, misses and dirtied pages",
+      [](YamlMapReader&) -> std::any { return {}; },
+      [](MetricStore& store, const std::any&) -> std::unique_ptr<Tracer> {
+        return std::make_unique<PageCacheTracer>(store);
+      },
+  };
+}
+
+}  // namespace ebpf_metricsd
