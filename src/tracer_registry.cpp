@@ -15,6 +15,7 @@ TracerDescriptor offcpu_time_descriptor();
 TracerDescriptor page_faults_descriptor();
 TracerDescriptor kmalloc_descriptor();
 TracerDescriptor tcp_connect_latency_descriptor();
+TracerDescriptor net_xmit_latency_descriptor();
 TracerDescriptor block_io_descriptor();
 TracerDescriptor page_cache_descriptor();
 
@@ -26,6 +27,7 @@ const std::vector<TracerDescriptor>& tracer_registry() {
       page_faults_descriptor(),
       kmalloc_descriptor(),
       tcp_connect_latency_descriptor(),
+      net_xmit_latency_descriptor(),
       block_io_descriptor(),
       page_cache_descriptor(),
   };

@@ -1,0 +1,28 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+#ifndef EBPF_METRICSD_NET_XMIT_LATENCY_H
+#define EBPF_METRICSD_NET_XMIT_LATENCY_H
+
+/* Slot k: (2^(k-1), 2^k] ns; the last slot holds anything longer. */
+#define NETXMIT_SLOTS 40
+#define NETXMIT_IFNAME_LEN 16
+#define NETXMIT_MAX_INTERFACES 1024
+#define NETXMIT_MAX_IN_FLIGHT 65536
+
+struct netxmit_key {
+	char ifname[NETXMIT_IFNAME_LEN];
+};
+
+struct netxmit_value {
+	__u64 slots[NETXMIT_SLOTS];
+	__u64 sum; /* ns */
+	__u64 packets;
+	__u64 bytes;
+};
+
+enum netxmit_drop_reason {
+	NETXMIT_DROP_IN_FLIGHT_FULL = 0,
+	NETXMIT_DROP_INTERFACES_FULL = 1,
+	NETXMIT_DROP__COUNT,
+};
+
+#endif

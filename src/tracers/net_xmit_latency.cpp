@@ -1,0 +1,120 @@
+// net_xmit_latency: packet queue-to-transmit latency, packets and bytes, by interface.
+#include <array>
+#include <cstring>
+
+#include "ebpf_metricsd/bpf_support.h"
+#include "ebpf_metricsd/map_drain.h"
+#include "ebpf_metricsd/tracer.h"
+
+// clang-format off
+#include <linux/types.h>
+#include "net_xmit_latency.h"
+#include "net_xmit_latency.skel.h"
+// clang-format on
+
+namespace ebpf_metricsd {
+
+namespace {
+
+using Skeleton = SkeletonPtr<net_xmit_latency, net_xmit_latency__destroy>;
+
+class NetXmitLatencyTracer final : public Tracer {
+ public:
+  explicit NetXmitLatencyTracer(MetricStore& store)
+      : store_(store),
+        latency_(store.declare({"ebpf_net_xmit_queue_latency_seconds",
+                                "Time from a packet being queued for a device to the driver "
+                                "taking it, by interface.",
+                                MetricType::Histogram,
+                                {"interface"},
+                                Log2Layout{1e9, 6, 36}})),
+        packets_(store.declare({"ebpf_net_xmit_packets_total",
+                                "Packets handed to the driver, by interface.",
+                                MetricType::Counter,
+                                {"interface"}})),
+        bytes_(store.declare({"ebpf_net_xmit_bytes_total",
+                              "Bytes handed to the driver, by interface.",
+                              MetricType::Counter,
+                              {"interface"}})),
+        drops_(store, "net_xmit_latency", {"in_flight_full", "interfaces_full"}),
+        unmatched_(store.declare(dropped_events_spec())) {
+    store_.add(unmatched_, {"net_xmit_latency", "unmatched_queue"}, 0);
+  }
+
+  void start(HookProber& prober, HookPreference preference) override {
+    static const std::array<std::string, 2> tps = {"net_dev_queue", "net_dev_xmit"};
+    const HookKind kind = require_hook(prober, tps, preference);
+    Skeleton skel(net_xmit_latency__open());
+    if (!skel) throw BpfError(bpf_error_text("open net_xmit_latency", errno));
+    auto& p = skel->progs;
+    const bool btf = kind == HookKind::TpBtf;
+    const std::array<std::pair<bpf_program*, bool>, 4> wanted = {{
+        {p.net_dev_queue_btf, btf},
+        {p.net_dev_xmit_btf, btf},
+        {p.net_dev_queue_raw, !btf},
+        {p.net_dev_xmit_raw, !btf},
+    }};
+    for (auto [prog, on] : wanted) bpf_program__set_autoload(prog, on);
+    if (int err = net_xmit_latency__load(skel.get())) {
+      throw BpfError(bpf_error_text("load net_xmit_latency", err));
+    }
+    std::vector<const bpf_program*> attached;
+    // xmit first: a queue stamp without its xmit hook would only go stale.
+    for (int i : {1, 0, 3, 2}) {
+      if (!wanted[i].second) continue;
+      links_.push_back(attach_program(wanted[i].first));
+      attached.push_back(wanted[i].first);
+    }
+    drops_.bind(bpf_map__fd(skel->maps.drops), attached);
+    hook_ = std::string(hook_name(kind));
+    skel_ = std::move(skel);
+  }
+
+  std::string hook() const override { return hook_; }
+
+  void drain() override {
+    static_assert(sizeof(netxmit_value) == (NETXMIT_SLOTS + 3) * 8);
+    series_.drain_hash(bpf_map__fd(skel_->maps.series), sizeof(netxmit_key),
+                       [&](const void* key, const std::uint64_t* d) {
+                         const auto* k = static_cast<const netxmit_key*>(key);
+                         const MetricStore::LabelValues labels = {
+                             std::string(k->ifname, strnlen(k->ifname, sizeof k->ifname))};
+                         store_.add_slots(latency_, labels,
+                                          std::span<const std::uint64_t>(d, NETXMIT_SLOTS),
+                                          d[NETXMIT_SLOTS]);
+                         store_.add(packets_, labels, d[NETXMIT_SLOTS + 1]);
+                         store_.add(bytes_, labels, d[NETXMIT_SLOTS + 2]);
+                       });
+    drops_.drain();
+    // A packet still not transmitted after 10 s was dropped on the way (or split into GSO
+    // segments, which reach the driver as other skbs): its stamp is removed and counted.
+    if (const auto n = sweep_stale_stamps(bpf_map__fd(skel_->maps.queued), std::chrono::seconds(10))) {
+      store_.add(unmatched_, {"net_xmit_latency", "unmatched_queue"}, n);
+    }
+  }
+
+ private:
+  MetricStore& store_;
+  MetricStore::MetricId latency_, packets_, bytes_;
+  PerCpuDeltas series_{NETXMIT_SLOTS + 3};
+  DropAccounting drops_;
+  MetricStore::MetricId unmatched_;
+  Skeleton skel_;
+  std::vector<BpfLink> links_;
+  std::string hook_;
+};
+
+}  // namespace
+
+TracerDescriptor net_xmit_latency_descriptor() {
+  return {
+      "net_xmit_latency",
+      "Packet queue-to-transmit latency, packets and bytes, by interface",
+      [](YamlMapReader&) -> std::any { return {}; },
+      [](MetricStore& store, const std::any&) -> std::unique_ptr<Tracer> {
+        return std::make_unique<NetXmitLatencyTracer>(store);
+      },
+  };
+}
+
+}  // namespace ebpf_metricsd
