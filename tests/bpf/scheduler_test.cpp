@@ -11,6 +11,7 @@
 #include "../kernel_counters.h"
 #include "../metrics_lookup.h"
 #include "../workloads.h"
+#include "oracle_tool.h"
 #include "tracer_fixture.h"
 
 using namespace ebpf_metricsd;
@@ -22,18 +23,6 @@ std::uint64_t context_switches(const MetricStore& store) {
   return static_cast<std::uint64_t>(
       test::counter_value(store, "ebpf_context_switches_total", {{"kind", "voluntary"}}) +
       test::counter_value(store, "ebpf_context_switches_total", {{"kind", "involuntary"}}));
-}
-
-// Total count of a libbpf-tools histogram printout ("  a -> b : count |***|").
-std::uint64_t histogram_total(const std::string& text) {
-  std::uint64_t total = 0;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    unsigned long long lo, hi, count;
-    if (std::sscanf(line.c_str(), " %llu -> %llu : %llu", &lo, &hi, &count) == 3) total += count;
-  }
-  return total;
 }
 
 constexpr int kRounds = 20000;
@@ -78,24 +67,15 @@ TEST_CASE("run-queue totals agree with libbpf-tools runqlat over the same window
           "[scheduler]") {
   MetricStore store;
   auto runq = test::start_tracer(store, "runqueue_latency");
-  FILE* oracle = popen("stdbuf -oL /usr/sbin/runqlat 3 1 2>&1", "r");
-  REQUIRE(oracle != nullptr);
-  char line[512];
-  std::string out;
-  // runqlat prints its banner once attached (line-buffered: it writes to a pipe).
-  while (fgets(line, sizeof line, oracle)) {
-    out += line;
-    if (out.find("Tracing run queue latency") != std::string::npos) break;
-  }
-  REQUIRE_THAT(out, Catch::Matchers::Contains("Tracing run queue latency"));
+  test::OracleTool oracle("/usr/sbin/runqlat 3 1", "Tracing run queue latency");
   runq->drain();
   const std::uint64_t before = histogram_count(store, kRunq, {});
   workload::pipe_ping_pong(kRounds);
-  while (fgets(line, sizeof line, oracle)) out += line;  // until its 3 s interval ends
+  const std::string& out = oracle.finish();  // at the end of its 3 s interval
   runq->drain();
-  REQUIRE(pclose(oracle) == 0);
+  REQUIRE(oracle.status() == 0);
   const std::uint64_t ours = histogram_count(store, kRunq, {}) - before;
-  const std::uint64_t theirs = histogram_total(out);
+  const std::uint64_t theirs = oracle.histogram_total();
   INFO("ours " << ours << ", runqlat " << theirs << "\n" << out);
   // Same events, but: the windows are offset (runqlat starts before our first drain and
   // stops before our last, so the machine's background wakeups in those gaps differ);

@@ -1,0 +1,139 @@
+#pragma once
+// Kernel objects the tests and the benchmark set up for themselves: a loop device and a
+// veth pair into a network namespace. They throw std::runtime_error when setup fails and
+// remove what they made when destroyed.
+
+#include <unistd.h>
+
+#include <array>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace ebpf_metricsd::fixture {
+
+inline int sh(const std::string& cmd) {
+  const int st = std::system((cmd + " >/dev/null 2>&1").c_str());
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+inline void must(const std::string& cmd) {
+  if (sh(cmd) != 0) throw std::runtime_error("failed: " + cmd);
+}
+
+inline std::string capture(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[256];
+  while (p && fgets(buf, sizeof buf, p)) out += buf;
+  if (p) pclose(p);
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  return out;
+}
+
+// A loop device over a temporary 16 MiB file on a real disk.
+class LoopDevice {
+ public:
+  LoopDevice() {
+    char path[] = "/var/tmp/emd-loop-XXXXXX";
+    const int fd = mkstemp(path);
+    if (fd < 0) throw std::runtime_error("mkstemp");
+    const bool sized = ftruncate(fd, 16 << 20) == 0;
+    close(fd);
+    file_ = path;
+    dev_ = capture("losetup --find --show " + file_);
+    if (!sized || dev_.rfind("/dev/loop", 0) != 0) {
+      unlink(file_.c_str());
+      throw std::runtime_error("losetup failed: " + dev_);
+    }
+    name_ = dev_.substr(5);
+  }
+  ~LoopDevice() {
+    sh("losetup -d " + dev_);
+    unlink(file_.c_str());
+  }
+  LoopDevice(const LoopDevice&) = delete;
+  LoopDevice& operator=(const LoopDevice&) = delete;
+  const std::string& dev() const { return dev_; }
+  const std::string& name() const { return name_; }
+
+  // /sys/block/<dev>/stat: completed reads, sectors read, completed writes, sectors written.
+  std::array<std::uint64_t, 4> stat() const {
+    std::ifstream in("/sys/block/" + name_ + "/stat");
+    std::uint64_t f[8] = {};
+    for (auto& v : f) in >> v;
+    return {f[0], f[2], f[4], f[6]};
+  }
+
+ private:
+  std::string file_, dev_, name_;
+};
+
+// A veth pair: `host()` in this namespace (169.254.77.1), its peer (169.254.77.2) in a
+// namespace of its own. Permanent neighbour entries on both ends (no ARP) and IPv6 off (no
+// router solicitations, no DAD): what the caller sends is all the host end transmits.
+class VethPair {
+ public:
+  VethPair() {
+    const std::string id = std::to_string(getpid() % 100000);
+    ns_ = "emdtest" + id;
+    host_ = "emdv" + id;
+    peer_ = "emdp" + id;
+    try {
+      must("ip netns add " + ns_);
+      must("ip link add " + host_ + " type veth peer name " + peer_ + " netns " + ns_);
+      sh("sysctl -w net.ipv6.conf." + host_ + ".disable_ipv6=1");
+      sh("ip netns exec " + ns_ + " sysctl -w net.ipv6.conf." + peer_ + ".disable_ipv6=1");
+      must("ip addr add 169.254.77.1/24 dev " + host_);
+      must("ip netns exec " + ns_ + " ip addr add 169.254.77.2/24 dev " + peer_);
+      const std::string peer_mac =
+          capture("ip netns exec " + ns_ + " cat /sys/class/net/" + peer_ + "/address");
+      const std::string host_mac = capture("cat /sys/class/net/" + host_ + "/address");
+      must("ip neigh replace 169.254.77.2 lladdr " + peer_mac + " dev " + host_ +
+           " nud permanent");
+      // The peer answers each datagram (ICMP port unreachable): it must not ARP for us.
+      must("ip netns exec " + ns_ + " ip neigh replace 169.254.77.1 lladdr " + host_mac +
+           " dev " + peer_ + " nud permanent");
+      must("ip netns exec " + ns_ + " ip link set " + peer_ + " up");
+      must("ip link set " + host_ + " up");
+    } catch (...) {
+      cleanup();
+      throw;
+    }
+  }
+  ~VethPair() { cleanup(); }
+  VethPair(const VethPair&) = delete;
+  VethPair& operator=(const VethPair&) = delete;
+  const std::string& host() const { return host_; }
+
+  // tx packets and bytes of the host end, from /proc/net/dev.
+  std::pair<std::uint64_t, std::uint64_t> tx() const {
+    std::ifstream in("/proc/net/dev");
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto colon = line.find(':');
+      if (colon == std::string::npos) continue;
+      std::string name = line.substr(0, colon);
+      name.erase(0, name.find_first_not_of(' '));
+      if (name != host_) continue;
+      std::istringstream f(line.substr(colon + 1));
+      std::uint64_t v[16] = {};
+      for (auto& x : v) f >> x;
+      return {v[9], v[8]};  // tx packets, tx bytes
+    }
+    throw std::runtime_error("no " + host_ + " in /proc/net/dev");
+  }
+
+ private:
+  void cleanup() {
+    sh("ip link del " + host_);
+    sh("ip netns del " + ns_);
+  }
+  std::string ns_, host_, peer_;
+};
+
+}  // namespace ebpf_metricsd::fixture
