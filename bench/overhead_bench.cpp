@@ -5,6 +5,7 @@
 // the ratio (tracer added / floor added). Needs root.
 //
 //   overhead_bench [--rounds N] [--only WORKLOAD]
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <linux/perf_event.h>
 #include <sched.h>
@@ -26,6 +27,7 @@
 #include "ebpf_metricsd/config.h"
 #include "ebpf_metricsd/tracer.h"
 #include "floors.skel.h"
+#include "kernel_fixtures.h"
 #include "workloads.h"
 
 using namespace ebpf_metricsd;
@@ -115,6 +117,86 @@ long read_proc_files() {
   return n;
 }
 
+// Network and storage: set up once, on first use.
+struct Io {
+  int listener = -1;
+  sockaddr_in listen_addr{};
+  std::unique_ptr<fixture::VethPair> veth;
+  int udp = -1;
+  sockaddr_in udp_to{};
+  std::unique_ptr<fixture::LoopDevice> loop;
+  int loop_fd = -1;
+  void* aligned = nullptr;
+  int cached_fd = -1;
+
+  Io() {
+    listener = socket(AF_INET, SOCK_STREAM, 0);
+    listen_addr.sin_family = AF_INET;
+    listen_addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof listen_addr;
+    if (bind(listener, reinterpret_cast<sockaddr*>(&listen_addr), len) || listen(listener, 4096) ||
+        getsockname(listener, reinterpret_cast<sockaddr*>(&listen_addr), &len)) {
+      throw std::runtime_error("listen");
+    }
+    veth = std::make_unique<fixture::VethPair>();
+    udp = socket(AF_INET, SOCK_DGRAM, 0);
+    udp_to.sin_family = AF_INET;
+    udp_to.sin_port = htons(9);
+    inet_pton(AF_INET, "169.254.77.2", &udp_to.sin_addr);
+    loop = std::make_unique<fixture::LoopDevice>();
+    loop_fd = open(loop->dev().c_str(), O_RDONLY | O_DIRECT);
+    if (loop_fd < 0 || posix_memalign(&aligned, 4096, 4096)) throw std::runtime_error("loop");
+    char path[] = "/var/tmp/emd-bench-XXXXXX";
+    cached_fd = mkstemp(path);
+    unlink(path);
+    std::vector<char> data(256 * 4096, 'z');
+    if (write(cached_fd, data.data(), data.size()) != static_cast<ssize_t>(data.size())) {
+      throw std::runtime_error("write");
+    }
+  }
+  ~Io() {
+    close(listener);
+    close(udp);
+    close(loop_fd);
+    close(cached_fd);
+    free(aligned);
+  }
+  // The listener's accept queue must not fill up: drain it.
+  void accept_all() {
+    for (;;) {
+      const int fd = accept4(listener, nullptr, nullptr, SOCK_NONBLOCK);
+      if (fd < 0) break;
+      close(fd);
+    }
+  }
+};
+Io* g_io = nullptr;
+
+long loopback_connects() {
+  constexpr long n = 2'000;
+  fcntl(g_io->listener, F_SETFL, O_NONBLOCK);
+  for (long done = 0; done < n; done += 500) {
+    workload::tcp_connects(g_io->listen_addr, 500);
+    g_io->accept_all();
+  }
+  return n;
+}
+long veth_udp_sends() {
+  constexpr long n = 20'000;
+  workload::udp_sends(g_io->udp, g_io->udp_to, n, 100);
+  return n;
+}
+long loop_direct_reads() {
+  constexpr long n = 5'000;
+  workload::direct_reads(g_io->loop_fd, g_io->aligned, n);
+  return n;
+}
+long cached_reads() {
+  constexpr long n = 100'000;
+  workload::cached_reads(g_io->cached_fd, n);
+  return n;
+}
+
 struct Suite {
   std::string name;
   std::string event;
@@ -191,7 +273,28 @@ int main(int argc, char** argv) {
        {{"baseline", none, {}},
         {"floor kmalloc+kfree", floor_of({"floor_kmalloc", "floor_kfree"}), {}},
         {"kmalloc", tracer("kmalloc", store), {}}}},
+      {"tcp_connect_latency: loopback connect+close", "connect", loopback_connects,
+       {{"baseline", none, {}},
+        {"floor inet_sock_set_state", floor_of({"floor_inet_sock_set_state"}), {}},
+        {"tcp_connect_latency", tracer("tcp_connect_latency", store), {}}}},
+      {"net_xmit_latency: UDP datagram over a veth pair", "datagram", veth_udp_sends,
+       {{"baseline", none, {}},
+        {"floor net_dev_queue+xmit", floor_of({"floor_net_dev_queue", "floor_net_dev_xmit"}), {}},
+        {"net_xmit_latency", tracer("net_xmit_latency", store), {}}}},
+      {"block_io: 4 KiB O_DIRECT read of a loop device", "read", loop_direct_reads,
+       {{"baseline", none, {}},
+        {"floor block_rq_issue+complete",
+         floor_of({"floor_block_rq_issue", "floor_block_rq_complete"}), {}},
+        {"block_io", tracer("block_io", store), {}}}},
+      {"page_cache: 4 KiB read of a cached file", "read", cached_reads,
+       {{"baseline", none, {}},
+        {"floor 5 page cache hooks",
+         floor_of({"floor_get_pages", "floor_map_pages", "floor_filemap_fault",
+                   "floor_add_to_page_cache", "floor_dirty_folio"}), {}},
+        {"page_cache", tracer("page_cache", store), {}}}},
   };
+  Io io;
+  g_io = &io;
   // One CPU for the single-threaded workloads: the comparison is per event, and migrations
   // only add noise. The ping-pong threads inherit it, so every round trip switches.
   cpu_set_t set;

@@ -3,8 +3,14 @@
  * Packet queue-to-transmit latency: net_dev_queue stamps the skb,
  * net_dev_xmit (when the driver took it) adds the latency, the packet and its
  * bytes to the series of the device, named from the kernel's net_device (so a
- * device in another network namespace is named as it is there). Stamps of
- * skbs that never reach net_dev_xmit are swept by user space.
+ * device in another network namespace is named as it is there).
+ *
+ * Most packets reach the driver on the CPU that queued them before that CPU
+ * queues another (devices without a qdisc, or an idle qdisc), so the newest
+ * stamp of each CPU sits in a per-CPU slot and costs no hash operation. A
+ * stamp still in the slot when the CPU queues the next packet moves to the
+ * shared hash, where net_dev_xmit on any CPU finds it. Stamps of skbs that
+ * never reach net_dev_xmit are swept from the hash by user space.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -22,6 +28,18 @@ struct {
 	__type(value, __u64);
 } queued SEC(".maps");
 
+struct stamp {
+	__u64 skb;
+	__u64 ts;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct stamp);
+} newest SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -34,30 +52,51 @@ EMD_DROPS_MAP(NETXMIT_DROP__COUNT);
 
 static __always_inline int on_queue(struct sk_buff *skb)
 {
-	__u64 key = (__u64)skb, now = bpf_ktime_get_ns();
+	__u64 now = bpf_ktime_get_ns();
+	struct stamp *slot;
+	__u32 zero = 0;
 
-	if (bpf_map_update_elem(&queued, &key, &now, BPF_ANY))
+	slot = bpf_map_lookup_elem(&newest, &zero);
+	if (!slot)
+		return 0;
+	if (slot->skb && bpf_map_update_elem(&queued, &slot->skb, &slot->ts,
+					     BPF_ANY))
 		emd_count_drop(&drops, NETXMIT_DROP_IN_FLIGHT_FULL);
+	slot->skb = (__u64)skb;
+	slot->ts = now;
 	return 0;
 }
 
 static __always_inline int on_xmit(struct sk_buff *skb, int rc,
-				   struct net_device *dev, unsigned int len)
+				   struct net_device *dev, unsigned int len,
+				   bool raw)
 {
 	struct netxmit_key key = {};
 	struct netxmit_value *v;
 	__u64 skbkey = (__u64)skb, *ts, delta = 0;
+	struct stamp *slot;
 	bool timed = false;
+	__u32 zero = 0;
 
 	if (rc != 0) /* not NETDEV_TX_OK: the skb is requeued and comes back */
 		return 0;
-	ts = bpf_map_lookup_elem(&queued, &skbkey);
-	if (ts) {
-		delta = bpf_ktime_get_ns() - *ts;
+	slot = bpf_map_lookup_elem(&newest, &zero);
+	if (slot && slot->skb == skbkey) {
+		delta = bpf_ktime_get_ns() - slot->ts;
 		timed = true;
-		bpf_map_delete_elem(&queued, &skbkey);
+		slot->skb = 0;
+	} else {
+		ts = bpf_map_lookup_elem(&queued, &skbkey);
+		if (ts) {
+			delta = bpf_ktime_get_ns() - *ts;
+			timed = true;
+			bpf_map_delete_elem(&queued, &skbkey);
+		}
 	}
-	bpf_probe_read_kernel_str(key.ifname, sizeof(key.ifname), &dev->name);
+	if (raw)
+		bpf_probe_read_kernel(key.ifname, sizeof(key.ifname), &dev->name);
+	else /* a BTF pointer: two plain loads */
+		__builtin_memcpy(key.ifname, dev->name, sizeof(key.ifname));
 	v = emd_lookup_or_init(&series, &key, &zero_value, &drops,
 			       NETXMIT_DROP_INTERFACES_FULL);
 	if (!v)
@@ -79,7 +118,7 @@ SEC("tp_btf/net_dev_xmit")
 int BPF_PROG(net_dev_xmit_btf, struct sk_buff *skb, int rc,
 	     struct net_device *dev, unsigned int len)
 {
-	return on_xmit(skb, rc, dev, len);
+	return on_xmit(skb, rc, dev, len, false);
 }
 
 SEC("raw_tp/net_dev_queue")
@@ -92,7 +131,7 @@ SEC("raw_tp/net_dev_xmit")
 int BPF_PROG(net_dev_xmit_raw, struct sk_buff *skb, int rc,
 	     struct net_device *dev, unsigned int len)
 {
-	return on_xmit(skb, rc, dev, len);
+	return on_xmit(skb, rc, dev, len, true);
 }
 
 char LICENSE[] SEC("license") = "GPL";

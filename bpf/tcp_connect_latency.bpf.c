@@ -2,8 +2,9 @@
 /*
  * TCP active opens: inet_sock_set_state to SYN_SENT stamps the socket; from
  * SYN_SENT, ESTABLISHED adds the latency to the family's histogram and CLOSE
- * counts a failure. tp_btf keeps the stamp in socket-local storage; the raw_tp
- * fallback, whose socket pointer is untyped, in a hash keyed by the pointer.
+ * counts a failure. The stamp is kept in a preallocated hash keyed by the
+ * socket's address: socket-local storage would allocate and free storage for
+ * every socket, which measured three times the cost of the hash here.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -18,19 +19,11 @@
 #define IPPROTO_TCP 6
 
 struct {
-	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, int);
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, TCPCONN_MAX_IN_FLIGHT);
+	__type(key, __u64); /* struct sock * */
 	__type(value, __u64);
 } start SEC(".maps");
-
-/* raw_tp fallback only; user space sizes it (1 entry when tp_btf is used). */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1);
-	__type(key, __u64);
-	__type(value, __u64);
-} start_by_sk SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -67,17 +60,8 @@ static __always_inline int on_set_state(struct sock *sk, int oldstate,
 
 	if (newstate == TCP_SYN_SENT) {
 		now = bpf_ktime_get_ns();
-		if (!raw) {
-			ts = bpf_sk_storage_get(&start, sk, 0,
-						BPF_SK_STORAGE_GET_F_CREATE);
-			if (!ts) {
-				emd_count_drop(&drops, TCPCONN_DROP_STORAGE);
-				return 0;
-			}
-			*ts = now;
-		} else if (bpf_map_update_elem(&start_by_sk, &key, &now, 0)) {
-			emd_count_drop(&drops, TCPCONN_DROP_STORAGE);
-		}
+		if (bpf_map_update_elem(&start, &key, &now, BPF_ANY))
+			emd_count_drop(&drops, TCPCONN_DROP_IN_FLIGHT_FULL);
 		return 0;
 	}
 
@@ -85,16 +69,11 @@ static __always_inline int on_set_state(struct sock *sk, int oldstate,
 	 * simultaneous open passes SYN_RECV first and is judged on leaving it */
 	if (newstate != TCP_ESTABLISHED && newstate != TCP_CLOSE)
 		return 0;
-	if (!raw)
-		ts = bpf_sk_storage_get(&start, sk, 0, 0);
-	else
-		ts = bpf_map_lookup_elem(&start_by_sk, &key);
-	if (!ts || !*ts)
+	ts = bpf_map_lookup_elem(&start, &key);
+	if (!ts)
 		return 0; /* the connect began before we attached */
 	now = bpf_ktime_get_ns() - *ts;
-	*ts = 0;
-	if (raw)
-		bpf_map_delete_elem(&start_by_sk, &key);
+	bpf_map_delete_elem(&start, &key);
 	if (newstate == TCP_ESTABLISHED) {
 		struct tcpconn_hist *h = bpf_map_lookup_elem(&latency, &family);
 

@@ -16,8 +16,10 @@ struct tcpconn_hist {
 	__u64 sum; /* ns */
 };
 
+#define TCPCONN_MAX_IN_FLIGHT 65536
+
 enum tcpconn_drop_reason {
-	TCPCONN_DROP_STORAGE = 0, /* no room to remember a connect in flight */
+	TCPCONN_DROP_IN_FLIGHT_FULL = 0, /* no room to remember a connect */
 	TCPCONN_DROP__COUNT,
 };
 

@@ -3,6 +3,8 @@
 // and the overhead benchmark. They throw std::runtime_error when a syscall fails.
 
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -58,6 +60,49 @@ inline void read_proc_files(long n) {
     const ssize_t got = read(fd, buf, sizeof buf);
     close(fd);
     if (got <= 0) throw std::runtime_error("read /proc/self/stat");
+  }
+}
+
+// `n` blocking loopback TCP connects to `addr` (a listening socket), each closed at once
+// with a reset, so that no TIME_WAIT sockets pile up and exhaust the ephemeral ports.
+inline void tcp_connects(const sockaddr_in& addr, long n) {
+  const linger reset{1, 0};
+  for (long i = 0; i < n; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    const bool ok = connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0;
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+    close(fd);
+    if (!ok) throw std::runtime_error("connect");
+  }
+}
+
+// `n` UDP datagrams of `payload` bytes from `fd` to `to`.
+inline void udp_sends(int fd, const sockaddr_in& to, long n, std::size_t payload) {
+  char buf[1500] = {};
+  for (long i = 0; i < n; ++i) {
+    if (sendto(fd, buf, payload, 0, reinterpret_cast<const sockaddr*>(&to), sizeof to) !=
+        static_cast<ssize_t>(payload)) {
+      throw std::runtime_error("sendto");
+    }
+  }
+}
+
+// `n` 4 KiB O_DIRECT reads from `fd` (a block device), at spread-out offsets.
+inline void direct_reads(int fd, void* aligned_buf, long n) {
+  for (long i = 0; i < n; ++i) {
+    if (pread(fd, aligned_buf, 4096, static_cast<off_t>(i % 2048) * 8192) != 4096) {
+      throw std::runtime_error("pread");
+    }
+  }
+}
+
+// `n` reads of one cached page of `fd`.
+inline void cached_reads(int fd, long n) {
+  char buf[4096];
+  for (long i = 0; i < n; ++i) {
+    if (pread(fd, buf, sizeof buf, static_cast<off_t>(i % 256) * 4096) <= 0) {
+      throw std::runtime_error("pread");
+    }
   }
 }
 

@@ -55,4 +55,64 @@ int BPF_PROG(floor_kfree)
 	return 0;
 }
 
+SEC("tp_btf/inet_sock_set_state")
+int BPF_PROG(floor_inet_sock_set_state)
+{
+	return 0;
+}
+
+SEC("tp_btf/net_dev_queue")
+int BPF_PROG(floor_net_dev_queue)
+{
+	return 0;
+}
+
+SEC("tp_btf/net_dev_xmit")
+int BPF_PROG(floor_net_dev_xmit)
+{
+	return 0;
+}
+
+SEC("tp_btf/block_rq_issue")
+int BPF_PROG(floor_block_rq_issue)
+{
+	return 0;
+}
+
+SEC("tp_btf/block_rq_complete")
+int BPF_PROG(floor_block_rq_complete)
+{
+	return 0;
+}
+
+SEC("tp_btf/mm_filemap_get_pages")
+int BPF_PROG(floor_get_pages)
+{
+	return 0;
+}
+
+SEC("tp_btf/mm_filemap_map_pages")
+int BPF_PROG(floor_map_pages)
+{
+	return 0;
+}
+
+SEC("tp_btf/mm_filemap_fault")
+int BPF_PROG(floor_filemap_fault)
+{
+	return 0;
+}
+
+SEC("tp_btf/mm_filemap_add_to_page_cache")
+int BPF_PROG(floor_add_to_page_cache)
+{
+	return 0;
+}
+
+SEC("tp_btf/writeback_dirty_folio")
+int BPF_PROG(floor_dirty_folio)
+{
+	return 0;
+}
+
 char LICENSE[] SEC("license") = "GPL";

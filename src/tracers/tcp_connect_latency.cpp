@@ -16,7 +16,6 @@ namespace ebpf_metricsd {
 namespace {
 
 using Skeleton = SkeletonPtr<tcp_connect_latency, tcp_connect_latency__destroy>;
-constexpr std::uint32_t kRawInFlight = 65536;  // connects in flight the raw_tp map holds
 
 MetricStore::LabelValues family_label(const void* key) {
   return {*static_cast<const std::uint32_t*>(key) == TCPCONN_IPV4 ? "ipv4" : "ipv6"};
@@ -25,7 +24,8 @@ MetricStore::LabelValues family_label(const void* key) {
 class TcpConnectLatencyTracer final : public Tracer {
  public:
   explicit TcpConnectLatencyTracer(MetricStore& store)
-      : latency_(store,
+      : store_(store),
+        latency_(store,
                  store.declare({"ebpf_tcp_connect_latency_seconds",
                                 "Time from an active TCP open (SYN sent) to the connection "
                                 "being established.",
@@ -38,7 +38,10 @@ class TcpConnectLatencyTracer final : public Tracer {
                                         "(refused, timed out, reset).",
                                         MetricType::Counter,
                                         {"family"}})),
-        drops_(store, "tcp_connect_latency", {"socket_storage_full"}) {}
+        drops_(store, "tcp_connect_latency", {"in_flight_full"}),
+        stale_(store.declare(dropped_events_spec())) {
+    store.add(stale_, {"tcp_connect_latency", "never_finished"}, 0);
+  }
 
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 1> tps = {"inet_sock_set_state"};
@@ -48,7 +51,6 @@ class TcpConnectLatencyTracer final : public Tracer {
     const bool btf = kind == HookKind::TpBtf;
     bpf_program__set_autoload(skel->progs.inet_sock_set_state_btf, btf);
     bpf_program__set_autoload(skel->progs.inet_sock_set_state_raw, !btf);
-    bpf_map__set_max_entries(skel->maps.start_by_sk, btf ? 1 : kRawInFlight);
     if (int err = tcp_connect_latency__load(skel.get())) {
       throw BpfError(bpf_error_text("load tcp_connect_latency", err));
     }
@@ -66,12 +68,19 @@ class TcpConnectLatencyTracer final : public Tracer {
     latency_.drain_array(bpf_map__fd(skel_->maps.latency), TCPCONN_FAMILIES, family_label);
     failures_.drain_array(bpf_map__fd(skel_->maps.failures), TCPCONN_FAMILIES, family_label);
     drops_.drain();
+    // Every connect leaves SYN_SENT within the SYN retries (about two minutes); a stamp
+    // older than ten minutes belongs to a socket that vanished unseen.
+    if (const auto n = sweep_stale_stamps(bpf_map__fd(skel_->maps.start), std::chrono::minutes(10))) {
+      store_.add(stale_, {"tcp_connect_latency", "never_finished"}, n);
+    }
   }
 
  private:
+  MetricStore& store_;
   Log2HistDrain latency_;
   CounterDrain failures_;
   DropAccounting drops_;
+  MetricStore::MetricId stale_;
   Skeleton skel_;
   std::vector<BpfLink> links_;
   std::string hook_;
