@@ -187,7 +187,7 @@ long veth_udp_sends() {
   return n;
 }
 long loop_direct_reads() {
-  constexpr long n = 5'000;
+  constexpr long n = 20'000;
   workload::direct_reads(g_io->loop_fd, g_io->aligned, n);
   return n;
 }

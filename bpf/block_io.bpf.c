@@ -4,6 +4,11 @@
  * latency and the completed bytes to the (disk, op) series. block_rq_issue
  * lost its request_queue argument in Linux 5.11; both shapes are here and user
  * space picks by the argument count in the kernel's BTF.
+ *
+ * The issue stamp is kept by (hardware queue, driver tag), which identifies a
+ * request in flight: an array slot per tag under a read-mostly hash of
+ * hardware queues, so neither end takes a lock or allocates. Requests without
+ * a tag in range fall back to a hash keyed by the request.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_core_read.h>
@@ -17,6 +22,19 @@
 #define REQ_OP_MASK 0xff
 
 static const struct blockio_value zero_value = {};
+
+struct tag_stamps {
+	__u64 ts[BLOCKIO_TAGS];
+};
+
+static const struct tag_stamps zero_stamps = {};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, BLOCKIO_MAX_HW_QUEUES);
+	__type(key, __u64); /* struct blk_mq_hw_ctx * */
+	__type(value, struct tag_stamps);
+} by_tag SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -35,10 +53,34 @@ struct {
 
 EMD_DROPS_MAP(BLOCKIO_DROP__COUNT);
 
-static __always_inline int on_issue(struct request *rq)
+/* The stamp slot of a request, or NULL when it has no tag in range. */
+static __always_inline __u64 *tag_slot(struct request *rq, bool raw, bool create)
+{
+	__u64 hctx = (__u64)EMD_READ(raw, rq, mq_hctx);
+	__u32 tag = EMD_READ(raw, rq, tag);
+	struct tag_stamps *st;
+
+	if (tag >= BLOCKIO_TAGS || !hctx)
+		return NULL;
+	st = bpf_map_lookup_elem(&by_tag, &hctx);
+	if (!st && create) {
+		bpf_map_update_elem(&by_tag, &hctx, &zero_stamps, BPF_NOEXIST);
+		st = bpf_map_lookup_elem(&by_tag, &hctx);
+	}
+	if (!st)
+		return NULL;
+	return &st->ts[tag & (BLOCKIO_TAGS - 1)];
+}
+
+static __always_inline int on_issue(struct request *rq, bool raw)
 {
 	__u64 key = (__u64)rq, now = bpf_ktime_get_ns();
+	__u64 *slot = tag_slot(rq, raw, true);
 
+	if (slot) {
+		*slot = now;
+		return 0;
+	}
 	if (bpf_map_update_elem(&issued, &key, &now, BPF_ANY))
 		emd_count_drop(&drops, BLOCKIO_DROP_IN_FLIGHT_FULL);
 	return 0;
@@ -53,11 +95,19 @@ static __always_inline int on_complete(struct request *rq,
 	__u64 rqkey = (__u64)rq, *ts, delta;
 	__u32 op;
 
-	ts = bpf_map_lookup_elem(&issued, &rqkey);
-	if (!ts)
-		return 0; /* issued before we attached */
-	delta = bpf_ktime_get_ns() - *ts;
-	bpf_map_delete_elem(&issued, &rqkey);
+	ts = tag_slot(rq, raw, false);
+	if (ts) {
+		if (!*ts)
+			return 0; /* issued before we attached */
+		delta = bpf_ktime_get_ns() - *ts;
+		*ts = 0;
+	} else {
+		ts = bpf_map_lookup_elem(&issued, &rqkey);
+		if (!ts)
+			return 0;
+		delta = bpf_ktime_get_ns() - *ts;
+		bpf_map_delete_elem(&issued, &rqkey);
+	}
 
 	op = EMD_READ(raw, rq, cmd_flags) & REQ_OP_MASK;
 	key.op = op <= BLOCKIO_OP_DISCARD ? op : BLOCKIO_OP_OTHER;
@@ -75,14 +125,14 @@ static __always_inline int on_complete(struct request *rq,
 SEC("tp_btf/block_rq_issue")
 int BPF_PROG(block_rq_issue_btf, struct request *rq)
 {
-	return on_issue(rq);
+	return on_issue(rq, false);
 }
 
 /* before 5.11: block_rq_issue(struct request_queue *q, struct request *rq) */
 SEC("tp_btf/block_rq_issue")
 int BPF_PROG(block_rq_issue_btf_q, void *q, struct request *rq)
 {
-	return on_issue(rq);
+	return on_issue(rq, false);
 }
 
 SEC("tp_btf/block_rq_complete")
@@ -95,13 +145,13 @@ int BPF_PROG(block_rq_complete_btf, struct request *rq, int error,
 SEC("raw_tp/block_rq_issue")
 int BPF_PROG(block_rq_issue_raw, struct request *rq)
 {
-	return on_issue(rq);
+	return on_issue(rq, true);
 }
 
 SEC("raw_tp/block_rq_issue")
 int BPF_PROG(block_rq_issue_raw_q, void *q, struct request *rq)
 {
-	return on_issue(rq);
+	return on_issue(rq, true);
 }
 
 SEC("raw_tp/block_rq_complete")

@@ -7,6 +7,9 @@
 #define BLOCKIO_DISK_NAME_LEN 32
 #define BLOCKIO_MAX_SERIES 4096 /* (disk, op) pairs */
 #define BLOCKIO_MAX_IN_FLIGHT 65536
+/* Issue stamps by (hardware queue, driver tag): tags below this, per queue. */
+#define BLOCKIO_TAGS 1024
+#define BLOCKIO_MAX_HW_QUEUES 1024
 
 enum blockio_op {
 	BLOCKIO_OP_READ = 0,
