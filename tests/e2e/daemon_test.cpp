@@ -199,10 +199,15 @@ TEST_CASE("every tracer, with every optional label, up at once and valid for pro
       "  runqueue_latency:\n    enabled: true\n    cgroup: true\n    comm: true\n"
       "  offcpu_time:\n    enabled: true\n    cgroup: true\n"
       "  page_faults:\n    enabled: true\n"
-      "  kmalloc:\n    enabled: true\n    caches: true\n");
+      "  kmalloc:\n    enabled: true\n    caches: true\n"
+      "  tcp_connect_latency:\n    enabled: true\n"
+      "  net_xmit_latency:\n    enabled: true\n"
+      "  block_io:\n    enabled: true\n"
+      "  page_cache:\n    enabled: true\n");
   DaemonProcess d(DAEMON_PATH, s.log, {s.args()});
-  const std::vector<std::string> tracers = {"syscall_latency", "runqueue_latency", "offcpu_time",
-                                            "page_faults", "kmalloc"};
+  const std::vector<std::string> tracers = {
+      "syscall_latency", "runqueue_latency", "offcpu_time",  "page_faults", "kmalloc",
+      "tcp_connect_latency", "net_xmit_latency", "block_io", "page_cache"};
   std::string body;
   const bool all_up = wait_until([&] {
     body = http_get(s.port, "/metrics").body;
@@ -211,7 +216,10 @@ TEST_CASE("every tracer, with every optional label, up at once and valid for pro
         return false;
       }
     }
+    // Scraping over loopback TCP is itself a connect and packets on lo.
     return body.find("ebpf_runqueue_latency_seconds_count{") != std::string::npos &&
+           body.find("ebpf_tcp_connect_latency_seconds_count{") != std::string::npos &&
+           body.find("ebpf_net_xmit_packets_total{interface=\"lo\"}") != std::string::npos &&
            body.find("ebpf_kmem_cache_alloc_calls_total{") != std::string::npos;
   }, 20s);
   INFO("daemon log:\n" << d.log());
@@ -224,7 +232,10 @@ TEST_CASE("every tracer, with every optional label, up at once and valid for pro
   CHECK_THAT(body, Contains("ebpf_page_faults_total{type=\"minor\"}") &&
                        Contains("ebpf_context_switches_total{kind=\"voluntary\"}") &&
                        Contains("ebpf_offcpu_seconds_bucket{cgroup=\"") &&
-                       Contains("ebpf_kmalloc_size_bytes_bucket{le=\"8\"}"));
+                       Contains("ebpf_kmalloc_size_bytes_bucket{le=\"8\"}") &&
+                       Contains("ebpf_page_cache_accesses_total") &&
+                       Contains("ebpf_net_xmit_packets_total{interface=\"lo\"}") &&
+                       Contains("ebpf_tcp_connect_latency_seconds_count{family=\"ipv4\"}"));
   std::ofstream(s.dir + "/metrics.txt") << body;
   CHECK(run_command("promtool check metrics < " + s.dir + "/metrics.txt") == 0);
   kill(d.pid(), SIGTERM);
