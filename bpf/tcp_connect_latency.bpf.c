@@ -2,15 +2,17 @@
 /*
  * TCP active opens: inet_sock_set_state to SYN_SENT stamps the socket; from
  * SYN_SENT, ESTABLISHED adds the latency to the family's histogram and CLOSE
- * counts a failure. The stamp is kept in a preallocated hash keyed by the
- * socket's address: socket-local storage would allocate and free storage for
- * every socket, which measured three times the cost of the hash here.
+ * counts a failure. Stamps are keyed by the socket's address as in
+ * common/stamps.bpf.h (a loopback connect ends on the CPU that began it):
+ * socket-local storage would allocate and free storage for every socket,
+ * which measured three times the cost.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 
 #include "common/maps.bpf.h"
+#include "common/stamps.bpf.h"
 #include "common/read.bpf.h"
 #include "tcp_connect_latency.h"
 
@@ -18,12 +20,7 @@
 #define AF_INET6 10
 #define IPPROTO_TCP 6
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, TCPCONN_MAX_IN_FLIGHT);
-	__type(key, __u64); /* struct sock * */
-	__type(value, __u64);
-} start SEC(".maps");
+EMD_STAMP_MAPS(start, TCPCONN_MAX_IN_FLIGHT);
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -44,12 +41,11 @@ EMD_DROPS_MAP(TCPCONN_DROP__COUNT);
 static __always_inline int on_set_state(struct sock *sk, int oldstate,
 					int newstate, bool raw)
 {
-	__u64 *ts, key = (__u64)sk, now;
+	__u64 ts, key = (__u64)sk, now;
 	__u32 family;
 	__u16 f;
 
-	if (newstate != TCP_SYN_SENT && oldstate != TCP_SYN_SENT &&
-	    oldstate != TCP_SYN_RECV)
+	if (newstate != TCP_SYN_SENT && oldstate != TCP_SYN_SENT)
 		return 0;
 	if (EMD_READ(raw, sk, sk_protocol) != IPPROTO_TCP)
 		return 0;
@@ -59,21 +55,20 @@ static __always_inline int on_set_state(struct sock *sk, int oldstate,
 	family = f == AF_INET ? TCPCONN_IPV4 : TCPCONN_IPV6;
 
 	if (newstate == TCP_SYN_SENT) {
-		now = bpf_ktime_get_ns();
-		if (bpf_map_update_elem(&start, &key, &now, BPF_ANY))
-			emd_count_drop(&drops, TCPCONN_DROP_IN_FLIGHT_FULL);
+		emd_stamp_put(&start_newest, &start_spilled, key,
+			      bpf_ktime_get_ns(), &drops,
+			      TCPCONN_DROP_IN_FLIGHT_FULL);
 		return 0;
 	}
 
-	/* leaving SYN_SENT: to ESTABLISHED (done) or CLOSE (failed); a
-	 * simultaneous open passes SYN_RECV first and is judged on leaving it */
+	/* leaving SYN_SENT: to ESTABLISHED (done) or CLOSE (failed). A
+	 * simultaneous open (to SYN_RECV) is not followed; its stamp is swept. */
 	if (newstate != TCP_ESTABLISHED && newstate != TCP_CLOSE)
 		return 0;
-	ts = bpf_map_lookup_elem(&start, &key);
+	ts = emd_stamp_take(&start_newest, &start_spilled, key);
 	if (!ts)
 		return 0; /* the connect began before we attached */
-	now = bpf_ktime_get_ns() - *ts;
-	bpf_map_delete_elem(&start, &key);
+	now = bpf_ktime_get_ns() - ts;
 	if (newstate == TCP_ESTABLISHED) {
 		struct tcpconn_hist *h = bpf_map_lookup_elem(&latency, &family);
 

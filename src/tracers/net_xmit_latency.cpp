@@ -88,7 +88,7 @@ class NetXmitLatencyTracer final : public Tracer {
     drops_.drain();
     // A packet still not transmitted after 10 s was dropped on the way (or split into GSO
     // segments, which reach the driver as other skbs): its stamp is removed and counted.
-    if (const auto n = sweep_stale_stamps(bpf_map__fd(skel_->maps.queued), std::chrono::seconds(10))) {
+    if (const auto n = sweep_stale_stamps(bpf_map__fd(skel_->maps.queued_spilled), std::chrono::seconds(10))) {
       store_.add(unmatched_, {"net_xmit_latency", "unmatched_queue"}, n);
     }
   }

@@ -70,7 +70,7 @@ class TcpConnectLatencyTracer final : public Tracer {
     drops_.drain();
     // Every connect leaves SYN_SENT within the SYN retries (about two minutes); a stamp
     // older than ten minutes belongs to a socket that vanished unseen.
-    if (const auto n = sweep_stale_stamps(bpf_map__fd(skel_->maps.start), std::chrono::minutes(10))) {
+    if (const auto n = sweep_stale_stamps(bpf_map__fd(skel_->maps.start_spilled), std::chrono::minutes(10))) {
       store_.add(stale_, {"tcp_connect_latency", "never_finished"}, n);
     }
   }
