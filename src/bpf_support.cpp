@@ -29,6 +29,17 @@ BpfLink attach_program(bpf_program* prog) {
   return BpfLink(link);
 }
 
+std::vector<BpfLink> load_and_attach(const std::vector<ProgramChoice>& programs,
+                                     const std::function<int()>& load, const std::string& name) {
+  for (const auto& p : programs) bpf_program__set_autoload(p.prog, p.wanted);
+  if (int err = load()) throw BpfError(bpf_error_text("load " + name, err));
+  std::vector<BpfLink> links;
+  for (const auto& p : programs) {
+    if (p.wanted) links.push_back(attach_program(p.prog));
+  }
+  return links;
+}
+
 BpfLink attach_perf_sw_event(bpf_program* prog, std::uint64_t config, int cpu) {
   perf_event_attr attr{};
   attr.type = PERF_TYPE_SOFTWARE;

@@ -61,11 +61,11 @@ DropAccounting::DropAccounting(MetricStore& store, std::string tracer,
   store_.add(metric_, {tracer_, "recursion"}, 0);
 }
 
-void DropAccounting::bind(int drops_map_fd, std::vector<const bpf_program*> programs) {
+void DropAccounting::bind(int drops_map_fd, const std::vector<ProgramChoice>& programs) {
   map_fd_ = drops_map_fd;
   prog_fds_.clear();
-  for (const bpf_program* p : programs) {
-    if (bpf_program__autoload(p)) prog_fds_.push_back(bpf_program__fd(p));
+  for (const auto& p : programs) {
+    if (p.wanted) prog_fds_.push_back(bpf_program__fd(p.prog));
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -35,6 +36,18 @@ using SkeletonPtr = std::unique_ptr<Skel, SkeletonDeleter<Skel, Destroy>>;
 
 // Attaches a program and returns the owning link; throws BpfError with the kernel's reason.
 BpfLink attach_program(bpf_program* prog);
+
+// A program of a skeleton and whether this start uses it.
+struct ProgramChoice {
+  bpf_program* prog;
+  bool wanted;
+};
+
+// Sets autoload on exactly the wanted programs, loads the object with `load` (the
+// skeleton's __load, returning 0 or a negative error), then attaches the wanted programs in
+// the given order. Throws BpfError naming `name` and the kernel's reason.
+std::vector<BpfLink> load_and_attach(const std::vector<ProgramChoice>& programs,
+                                     const std::function<int()>& load, const std::string& name);
 
 // Opens perf software event `config` (PERF_COUNT_SW_*) on `cpu` with sample_period 1 and
 // attaches `prog` to it; the link owns the perf event fd.

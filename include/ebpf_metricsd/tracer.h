@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ebpf_metricsd/bpf_support.h"
 #include "ebpf_metricsd/hook_probe.h"
 #include "ebpf_metricsd/map_drain.h"
 #include "ebpf_metricsd/metric_store.h"
@@ -53,8 +54,9 @@ class DropAccounting {
   // reasons[i] names drop code i; "" marks a code that belongs to another tracer sharing
   // the map.
   DropAccounting(MetricStore& store, std::string tracer, std::vector<std::string> reasons);
-  // Call after load: the map to read and the programs whose misses count.
-  void bind(int drops_map_fd, std::vector<const bpf_program*> programs);
+  // Call after load: the map to read (-1: none) and the programs whose misses count (the
+  // wanted ones of the list).
+  void bind(int drops_map_fd, const std::vector<ProgramChoice>& programs);
   void drain();
 
  private:

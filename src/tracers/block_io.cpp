@@ -57,23 +57,16 @@ class BlockIoTracer final : public Tracer {
     if (!skel) throw BpfError(bpf_error_text("open block_io", errno));
     auto& p = skel->progs;
     const bool btf = kind == HookKind::TpBtf;
-    const std::array<std::pair<bpf_program*, bool>, 6> wanted = {{
+    const std::vector<ProgramChoice> programs = {
         {p.block_rq_issue_btf, btf && !with_queue},
         {p.block_rq_issue_btf_q, btf && with_queue},
         {p.block_rq_complete_btf, btf},
         {p.block_rq_issue_raw, !btf && !with_queue},
         {p.block_rq_issue_raw_q, !btf && with_queue},
         {p.block_rq_complete_raw, !btf},
-    }};
-    for (auto [prog, on] : wanted) bpf_program__set_autoload(prog, on);
-    if (int err = block_io__load(skel.get())) throw BpfError(bpf_error_text("load block_io", err));
-    std::vector<const bpf_program*> attached;
-    for (auto [prog, on] : wanted) {
-      if (!on) continue;
-      links_.push_back(attach_program(prog));
-      attached.push_back(prog);
-    }
-    drops_.bind(bpf_map__fd(skel->maps.drops), attached);
+    };
+    links_ = load_and_attach(programs, [&] { return block_io__load(skel.get()); }, "block_io");
+    drops_.bind(bpf_map__fd(skel->maps.drops), programs);
     hook_ = std::string(hook_name(kind));
     skel_ = std::move(skel);
   }

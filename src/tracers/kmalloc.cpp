@@ -65,7 +65,7 @@ class KmallocTracer final : public Tracer {
     auto& p = skel->progs;
     const bool btf = kind == HookKind::TpBtf;
     const bool caches = options_.caches;
-    const std::array<std::pair<bpf_program*, bool>, 8> wanted = {{
+    const std::vector<ProgramChoice> programs = {
         {p.kmalloc_btf, btf},
         {p.kfree_btf, btf},
         {p.cache_alloc_btf, btf && caches},
@@ -74,16 +74,9 @@ class KmallocTracer final : public Tracer {
         {p.kfree_raw, !btf},
         {p.cache_alloc_raw, !btf && caches},
         {p.cache_free_raw, !btf && caches},
-    }};
-    for (auto [prog, on] : wanted) bpf_program__set_autoload(prog, on);
-    if (int err = kmalloc__load(skel.get())) throw BpfError(bpf_error_text("load kmalloc", err));
-    std::vector<const bpf_program*> attached;
-    for (auto [prog, on] : wanted) {
-      if (!on) continue;
-      links_.push_back(attach_program(prog));
-      attached.push_back(prog);
-    }
-    drops_.bind(bpf_map__fd(skel->maps.drops), attached);
+    };
+    links_ = load_and_attach(programs, [&] { return kmalloc__load(skel.get()); }, "kmalloc");
+    drops_.bind(bpf_map__fd(skel->maps.drops), programs);
     hook_ = std::string(hook_name(kind));
     skel_ = std::move(skel);
   }

@@ -48,24 +48,16 @@ class NetXmitLatencyTracer final : public Tracer {
     if (!skel) throw BpfError(bpf_error_text("open net_xmit_latency", errno));
     auto& p = skel->progs;
     const bool btf = kind == HookKind::TpBtf;
-    const std::array<std::pair<bpf_program*, bool>, 4> wanted = {{
-        {p.net_dev_queue_btf, btf},
+    // xmit before queue: a queue stamp without its xmit hook would only go stale.
+    const std::vector<ProgramChoice> programs = {
         {p.net_dev_xmit_btf, btf},
-        {p.net_dev_queue_raw, !btf},
+        {p.net_dev_queue_btf, btf},
         {p.net_dev_xmit_raw, !btf},
-    }};
-    for (auto [prog, on] : wanted) bpf_program__set_autoload(prog, on);
-    if (int err = net_xmit_latency__load(skel.get())) {
-      throw BpfError(bpf_error_text("load net_xmit_latency", err));
-    }
-    std::vector<const bpf_program*> attached;
-    // xmit first: a queue stamp without its xmit hook would only go stale.
-    for (int i : {1, 0, 3, 2}) {
-      if (!wanted[i].second) continue;
-      links_.push_back(attach_program(wanted[i].first));
-      attached.push_back(wanted[i].first);
-    }
-    drops_.bind(bpf_map__fd(skel->maps.drops), attached);
+        {p.net_dev_queue_raw, !btf},
+    };
+    links_ = load_and_attach(programs, [&] { return net_xmit_latency__load(skel.get()); },
+                             "net_xmit_latency");
+    drops_.bind(bpf_map__fd(skel->maps.drops), programs);
     hook_ = std::string(hook_name(kind));
     skel_ = std::move(skel);
   }

@@ -45,7 +45,7 @@ class PageCacheTracer final : public Tracer {
     if (!skel) throw BpfError(bpf_error_text("open page_cache", errno));
     auto& p = skel->progs;
     const bool btf = kind == HookKind::TpBtf;
-    const std::array<std::pair<bpf_program*, bool>, 10> wanted = {{
+    const std::vector<ProgramChoice> programs = {
         {p.get_pages_btf, btf},
         {p.map_pages_btf, btf},
         {p.fault_btf, btf},
@@ -56,18 +56,9 @@ class PageCacheTracer final : public Tracer {
         {p.fault_raw, !btf},
         {p.add_to_page_cache_raw, !btf},
         {p.dirty_folio_raw, !btf},
-    }};
-    for (auto [prog, on] : wanted) bpf_program__set_autoload(prog, on);
-    if (int err = page_cache__load(skel.get())) {
-      throw BpfError(bpf_error_text("load page_cache", err));
-    }
-    std::vector<const bpf_program*> attached;
-    for (auto [prog, on] : wanted) {
-      if (!on) continue;
-      links_.push_back(attach_program(prog));
-      attached.push_back(prog);
-    }
-    drops_.bind(-1, attached);
+    };
+    links_ = load_and_attach(programs, [&] { return page_cache__load(skel.get()); }, "page_cache");
+    drops_.bind(-1, programs);
     hook_ = std::string(hook_name(kind));
     skel_ = std::move(skel);
   }

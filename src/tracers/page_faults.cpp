@@ -34,7 +34,7 @@ class PageFaultsTracer final : public Tracer {
       links_.push_back(attach_perf_sw_event(skel->progs.minor_fault, PERF_COUNT_SW_PAGE_FAULTS_MIN, cpu));
       links_.push_back(attach_perf_sw_event(skel->progs.major_fault, PERF_COUNT_SW_PAGE_FAULTS_MAJ, cpu));
     }
-    drops_.bind(-1, {skel->progs.minor_fault, skel->progs.major_fault});
+    drops_.bind(-1, {{skel->progs.minor_fault, true}, {skel->progs.major_fault, true}});
     skel_ = std::move(skel);
   }
 

@@ -95,12 +95,12 @@ SchedHistTracer::~SchedHistTracer() {
 
 void SchedHistTracer::start(HookProber& prober, HookPreference preference) {
   obj_ = SchedObject::acquire(prober, preference);
-  std::vector<const bpf_program*> progs = {obj_->switch_program()};
+  std::vector<ProgramChoice> progs = {{obj_->switch_program(), true}};
   if (kind_.wants_wakeups) {
-    links_.push_back(attach_program(obj_->wakeup_program()));
-    links_.push_back(attach_program(obj_->wakeup_new_program()));
-    progs.push_back(obj_->wakeup_program());
-    progs.push_back(obj_->wakeup_new_program());
+    for (bpf_program* p : {obj_->wakeup_program(), obj_->wakeup_new_program()}) {
+      links_.push_back(attach_program(p));
+      progs.push_back({p, true});
+    }
   }
   sched_config& cfg = skel()->bss->sched_cfg;
   cfg.*kind_.by_cgroup = labels_.cgroup;

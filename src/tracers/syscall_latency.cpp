@@ -68,19 +68,16 @@ class SyscallLatencyTracer final : public Tracer {
       skel->rodata->traced[nr] = wanted && !options_.exclude.count(nr);
     }
     const bool btf = kind == HookKind::TpBtf;
-    bpf_program__set_autoload(skel->progs.sys_enter_btf, btf);
-    bpf_program__set_autoload(skel->progs.sys_exit_btf, btf);
-    bpf_program__set_autoload(skel->progs.sys_enter_raw, !btf);
-    bpf_program__set_autoload(skel->progs.sys_exit_raw, !btf);
-    if (int err = syscall_latency__load(skel.get())) {
-      throw BpfError(bpf_error_text("load syscall_latency", err));
-    }
-    bpf_program* enter = btf ? skel->progs.sys_enter_btf : skel->progs.sys_enter_raw;
-    bpf_program* exit = btf ? skel->progs.sys_exit_btf : skel->progs.sys_exit_raw;
-    // Exit first: an enter without its exit attached would only leave stale stamps.
-    links_.push_back(attach_program(exit));
-    links_.push_back(attach_program(enter));
-    drops_.bind(bpf_map__fd(skel->maps.drops), {enter, exit});
+    // Exits before enters: an enter without its exit attached would only leave stale stamps.
+    const std::vector<ProgramChoice> programs = {
+        {skel->progs.sys_exit_btf, btf},
+        {skel->progs.sys_enter_btf, btf},
+        {skel->progs.sys_exit_raw, !btf},
+        {skel->progs.sys_enter_raw, !btf},
+    };
+    links_ = load_and_attach(programs, [&] { return syscall_latency__load(skel.get()); },
+                             "syscall_latency");
+    drops_.bind(bpf_map__fd(skel->maps.drops), programs);
     hook_ = std::string(hook_name(kind));
     names_.resize(SYSLAT_MAX_SYSCALLS);
     skel_ = std::move(skel);

@@ -49,15 +49,13 @@ class TcpConnectLatencyTracer final : public Tracer {
     Skeleton skel(tcp_connect_latency__open());
     if (!skel) throw BpfError(bpf_error_text("open tcp_connect_latency", errno));
     const bool btf = kind == HookKind::TpBtf;
-    bpf_program__set_autoload(skel->progs.inet_sock_set_state_btf, btf);
-    bpf_program__set_autoload(skel->progs.inet_sock_set_state_raw, !btf);
-    if (int err = tcp_connect_latency__load(skel.get())) {
-      throw BpfError(bpf_error_text("load tcp_connect_latency", err));
-    }
-    bpf_program* prog =
-        btf ? skel->progs.inet_sock_set_state_btf : skel->progs.inet_sock_set_state_raw;
-    links_.push_back(attach_program(prog));
-    drops_.bind(bpf_map__fd(skel->maps.drops), {prog});
+    const std::vector<ProgramChoice> programs = {
+        {skel->progs.inet_sock_set_state_btf, btf},
+        {skel->progs.inet_sock_set_state_raw, !btf},
+    };
+    links_ = load_and_attach(programs, [&] { return tcp_connect_latency__load(skel.get()); },
+                             "tcp_connect_latency");
+    drops_.bind(bpf_map__fd(skel->maps.drops), programs);
     hook_ = std::string(hook_name(kind));
     skel_ = std::move(skel);
   }
