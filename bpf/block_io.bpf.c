@@ -25,6 +25,10 @@ static const struct blockio_value zero_value = {};
 
 struct tag_stamps {
 	__u64 ts[BLOCKIO_TAGS];
+	/* The disk's name, read when the queue is first seen or its disk changed
+	 * (a queue freed and its memory reused for another disk). */
+	__u64 disk_ptr;
+	char disk[BLOCKIO_DISK_NAME_LEN];
 };
 
 static const struct tag_stamps zero_stamps = {};
@@ -53,33 +57,53 @@ struct {
 
 EMD_DROPS_MAP(BLOCKIO_DROP__COUNT);
 
-/* The stamp slot of a request, or NULL when it has no tag in range. */
-static __always_inline __u64 *tag_slot(struct request *rq, bool raw, bool create)
+static __always_inline void read_disk_name(struct gendisk *disk, char *name)
+{
+	bpf_probe_read_kernel_str(name, BLOCKIO_DISK_NAME_LEN, &disk->disk_name);
+}
+
+/* The stamps of the request's hardware queue, or NULL when the request has no
+ * tag in range. */
+static __always_inline struct tag_stamps *queue_stamps(struct request *rq,
+						       bool raw, bool create)
 {
 	__u64 hctx = (__u64)EMD_READ(raw, rq, mq_hctx);
-	__u32 tag = EMD_READ(raw, rq, tag);
 	struct tag_stamps *st;
+	struct gendisk *disk;
 
-	if (tag >= BLOCKIO_TAGS || !hctx)
+	if (!hctx)
 		return NULL;
 	st = bpf_map_lookup_elem(&by_tag, &hctx);
-	if (!st && create) {
-		bpf_map_update_elem(&by_tag, &hctx, &zero_stamps, BPF_NOEXIST);
+	if (!create)
+		return st;
+	if (!st) {
+		if (bpf_map_update_elem(&by_tag, &hctx, &zero_stamps,
+					BPF_NOEXIST))
+			return NULL; /* full: the request takes the fallback */
 		st = bpf_map_lookup_elem(&by_tag, &hctx);
+		if (!st)
+			return NULL;
 	}
-	if (!st)
-		return NULL;
-	return &st->ts[tag & (BLOCKIO_TAGS - 1)];
+	disk = EMD_READ(raw, rq, q, disk);
+	if (st->disk_ptr != (__u64)disk) {
+		read_disk_name(disk, st->disk);
+		st->disk_ptr = (__u64)disk;
+	}
+	return st;
 }
 
 static __always_inline int on_issue(struct request *rq, bool raw)
 {
 	__u64 key = (__u64)rq, now = bpf_ktime_get_ns();
-	__u64 *slot = tag_slot(rq, raw, true);
+	__u32 tag = EMD_READ(raw, rq, tag);
+	struct tag_stamps *st;
 
-	if (slot) {
-		*slot = now;
-		return 0;
+	if (tag < BLOCKIO_TAGS) {
+		st = queue_stamps(rq, raw, true);
+		if (st) {
+			st->ts[tag & (BLOCKIO_TAGS - 1)] = now;
+			return 0;
+		}
 	}
 	if (bpf_map_update_elem(&issued, &key, &now, BPF_ANY))
 		emd_count_drop(&drops, BLOCKIO_DROP_IN_FLIGHT_FULL);
@@ -91,28 +115,29 @@ static __always_inline int on_complete(struct request *rq,
 {
 	struct blockio_key key = {};
 	struct blockio_value *v;
-	struct gendisk *disk;
+	struct tag_stamps *st;
 	__u64 rqkey = (__u64)rq, *ts, delta;
-	__u32 op;
+	__u32 op, tag;
 
-	ts = tag_slot(rq, raw, false);
-	if (ts) {
+	tag = EMD_READ(raw, rq, tag);
+	st = tag < BLOCKIO_TAGS ? queue_stamps(rq, raw, false) : NULL;
+	if (st) {
+		ts = &st->ts[tag & (BLOCKIO_TAGS - 1)];
 		if (!*ts)
 			return 0; /* issued before we attached */
 		delta = bpf_ktime_get_ns() - *ts;
 		*ts = 0;
+		__builtin_memcpy(key.disk, st->disk, sizeof(key.disk));
 	} else {
 		ts = bpf_map_lookup_elem(&issued, &rqkey);
 		if (!ts)
 			return 0;
 		delta = bpf_ktime_get_ns() - *ts;
 		bpf_map_delete_elem(&issued, &rqkey);
+		read_disk_name(EMD_READ(raw, rq, q, disk), key.disk);
 	}
-
 	op = EMD_READ(raw, rq, cmd_flags) & REQ_OP_MASK;
 	key.op = op <= BLOCKIO_OP_DISCARD ? op : BLOCKIO_OP_OTHER;
-	disk = EMD_READ(raw, rq, q, disk);
-	bpf_probe_read_kernel_str(key.disk, sizeof(key.disk), &disk->disk_name);
 	v = emd_lookup_or_init(&series, &key, &zero_value, &drops,
 			       BLOCKIO_DROP_SERIES_FULL);
 	if (!v)
