@@ -123,6 +123,17 @@ TEST_CASE("config errors name file, line, column and key") {
     CHECK_THAT(error_of("tracers:\n  syscall_latency:\n    hook: kprobe\n"),
                StartsWith("test.yaml:3:11: tracers.syscall_latency.hook: expected auto, tp_btf or raw_tp"));
   }
+  SECTION("hook on a tracer with a single hook kind") {
+    CHECK(error_of("tracers:\n  page_faults:\n    hook: tp_btf\n") ==
+          "test.yaml:3:11: tracers.page_faults.hook: page_faults has a single hook kind "
+          "(perf_event); only auto is accepted");
+  }
+  SECTION("option of another tracer") {
+    CHECK(error_of("tracers:\n  page_faults:\n    comm: true\n") ==
+          "test.yaml:3:5: tracers.page_faults.comm: unknown key");
+    CHECK_THAT(error_of("tracers:\n  runqueue_latency:\n    cgroup: maybe\n"),
+               Contains("tracers.runqueue_latency.cgroup: expected true or false"));
+  }
   SECTION("unknown syscall name") {
     CHECK(error_of("tracers:\n  syscall_latency:\n    include: [read, frobnicate]\n") ==
           "test.yaml:3:14: tracers.syscall_latency.include: unknown syscall 'frobnicate'");
