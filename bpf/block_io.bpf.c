@@ -5,10 +5,11 @@
  * lost its request_queue argument in Linux 5.11; both shapes are here and user
  * space picks by the argument count in the kernel's BTF.
  *
- * The issue stamp is kept by (hardware queue, driver tag), which identifies a
- * request in flight: an array slot per tag under a read-mostly hash of
- * hardware queues, so neither end takes a lock or allocates. Requests without
- * a tag in range fall back to a hash keyed by the request.
+ * The issue stamp is kept by (hardware queue, driver tag): each hardware queue
+ * owns a slot of an array (from its queue ids, claimed on first use),
+ * with a stamp per tag, so neither end hashes, locks or allocates. A request
+ * whose queue lost the slot to another, or whose tag is out of range, falls
+ * back to a hash keyed by the request.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_core_read.h>
@@ -22,23 +23,6 @@
 #define REQ_OP_MASK 0xff
 
 static const struct blockio_value zero_value = {};
-
-struct tag_stamps {
-	__u64 ts[BLOCKIO_TAGS];
-	/* The disk's name, read when the queue is first seen or its disk changed
-	 * (a queue freed and its memory reused for another disk). */
-	__u64 disk_ptr;
-	char disk[BLOCKIO_DISK_NAME_LEN];
-};
-
-static const struct tag_stamps zero_stamps = {};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, BLOCKIO_MAX_HW_QUEUES);
-	__type(key, __u64); /* struct blk_mq_hw_ctx * */
-	__type(value, struct tag_stamps);
-} by_tag SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -55,53 +39,81 @@ struct {
 	__type(value, struct blockio_value);
 } series SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, BLOCKIO_QUEUE_SLOTS * BLOCKIO_OPS);
+	__type(key, __u32);
+	__type(value, struct blockio_value);
+} slot_series SEC(".maps");
+
 EMD_DROPS_MAP(BLOCKIO_DROP__COUNT);
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, BLOCKIO_QUEUE_SLOTS);
+	__type(key, __u32);
+	__type(value, struct blockio_queue);
+} queues SEC(".maps");
 
 static __always_inline void read_disk_name(struct gendisk *disk, char *name)
 {
 	bpf_probe_read_kernel_str(name, BLOCKIO_DISK_NAME_LEN, &disk->disk_name);
 }
 
-/* The stamps of the request's hardware queue, or NULL when the request has no
- * tag in range. */
-static __always_inline struct tag_stamps *queue_stamps(struct request *rq,
-						       bool raw, bool create)
+/* Request queue ids are small integers (an ida), hardware queue numbers too:
+ * queues 0..31 with up to 8 hardware queues each get slots of their own. */
+static __always_inline __u32 queue_slot_of(struct request *rq, bool raw)
+{
+	__u32 qid = EMD_READ(raw, rq, q, id);
+	__u32 num = EMD_READ(raw, rq, mq_hctx, queue_num);
+
+	return (qid * 8 + num) & (BLOCKIO_QUEUE_SLOTS - 1);
+}
+
+/* The slot of the request's hardware queue, claiming a free one on issue;
+ * NULL when another queue holds it. */
+static __always_inline struct blockio_queue *
+queue_of(struct request *rq, bool raw, bool issue, __u32 *slot)
 {
 	__u64 hctx = (__u64)EMD_READ(raw, rq, mq_hctx);
-	struct tag_stamps *st;
+	struct blockio_queue *q;
 	struct gendisk *disk;
 
 	if (!hctx)
 		return NULL;
-	st = bpf_map_lookup_elem(&by_tag, &hctx);
-	if (!create)
-		return st;
-	if (!st) {
-		if (bpf_map_update_elem(&by_tag, &hctx, &zero_stamps,
-					BPF_NOEXIST))
-			return NULL; /* full: the request takes the fallback */
-		st = bpf_map_lookup_elem(&by_tag, &hctx);
-		if (!st)
+	*slot = queue_slot_of(rq, raw);
+	q = bpf_map_lookup_elem(&queues, slot);
+	if (!q)
+		return NULL;
+	if (q->hctx != hctx) {
+		if (!issue || q->hctx)
 			return NULL;
+		/* A race of two new queues for one free slot at the very same
+		 * moment can hand the loser's stamps to the winner; its
+		 * completions then miss the slot and are not timed. */
+		q->hctx = hctx;
 	}
-	disk = EMD_READ(raw, rq, q, disk);
-	if (st->disk_ptr != (__u64)disk) {
-		read_disk_name(disk, st->disk);
-		st->disk_ptr = (__u64)disk;
+	if (issue) {
+		disk = EMD_READ(raw, rq, q, disk);
+		if (q->disk_ptr != (__u64)disk) {
+			read_disk_name(disk, q->disk);
+			q->disk_ptr = (__u64)disk;
+		}
 	}
-	return st;
+	return q;
 }
 
 static __always_inline int on_issue(struct request *rq, bool raw)
 {
 	__u64 key = (__u64)rq, now = bpf_ktime_get_ns();
-	__u32 tag = EMD_READ(raw, rq, tag);
-	struct tag_stamps *st;
+	__u32 tag = EMD_READ(raw, rq, tag), slot;
+	struct blockio_queue *q;
 
 	if (tag < BLOCKIO_TAGS) {
-		st = queue_stamps(rq, raw, true);
-		if (st) {
-			st->ts[tag & (BLOCKIO_TAGS - 1)] = now;
+		q = queue_of(rq, raw, true, &slot);
+		if (q) {
+			q->ts[tag & (BLOCKIO_TAGS - 1)] = now;
 			return 0;
 		}
 	}
@@ -115,19 +127,23 @@ static __always_inline int on_complete(struct request *rq,
 {
 	struct blockio_key key = {};
 	struct blockio_value *v;
-	struct tag_stamps *st;
+	struct blockio_queue *q;
 	__u64 rqkey = (__u64)rq, *ts, delta;
-	__u32 op, tag;
+	__u32 op, tag, slot;
 
+	op = EMD_READ(raw, rq, cmd_flags) & REQ_OP_MASK;
+	op = op <= BLOCKIO_OP_DISCARD ? op : BLOCKIO_OP_OTHER;
 	tag = EMD_READ(raw, rq, tag);
-	st = tag < BLOCKIO_TAGS ? queue_stamps(rq, raw, false) : NULL;
-	if (st) {
-		ts = &st->ts[tag & (BLOCKIO_TAGS - 1)];
+	q = tag < BLOCKIO_TAGS ? queue_of(rq, raw, false, &slot) : NULL;
+	if (q) {
+		ts = &q->ts[tag & (BLOCKIO_TAGS - 1)];
 		if (!*ts)
 			return 0; /* issued before we attached */
 		delta = bpf_ktime_get_ns() - *ts;
 		*ts = 0;
-		__builtin_memcpy(key.disk, st->disk, sizeof(key.disk));
+		slot = slot * BLOCKIO_OPS + op;
+		v = emd_lookup_or_init(&slot_series, &slot, &zero_value, &drops,
+				       BLOCKIO_DROP_SERIES_FULL);
 	} else {
 		ts = bpf_map_lookup_elem(&issued, &rqkey);
 		if (!ts)
@@ -135,11 +151,10 @@ static __always_inline int on_complete(struct request *rq,
 		delta = bpf_ktime_get_ns() - *ts;
 		bpf_map_delete_elem(&issued, &rqkey);
 		read_disk_name(EMD_READ(raw, rq, q, disk), key.disk);
+		key.op = op;
+		v = emd_lookup_or_init(&series, &key, &zero_value, &drops,
+				       BLOCKIO_DROP_SERIES_FULL);
 	}
-	op = EMD_READ(raw, rq, cmd_flags) & REQ_OP_MASK;
-	key.op = op <= BLOCKIO_OP_DISCARD ? op : BLOCKIO_OP_OTHER;
-	v = emd_lookup_or_init(&series, &key, &zero_value, &drops,
-			       BLOCKIO_DROP_SERIES_FULL);
 	if (!v)
 		return 0;
 	emd_hist_add(v, delta);

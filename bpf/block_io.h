@@ -5,11 +5,20 @@
 /* Slot k: (2^(k-1), 2^k] ns; the last slot holds anything longer. */
 #define BLOCKIO_SLOTS 40
 #define BLOCKIO_DISK_NAME_LEN 32
-#define BLOCKIO_MAX_SERIES 4096 /* (disk, op) pairs */
+#define BLOCKIO_MAX_SERIES 4096 /* (queue slot or disk, op) pairs */
 #define BLOCKIO_MAX_IN_FLIGHT 65536
-/* Issue stamps by (hardware queue, driver tag): tags below this, per queue. */
-#define BLOCKIO_TAGS 1024
-#define BLOCKIO_MAX_HW_QUEUES 1024
+/* Issue stamps by (hardware queue slot, driver tag) */
+#define BLOCKIO_QUEUE_SLOTS 256 /* power of two */
+#define BLOCKIO_TAGS 256	/* power of two */
+#define BLOCKIO_OPS 5
+
+/* A hardware queue's slot: its stamps, and the name of its disk. */
+struct blockio_queue {
+	__u64 hctx;	/* struct blk_mq_hw_ctx * owning the slot, 0 = free */
+	__u64 disk_ptr; /* struct gendisk * the name was read from */
+	char disk[BLOCKIO_DISK_NAME_LEN];
+	__u64 ts[BLOCKIO_TAGS];
+};
 
 enum blockio_op {
 	BLOCKIO_OP_READ = 0,
@@ -19,6 +28,8 @@ enum blockio_op {
 	BLOCKIO_OP_OTHER = 4,
 };
 
+/* Series of requests that fell back to the per-request hash, by disk name.
+ * Those stamped in a queue slot are keyed by slot * BLOCKIO_OPS + op. */
 struct blockio_key {
 	char disk[BLOCKIO_DISK_NAME_LEN];
 	__u32 op;

@@ -2,6 +2,8 @@
 #include <array>
 #include <cstring>
 
+#include <bpf/bpf.h>
+
 #include "ebpf_metricsd/bpf_support.h"
 #include "ebpf_metricsd/map_drain.h"
 #include "ebpf_metricsd/tracer.h"
@@ -75,16 +77,22 @@ class BlockIoTracer final : public Tracer {
 
   void drain() override {
     static_assert(sizeof(blockio_value) == (BLOCKIO_SLOTS + 2) * 8);
+    const auto add = [&](const MetricStore::LabelValues& labels, const std::uint64_t* d) {
+      store_.add_slots(latency_, labels, std::span<const std::uint64_t>(d, BLOCKIO_SLOTS),
+                       d[BLOCKIO_SLOTS]);
+      store_.add(bytes_, labels, d[BLOCKIO_SLOTS + 1]);
+    };
+    slot_series_.drain_hash(bpf_map__fd(skel_->maps.slot_series), sizeof(std::uint32_t),
+                            [&](const void* key, const std::uint64_t* d) {
+                              const auto k = *static_cast<const std::uint32_t*>(key);
+                              add({slot_disk(k / BLOCKIO_OPS), op_name(k % BLOCKIO_OPS)}, d);
+                            });
     series_.drain_hash(bpf_map__fd(skel_->maps.series), sizeof(blockio_key),
                        [&](const void* key, const std::uint64_t* d) {
                          const auto* k = static_cast<const blockio_key*>(key);
-                         const MetricStore::LabelValues labels = {
-                             std::string(k->disk, strnlen(k->disk, sizeof k->disk)),
-                             op_name(k->op)};
-                         store_.add_slots(latency_, labels,
-                                          std::span<const std::uint64_t>(d, BLOCKIO_SLOTS),
-                                          d[BLOCKIO_SLOTS]);
-                         store_.add(bytes_, labels, d[BLOCKIO_SLOTS + 1]);
+                         add({std::string(k->disk, strnlen(k->disk, sizeof k->disk)),
+                              op_name(k->op)},
+                             d);
                        });
     drops_.drain();
     // A request that has not completed in 10 minutes never will (its disk is gone): its
@@ -95,9 +103,19 @@ class BlockIoTracer final : public Tracer {
   }
 
  private:
+  // The disk's name is kept with the queue slot.
+  std::string slot_disk(std::uint32_t slot) const {
+    blockio_queue q{};
+    if (bpf_map_lookup_elem(bpf_map__fd(skel_->maps.queues), &slot, &q) != 0) {
+      throw BpfError(bpf_error_text("read block_io queue slot", errno));
+    }
+    return std::string(q.disk, strnlen(q.disk, sizeof q.disk));
+  }
+
   MetricStore& store_;
   MetricStore::MetricId latency_, bytes_;
   PerCpuDeltas series_{BLOCKIO_SLOTS + 2};
+  PerCpuDeltas slot_series_{BLOCKIO_SLOTS + 2};
   DropAccounting drops_;
   MetricStore::MetricId stale_;
   Skeleton skel_;
