@@ -260,7 +260,7 @@ void run(Suite& s, int rounds) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run_benchmarks(int argc, char** argv) {
   int rounds = 21;
   std::string only;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -331,4 +331,14 @@ int main(int argc, char** argv) {
     run(s, rounds);
   }
   return 0;
+}
+
+int main(int argc, char** argv) {
+  // Caught here so that the veth pair, the loop device and the workqueue mask are undone.
+  try {
+    return run_benchmarks(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "overhead_bench: %s\n", e.what());
+    return 1;
+  }
 }

@@ -35,11 +35,46 @@ inline std::string capture(const std::string& cmd) {
   return out;
 }
 
+// Removes what a run that died without cleaning up left behind (its name carries its pid):
+// a stale veth would keep the test addresses' route, a stale loop device its file.
+inline void remove_leftovers() {
+  const auto dead = [](const std::string& name, const std::string& prefix) {
+    if (name.rfind(prefix, 0) != 0) return false;
+    const std::string pid = name.substr(prefix.size());
+    return !pid.empty() && pid.find_first_not_of("0123456789") == std::string::npos &&
+           access(("/proc/" + pid).c_str(), F_OK) != 0;
+  };
+  std::istringstream links(capture("ls /sys/class/net"));
+  std::string name;
+  while (links >> name) {
+    if (dead(name, "emdv")) sh("ip link del " + name);
+  }
+  std::istringstream nss(capture("ip netns list | cut -d' ' -f1"));
+  while (nss >> name) {
+    if (dead(name, "emdtest")) sh("ip netns del " + name);
+  }
+  // Backing files are /var/tmp/emd-loop-<pid>-XXXXXX.
+  std::istringstream loops(capture("losetup -a -O NAME,BACK-FILE -n"));
+  std::string line;
+  while (std::getline(loops, line)) {
+    std::istringstream f(line);
+    std::string dev, file;
+    if (!(f >> dev >> file) || file.rfind("/var/tmp/emd-loop-", 0) != 0) continue;
+    const std::string rest = file.substr(std::string("/var/tmp/emd-loop-").size());
+    if (dead("p" + rest.substr(0, rest.find('-')), "p")) {
+      sh("losetup -d " + dev);
+      unlink(file.c_str());
+    }
+  }
+}
+
 // A loop device over a temporary 16 MiB file on a real disk.
 class LoopDevice {
  public:
   LoopDevice() {
-    char path[] = "/var/tmp/emd-loop-XXXXXX";
+    remove_leftovers();
+    std::string tmpl = "/var/tmp/emd-loop-" + std::to_string(getpid()) + "-XXXXXX";
+    char* path = tmpl.data();
     const int fd = mkstemp(path);
     if (fd < 0) throw std::runtime_error("mkstemp");
     const bool sized = ftruncate(fd, 16 << 20) == 0;
@@ -79,7 +114,8 @@ class LoopDevice {
 class VethPair {
  public:
   VethPair() {
-    const std::string id = std::to_string(getpid() % 100000);
+    remove_leftovers();
+    const std::string id = std::to_string(getpid());
     ns_ = "emdtest" + id;
     host_ = "emdv" + id;
     peer_ = "emdp" + id;
