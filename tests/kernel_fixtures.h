@@ -3,6 +3,7 @@
 // veth pair into a network namespace. They throw std::runtime_error when setup fails and
 // remove what they made when destroyed.
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <array>
@@ -34,6 +35,34 @@ inline std::string capture(const std::string& cmd) {
   while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
   return out;
 }
+
+// A file of `pages` pages filled with `fill` on a real disk (/var/tmp: tmpfs pages are never
+// read in), written out and evicted from the page cache. Unlinked at once; closed when
+// destroyed.
+class EvictedFile {
+ public:
+  EvictedFile(long pages, char fill) : size_(static_cast<std::size_t>(sysconf(_SC_PAGESIZE) * pages)) {
+    char path[] = "/var/tmp/emd-file-XXXXXX";
+    fd_ = mkstemp(path);
+    if (fd_ < 0) throw std::runtime_error("mkstemp");
+    unlink(path);
+    const std::string data(size_, fill);
+    if (write(fd_, data.data(), data.size()) != static_cast<ssize_t>(data.size()) ||
+        fsync(fd_) != 0 || posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED) != 0) {
+      close(fd_);
+      throw std::runtime_error("cannot write and evict a test file");
+    }
+  }
+  ~EvictedFile() { close(fd_); }
+  EvictedFile(const EvictedFile&) = delete;
+  EvictedFile& operator=(const EvictedFile&) = delete;
+  int fd() const { return fd_; }
+  std::size_t size() const { return size_; }
+
+ private:
+  int fd_ = -1;
+  std::size_t size_;
+};
 
 // Removes what a run that died without cleaning up left behind (its name carries its pid):
 // a stale veth would keep the test addresses' route, a stale loop device its file.

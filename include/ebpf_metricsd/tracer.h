@@ -43,6 +43,18 @@ struct TracerDescriptor {
   std::string single_hook = {};
 };
 
+// The descriptor of a tracer that has no options of its own (T(MetricStore&)).
+template <typename T>
+TracerDescriptor descriptor_without_options(std::string name, std::string summary,
+                                            std::string single_hook = {}) {
+  return {std::move(name), std::move(summary),
+          [](YamlMapReader&) -> std::any { return {}; },
+          [](MetricStore& store, const std::any&) -> std::unique_ptr<Tracer> {
+            return std::make_unique<T>(store);
+          },
+          std::move(single_hook)};
+}
+
 // All tracers this build ships, in the order they are started.
 const std::vector<TracerDescriptor>& tracer_registry();
 const TracerDescriptor* find_tracer(std::string_view name);

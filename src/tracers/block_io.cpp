@@ -126,14 +126,7 @@ class BlockIoTracer final : public Tracer {
 }  // namespace
 
 TracerDescriptor block_io_descriptor() {
-  return {
-      "block_io",
-      "Block I/O latency and bytes, by disk and operation",
-      [](YamlMapReader&) -> std::any { return {}; },
-      [](MetricStore& store, const std::any&) -> std::unique_ptr<Tracer> {
-        return std::make_unique<BlockIoTracer>(store);
-      },
-  };
+  return descriptor_without_options<BlockIoTracer>("block_io", "Block I/O latency and bytes, by disk and operation");
 }
 
 }  // namespace ebpf_metricsd

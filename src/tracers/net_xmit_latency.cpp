@@ -99,14 +99,7 @@ class NetXmitLatencyTracer final : public Tracer {
 }  // namespace
 
 TracerDescriptor net_xmit_latency_descriptor() {
-  return {
-      "net_xmit_latency",
-      "Packet queue-to-transmit latency, packets and bytes, by interface",
-      [](YamlMapReader&) -> std::any { return {}; },
-      [](MetricStore& store, const std::any&) -> std::unique_ptr<Tracer> {
-        return std::make_unique<NetXmitLatencyTracer>(store);
-      },
-  };
+  return descriptor_without_options<NetXmitLatencyTracer>("net_xmit_latency", "Packet queue-to-transmit latency, packets and bytes, by interface");
 }
 
 }  // namespace ebpf_metricsd

@@ -89,14 +89,7 @@ class PageCacheTracer final : public Tracer {
 }  // namespace
 
 TracerDescriptor page_cache_descriptor() {
-  return {
-      "page_cache",
-      "Page cache accesses, misses and dirtied pages",
-      [](YamlMapReader&) -> std::any { return {}; },
-      [](MetricStore& store, const std::any&) -> std::unique_ptr<Tracer> {
-        return std::make_unique<PageCacheTracer>(store);
-      },
-  };
+  return descriptor_without_options<PageCacheTracer>("page_cache", "Page cache accesses, misses and dirtied pages");
 }
 
 }  // namespace ebpf_metricsd

@@ -58,15 +58,7 @@ class PageFaultsTracer final : public Tracer {
 }  // namespace
 
 TracerDescriptor page_faults_descriptor() {
-  return {
-      "page_faults",
-      "Page faults, minor and major",
-      [](YamlMapReader&) -> std::any { return {}; },
-      [](MetricStore& store, const std::any&) -> std::unique_ptr<Tracer> {
-        return std::make_unique<PageFaultsTracer>(store);
-      },
-      /*single_hook=*/"perf_event",
-  };
+  return descriptor_without_options<PageFaultsTracer>("page_faults", "Page faults, minor and major", "perf_event");
 }
 
 }  // namespace ebpf_metricsd

@@ -87,14 +87,7 @@ class TcpConnectLatencyTracer final : public Tracer {
 }  // namespace
 
 TracerDescriptor tcp_connect_latency_descriptor() {
-  return {
-      "tcp_connect_latency",
-      "TCP connect latency and failures, by family",
-      [](YamlMapReader&) -> std::any { return {}; },
-      [](MetricStore& store, const std::any&) -> std::unique_ptr<Tracer> {
-        return std::make_unique<TcpConnectLatencyTracer>(store);
-      },
-  };
+  return descriptor_without_options<TcpConnectLatencyTracer>("tcp_connect_latency", "TCP connect latency and failures, by family");
 }
 
 }  // namespace ebpf_metricsd

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <vector>
 
+#include "../kernel_fixtures.h"
 #include "../metrics_lookup.h"
 #include "tracer_fixture.h"
 
@@ -40,15 +41,9 @@ TEST_CASE("misses when evicted, hits when cached, dirtied on write", "[page_cach
   INFO("hook " << hook);
   const long page = sysconf(_SC_PAGESIZE);
   constexpr long kPages = 512;
-  // A real disk: tmpfs pages are never "added" on a read.
-  char path[] = "/var/tmp/emd-cache-XXXXXX";
-  const int fd = mkstemp(path);
-  REQUIRE(fd >= 0);
-  unlink(path);
-  std::vector<char> data(static_cast<std::size_t>(page * kPages), 'y');
-  REQUIRE(write(fd, data.data(), data.size()) == static_cast<ssize_t>(data.size()));
-  REQUIRE(fsync(fd) == 0);
-  REQUIRE(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0);
+  fixture::EvictedFile file(kPages, 'y');
+  const int fd = file.fd();
+  const std::vector<char> data(file.size(), 'y');
 
   MetricStore store;
   auto tracer = test::start_tracer(store, "page_cache", "    hook: " + hook + "\n");
@@ -60,7 +55,6 @@ TEST_CASE("misses when evicted, hits when cached, dirtied on write", "[page_cach
   constexpr long kDirty = 64;
   REQUIRE(pwrite(fd, data.data(), static_cast<std::size_t>(page * kDirty), 0) == page * kDirty);
   const Totals t3 = totals(*tracer, store);
-  close(fd);
 
   INFO("cold read: accesses " << t1.accesses - t0.accesses << " misses " << t1.misses - t0.misses
        << "; warm read: accesses " << t2.accesses - t1.accesses << " misses "

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "../kernel_counters.h"
+#include "../kernel_fixtures.h"
 #include "../metrics_lookup.h"
 #include "../workloads.h"
 #include "tracer_fixture.h"
@@ -28,16 +29,11 @@ struct VmstatFaults {
 
 TEST_CASE("minor and major faults match what the test caused and /proc/vmstat", "[page_faults]") {
   const long page = sysconf(_SC_PAGESIZE);
-  // A file on a real disk (not tmpfs, where nothing is ever major), evicted from the cache.
+  // Read through a mapping, an evicted file faults every page in (major).
   constexpr int kFilePages = 512;
-  char path[] = "/var/tmp/emd-faults-XXXXXX";
-  const int fd = mkstemp(path);
-  REQUIRE(fd >= 0);
-  unlink(path);
-  std::vector<char> block(static_cast<std::size_t>(page) * kFilePages, 'x');
-  REQUIRE(write(fd, block.data(), block.size()) == static_cast<ssize_t>(block.size()));
-  REQUIRE(fsync(fd) == 0);
-  REQUIRE(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0);
+  fixture::EvictedFile evicted(kFilePages, 'x');
+  const int fd = evicted.fd();
+  const std::size_t file_len = evicted.size();
 
   constexpr int kAnonPages = 20000;
   MetricStore store;
@@ -53,11 +49,11 @@ TEST_CASE("minor and major faults match what the test caused and /proc/vmstat", 
 
   // Major: read the evicted file through a mapping, without readahead.
   auto* file = static_cast<volatile char*>(
-      mmap(nullptr, block.size(), PROT_READ, MAP_SHARED, fd, 0));
+      mmap(nullptr, file_len, PROT_READ, MAP_SHARED, fd, 0));
   REQUIRE(file != MAP_FAILED);
-  madvise(const_cast<char*>(file), block.size(), MADV_RANDOM);
+  madvise(const_cast<char*>(file), file_len, MADV_RANDOM);
   long sum = 0;
-  for (std::size_t off = 0; off < block.size(); off += static_cast<std::size_t>(page)) {
+  for (std::size_t off = 0; off < file_len; off += static_cast<std::size_t>(page)) {
     sum += file[off];
   }
   CHECK(sum == 'x' * kFilePages);
@@ -80,6 +76,5 @@ TEST_CASE("minor and major faults match what the test caused and /proc/vmstat", 
   CHECK(major <= vm_major);
   CHECK(major >= vm_major * 0.995 - 10);
 
-  munmap(const_cast<char*>(file), block.size());
-  close(fd);
+  munmap(const_cast<char*>(file), file_len);
 }
