@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * Page cache accesses, misses and dirtied pages from tracepoints only (for
- * kernels without kprobes/fentry on folio_mark_accessed):
- *  - accesses: the page range each read asks filemap_get_pages for, plus
- *    mmap faults (mm_filemap_fault) and fault-around (mm_filemap_map_pages);
+ * Page cache accesses, misses and dirtied pages:
+ *  - accesses: where fentry works, every folio_mark_accessed() (as
+ *    libbpf-tools' cachestat); else, from tracepoints, the page range each
+ *    read asks filemap_get_pages for, plus mmap faults (mm_filemap_fault) and
+ *    fault-around (mm_filemap_map_pages);
  *  - misses: pages added to the page cache (mm_filemap_add_to_page_cache);
  *  - dirtied: pages marked dirty (writeback_dirty_folio).
  */
@@ -116,6 +117,12 @@ static __always_inline int add_dirtied(struct folio *folio)
 	if (t)
 		t->dirtied += folio_pages(folio);
 	return 0;
+}
+
+SEC("fentry/folio_mark_accessed")
+int BPF_PROG(mark_accessed_fentry, struct folio *folio)
+{
+	return add_accesses(folio_pages(folio));
 }
 
 SEC("tp_btf/mm_filemap_get_pages")

@@ -18,6 +18,7 @@ std::string_view hook_name(HookKind kind) {
   switch (kind) {
     case HookKind::TpBtf: return "tp_btf";
     case HookKind::RawTp: return "raw_tp";
+    case HookKind::Fentry: return "fentry";
   }
   return "?";
 }
@@ -54,6 +55,17 @@ const bpf_insn kReturnZero[] = {
 std::string probe(HookKind kind, const std::string& tracepoint) {
   LIBBPF_OPTS(bpf_prog_load_opts, opts);
   bpf_prog_type type = BPF_PROG_TYPE_RAW_TRACEPOINT;
+  if (kind == HookKind::Fentry) {
+    const int btf_id = libbpf_find_vmlinux_btf_id(tracepoint.c_str(), BPF_TRACE_FENTRY);
+    if (btf_id < 0) return bpf_error_text("no BTF for function " + tracepoint, btf_id);
+    opts.expected_attach_type = BPF_TRACE_FENTRY;
+    opts.attach_btf_id = static_cast<__u32>(btf_id);
+    Fd prog(bpf_prog_load(BPF_PROG_TYPE_TRACING, "emd_probe", "GPL", kReturnZero, 2, &opts));
+    if (prog.get() < 0) return bpf_error_text("load probe program", errno);
+    Fd link(bpf_link_create(prog.get(), 0, BPF_TRACE_FENTRY, nullptr));
+    if (link.get() < 0) return bpf_error_text("attach probe program", errno);
+    return "";
+  }
   if (kind == HookKind::TpBtf) {
     const int btf_id = libbpf_find_vmlinux_btf_id(tracepoint.c_str(), BPF_TRACE_RAW_TP);
     if (btf_id < 0) return bpf_error_text("no BTF for tracepoint " + tracepoint, btf_id);

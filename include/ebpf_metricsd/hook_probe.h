@@ -10,8 +10,9 @@
 
 namespace ebpf_metricsd {
 
-// How a BPF program is attached to a kernel tracepoint.
-enum class HookKind { TpBtf, RawTp };
+// How a BPF program is attached: to a kernel tracepoint (tp_btf, raw_tp), or to the entry
+// of a kernel function (fentry; the `tracepoint` argument of a probe then names the function).
+enum class HookKind { TpBtf, RawTp, Fentry };
 std::string_view hook_name(HookKind kind);
 
 // What the config asks for: probe (auto) or force one kind.

@@ -37,29 +37,37 @@ class PageCacheTracer final : public Tracer {
         drops_(store, "page_cache", {}) {}
 
   void start(HookProber& prober, HookPreference preference) override {
-    static const std::array<std::string, 5> tps = {
-        "mm_filemap_get_pages", "mm_filemap_map_pages", "mm_filemap_fault",
-        "mm_filemap_add_to_page_cache", "writeback_dirty_folio"};
+    static const std::array<std::string, 2> tps = {"mm_filemap_add_to_page_cache",
+                                                   "writeback_dirty_folio"};
+    static const std::array<std::string, 3> access_tps = {
+        "mm_filemap_get_pages", "mm_filemap_map_pages", "mm_filemap_fault"};
     const HookKind kind = require_hook(prober, tps, preference);
+    // Accesses: folio_mark_accessed() where fentry attaches (exact, as cachestat), else the
+    // read and fault tracepoints (an estimate, see README).
+    const bool fentry = preference == HookPreference::Auto &&
+                        prober.can_attach(HookKind::Fentry, "folio_mark_accessed");
+    if (!fentry) require_hook(prober, access_tps, kind == HookKind::TpBtf ? HookPreference::TpBtf
+                                                                           : HookPreference::RawTp);
     Skeleton skel(page_cache__open());
     if (!skel) throw BpfError(bpf_error_text("open page_cache", errno));
     auto& p = skel->progs;
     const bool btf = kind == HookKind::TpBtf;
     const std::vector<ProgramChoice> programs = {
-        {p.get_pages_btf, btf},
-        {p.map_pages_btf, btf},
-        {p.fault_btf, btf},
+        {p.mark_accessed_fentry, fentry},
+        {p.get_pages_btf, btf && !fentry},
+        {p.map_pages_btf, btf && !fentry},
+        {p.fault_btf, btf && !fentry},
         {p.add_to_page_cache_btf, btf},
         {p.dirty_folio_btf, btf},
-        {p.get_pages_raw, !btf},
-        {p.map_pages_raw, !btf},
-        {p.fault_raw, !btf},
+        {p.get_pages_raw, !btf && !fentry},
+        {p.map_pages_raw, !btf && !fentry},
+        {p.fault_raw, !btf && !fentry},
         {p.add_to_page_cache_raw, !btf},
         {p.dirty_folio_raw, !btf},
     };
     links_ = load_and_attach(programs, [&] { return page_cache__load(skel.get()); }, "page_cache");
     drops_.bind(-1, programs);
-    hook_ = std::string(hook_name(kind));
+    hook_ = fentry ? "fentry+" + std::string(hook_name(kind)) : std::string(hook_name(kind));
     skel_ = std::move(skel);
   }
 
