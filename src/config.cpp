@@ -1,5 +1,6 @@
 #include "ebpf_metricsd/config.h"
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -63,6 +64,11 @@ Config parse_config(const std::string& yaml_text, const std::string& file_name) 
 }
 
 Config load_config(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    throw ConfigError(path + ": " +
+                      (std::filesystem::exists(path, ec) ? "not a regular file" : "no such file"));
+  }
   std::ifstream in(path);
   if (!in) throw ConfigError(path + ": cannot read config file");
   std::stringstream ss;

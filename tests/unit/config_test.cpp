@@ -148,7 +148,10 @@ TEST_CASE("config errors name file, line, column and key") {
   }
   SECTION("missing file") {
     CHECK_THROWS_WITH(load_config("/nonexistent/ebpf-metricsd.yaml"),
-                      "/nonexistent/ebpf-metricsd.yaml: cannot read config file");
+                      "/nonexistent/ebpf-metricsd.yaml: no such file");
+  }
+  SECTION("a directory instead of a file") {
+    CHECK_THROWS_WITH(load_config("/tmp"), "/tmp: not a regular file");
   }
 }
 
