@@ -55,6 +55,12 @@ TEST_CASE("no usable hook is an error naming every refusal") {
                     "raw_tp/sys_enter: EPERM; raw_tp/sys_exit: EPERM");
 }
 
+TEST_CASE("hook kinds have the names exported in tracer_up") {
+  CHECK(hook_name(HookKind::TpBtf) == "tp_btf");
+  CHECK(hook_name(HookKind::RawTp) == "raw_tp");
+  CHECK(hook_name(HookKind::Fentry) == "fentry");
+}
+
 TEST_CASE("hook preferences parse") {
   CHECK(parse_hook_preference("auto") == HookPreference::Auto);
   CHECK(parse_hook_preference("tp_btf") == HookPreference::TpBtf);
