@@ -10,6 +10,7 @@
 #include <bpf/bpf_tracing.h>
 
 #include "common/maps.bpf.h"
+#include "common/read.bpf.h"
 #include "kmalloc.h"
 
 static const struct kmalloc_cache_counts zero_counts = {};
@@ -96,58 +97,17 @@ static __always_inline int on_cache_free(const struct kmem_cache *s)
 	return 0;
 }
 
-SEC("tp_btf/kmalloc")
-int BPF_PROG(kmalloc_btf, unsigned long call_site, const void *ptr,
+#define KMALLOC(raw) on_kmalloc(bytes_req, bytes_alloc)
+#define KFREE(raw) on_kfree()
+#define CACHE_ALLOC(raw) on_cache_alloc(s)
+#define CACHE_FREE(raw) on_cache_free(s)
+
+EMD_TP_PROGS(kmalloc, kmalloc, KMALLOC, unsigned long call_site, const void *ptr,
 	     size_t bytes_req, size_t bytes_alloc)
-{
-	return on_kmalloc(bytes_req, bytes_alloc);
-}
-
-SEC("tp_btf/kfree")
-int BPF_PROG(kfree_btf, unsigned long call_site, const void *ptr)
-{
-	return on_kfree();
-}
-
-SEC("tp_btf/kmem_cache_alloc")
-int BPF_PROG(cache_alloc_btf, unsigned long call_site, const void *ptr,
-	     struct kmem_cache *s)
-{
-	return on_cache_alloc(s);
-}
-
-SEC("tp_btf/kmem_cache_free")
-int BPF_PROG(cache_free_btf, unsigned long call_site, const void *ptr,
-	     const struct kmem_cache *s)
-{
-	return on_cache_free(s);
-}
-
-SEC("raw_tp/kmalloc")
-int BPF_PROG(kmalloc_raw, unsigned long call_site, const void *ptr,
-	     size_t bytes_req, size_t bytes_alloc)
-{
-	return on_kmalloc(bytes_req, bytes_alloc);
-}
-
-SEC("raw_tp/kfree")
-int BPF_PROG(kfree_raw, unsigned long call_site, const void *ptr)
-{
-	return on_kfree();
-}
-
-SEC("raw_tp/kmem_cache_alloc")
-int BPF_PROG(cache_alloc_raw, unsigned long call_site, const void *ptr,
-	     struct kmem_cache *s)
-{
-	return on_cache_alloc(s);
-}
-
-SEC("raw_tp/kmem_cache_free")
-int BPF_PROG(cache_free_raw, unsigned long call_site, const void *ptr,
-	     const struct kmem_cache *s)
-{
-	return on_cache_free(s);
-}
+EMD_TP_PROGS(kfree, kfree, KFREE, unsigned long call_site, const void *ptr)
+EMD_TP_PROGS(kmem_cache_alloc, cache_alloc, CACHE_ALLOC, unsigned long call_site,
+	     const void *ptr, struct kmem_cache *s)
+EMD_TP_PROGS(kmem_cache_free, cache_free, CACHE_FREE, unsigned long call_site,
+	     const void *ptr, const struct kmem_cache *s)
 
 char LICENSE[] SEC("license") = "GPL";

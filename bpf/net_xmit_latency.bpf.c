@@ -12,6 +12,7 @@
 #include <bpf/bpf_tracing.h>
 
 #include "common/maps.bpf.h"
+#include "common/read.bpf.h"
 #include "common/stamps.bpf.h"
 #include "net_xmit_latency.h"
 
@@ -62,30 +63,11 @@ static __always_inline int on_xmit(struct sk_buff *skb, int rc,
 	return 0;
 }
 
-SEC("tp_btf/net_dev_queue")
-int BPF_PROG(net_dev_queue_btf, struct sk_buff *skb)
-{
-	return on_queue(skb);
-}
+#define QUEUE(raw) on_queue(skb)
+#define XMIT(raw) on_xmit(skb, rc, dev, len, raw)
 
-SEC("tp_btf/net_dev_xmit")
-int BPF_PROG(net_dev_xmit_btf, struct sk_buff *skb, int rc,
+EMD_TP_PROGS(net_dev_queue, net_dev_queue, QUEUE, struct sk_buff *skb)
+EMD_TP_PROGS(net_dev_xmit, net_dev_xmit, XMIT, struct sk_buff *skb, int rc,
 	     struct net_device *dev, unsigned int len)
-{
-	return on_xmit(skb, rc, dev, len, false);
-}
-
-SEC("raw_tp/net_dev_queue")
-int BPF_PROG(net_dev_queue_raw, struct sk_buff *skb)
-{
-	return on_queue(skb);
-}
-
-SEC("raw_tp/net_dev_xmit")
-int BPF_PROG(net_dev_xmit_raw, struct sk_buff *skb, int rc,
-	     struct net_device *dev, unsigned int len)
-{
-	return on_xmit(skb, rc, dev, len, true);
-}
 
 char LICENSE[] SEC("license") = "GPL";

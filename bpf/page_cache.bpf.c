@@ -13,6 +13,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 
+#include "common/read.bpf.h"
 #include "page_cache.h"
 
 /* Before Linux 6.9 (approximately) the count of a large folio's pages was
@@ -125,68 +126,21 @@ int BPF_PROG(mark_accessed_fentry, struct folio *folio)
 	return add_accesses(folio_pages(folio));
 }
 
-SEC("tp_btf/mm_filemap_get_pages")
-int BPF_PROG(get_pages_btf, struct address_space *mapping, unsigned long index,
+#define GET_PAGES(raw) on_get_pages(mapping, index, last_index)
+#define MAP_PAGES(raw) add_accesses(end >= start ? end - start + 1 : 0)
+#define FAULT(raw) add_accesses(1)
+#define ADDED(raw) add_misses(folio)
+#define DIRTIED(raw) add_dirtied(folio)
+
+EMD_TP_PROGS(mm_filemap_get_pages, get_pages, GET_PAGES,
+	     struct address_space *mapping, unsigned long index,
 	     unsigned long last_index)
-{
-	return on_get_pages(mapping, index, last_index);
-}
-
-SEC("tp_btf/mm_filemap_map_pages")
-int BPF_PROG(map_pages_btf, struct address_space *mapping, unsigned long start,
+EMD_TP_PROGS(mm_filemap_map_pages, map_pages, MAP_PAGES,
+	     struct address_space *mapping, unsigned long start,
 	     unsigned long end)
-{
-	return add_accesses(end >= start ? end - start + 1 : 0);
-}
-
-SEC("tp_btf/mm_filemap_fault")
-int BPF_PROG(fault_btf)
-{
-	return add_accesses(1);
-}
-
-SEC("tp_btf/mm_filemap_add_to_page_cache")
-int BPF_PROG(add_to_page_cache_btf, struct folio *folio)
-{
-	return add_misses(folio);
-}
-
-SEC("tp_btf/writeback_dirty_folio")
-int BPF_PROG(dirty_folio_btf, struct folio *folio)
-{
-	return add_dirtied(folio);
-}
-
-SEC("raw_tp/mm_filemap_get_pages")
-int BPF_PROG(get_pages_raw, struct address_space *mapping, unsigned long index,
-	     unsigned long last_index)
-{
-	return on_get_pages(mapping, index, last_index);
-}
-
-SEC("raw_tp/mm_filemap_map_pages")
-int BPF_PROG(map_pages_raw, struct address_space *mapping, unsigned long start,
-	     unsigned long end)
-{
-	return add_accesses(end >= start ? end - start + 1 : 0);
-}
-
-SEC("raw_tp/mm_filemap_fault")
-int BPF_PROG(fault_raw)
-{
-	return add_accesses(1);
-}
-
-SEC("raw_tp/mm_filemap_add_to_page_cache")
-int BPF_PROG(add_to_page_cache_raw, struct folio *folio)
-{
-	return add_misses(folio);
-}
-
-SEC("raw_tp/writeback_dirty_folio")
-int BPF_PROG(dirty_folio_raw, struct folio *folio)
-{
-	return add_dirtied(folio);
-}
+EMD_TP_PROGS(mm_filemap_fault, fault, FAULT)
+EMD_TP_PROGS(mm_filemap_add_to_page_cache, add_to_page_cache, ADDED,
+	     struct folio *folio)
+EMD_TP_PROGS(writeback_dirty_folio, dirty_folio, DIRTIED, struct folio *folio)
 
 char LICENSE[] SEC("license") = "GPL";

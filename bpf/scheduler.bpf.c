@@ -199,43 +199,14 @@ static __always_inline int on_switch(bool preempt, struct task_struct *prev,
 	return 0;
 }
 
-SEC("tp_btf/sched_wakeup")
-int BPF_PROG(sched_wakeup_btf, struct task_struct *p)
-{
-	return on_wakeup(p, false);
-}
+#define WAKEUP(raw) on_wakeup(p, raw)
+#define SWITCH(raw) on_switch(preempt, prev, next, prev_state, raw)
 
-SEC("tp_btf/sched_wakeup_new")
-int BPF_PROG(sched_wakeup_new_btf, struct task_struct *p)
-{
-	return on_wakeup(p, false);
-}
-
-SEC("tp_btf/sched_switch")
-int BPF_PROG(sched_switch_btf, bool preempt, struct task_struct *prev,
-	     struct task_struct *next, unsigned int prev_state)
-{
-	return on_switch(preempt, prev, next, prev_state, false);
-}
-
-SEC("raw_tp/sched_wakeup")
-int BPF_PROG(sched_wakeup_raw, struct task_struct *p)
-{
-	return on_wakeup(p, true);
-}
-
-SEC("raw_tp/sched_wakeup_new")
-int BPF_PROG(sched_wakeup_new_raw, struct task_struct *p)
-{
-	return on_wakeup(p, true);
-}
-
-SEC("raw_tp/sched_switch")
-int BPF_PROG(sched_switch_raw, bool preempt, struct task_struct *prev,
-	     struct task_struct *next, unsigned int prev_state)
-{
-	return on_switch(preempt, prev, next, prev_state, true);
-}
+EMD_TP_PROGS(sched_wakeup, sched_wakeup, WAKEUP, struct task_struct *p)
+EMD_TP_PROGS(sched_wakeup_new, sched_wakeup_new, WAKEUP, struct task_struct *p)
+EMD_TP_PROGS(sched_switch, sched_switch, SWITCH, bool preempt,
+	     struct task_struct *prev, struct task_struct *next,
+	     unsigned int prev_state)
 
 /* raw_tp keeps per-task state in a pid map: drop it with the task. */
 SEC("raw_tp/sched_process_free")

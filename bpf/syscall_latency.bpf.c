@@ -10,6 +10,7 @@
 #include <bpf/bpf_tracing.h>
 
 #include "common/maps.bpf.h"
+#include "common/read.bpf.h"
 #include "syscall_latency.h"
 
 /* Set by user space before load from the include/exclude options. */
@@ -78,28 +79,10 @@ static __always_inline int on_exit(void)
 	return 0;
 }
 
-SEC("tp_btf/sys_enter")
-int BPF_PROG(sys_enter_btf, struct pt_regs *regs, long id)
-{
-	return on_enter(id);
-}
+#define ENTER(raw) on_enter(id)
+#define EXIT(raw) on_exit()
 
-SEC("tp_btf/sys_exit")
-int BPF_PROG(sys_exit_btf, struct pt_regs *regs, long ret)
-{
-	return on_exit();
-}
-
-SEC("raw_tp/sys_enter")
-int BPF_PROG(sys_enter_raw, struct pt_regs *regs, long id)
-{
-	return on_enter(id);
-}
-
-SEC("raw_tp/sys_exit")
-int BPF_PROG(sys_exit_raw, struct pt_regs *regs, long ret)
-{
-	return on_exit();
-}
+EMD_TP_PROGS(sys_enter, sys_enter, ENTER, struct pt_regs *regs, long id)
+EMD_TP_PROGS(sys_exit, sys_exit, EXIT, struct pt_regs *regs, long ret)
 
 char LICENSE[] SEC("license") = "GPL";

@@ -83,18 +83,9 @@ static __always_inline int on_set_state(struct sock *sk, int oldstate,
 	return 0;
 }
 
-SEC("tp_btf/inet_sock_set_state")
-int BPF_PROG(inet_sock_set_state_btf, struct sock *sk, int oldstate,
-	     int newstate)
-{
-	return on_set_state(sk, oldstate, newstate, false);
-}
+#define SET_STATE(raw) on_set_state(sk, oldstate, newstate, raw)
 
-SEC("raw_tp/inet_sock_set_state")
-int BPF_PROG(inet_sock_set_state_raw, struct sock *sk, int oldstate,
-	     int newstate)
-{
-	return on_set_state(sk, oldstate, newstate, true);
-}
+EMD_TP_PROGS(inet_sock_set_state, inet_sock_set_state, SET_STATE,
+	     struct sock *sk, int oldstate, int newstate)
 
 char LICENSE[] SEC("license") = "GPL";

@@ -3,6 +3,8 @@
 #define EBPF_METRICSD_READ_BPF_H
 
 #include <bpf/bpf_core_read.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
 
 /*
  * Field reads for programs that exist as tp_btf and raw_tp twins:
@@ -13,5 +15,22 @@
  */
 #define EMD_READ(raw, ...)                                                     \
 	((raw) ? BPF_CORE_READ(__VA_ARGS__) : ___arrow(__VA_ARGS__))
+
+/*
+ * One tracepoint handler as the twins tp_btf/<tp> (<name>_btf) and
+ * raw_tp/<tp> (<name>_raw). `call` is a macro of `raw` that runs the shared
+ * body with the arguments named in the prototype `args`.
+ */
+#define EMD_TP_PROGS(tp, name, call, args...)                                 \
+	SEC("tp_btf/" #tp)                                                     \
+	int BPF_PROG(name##_btf, ##args)                                       \
+	{                                                                      \
+		return call(false);                                            \
+	}                                                                      \
+	SEC("raw_tp/" #tp)                                                     \
+	int BPF_PROG(name##_raw, ##args)                                       \
+	{                                                                      \
+		return call(true);                                             \
+	}
 
 #endif
