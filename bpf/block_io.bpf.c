@@ -162,43 +162,13 @@ static __always_inline int on_complete(struct request *rq,
 	return 0;
 }
 
-SEC("tp_btf/block_rq_issue")
-int BPF_PROG(block_rq_issue_btf, struct request *rq)
-{
-	return on_issue(rq, false);
-}
+#define ISSUE(raw) on_issue(rq, raw)
+#define COMPLETE(raw) on_complete(rq, nr_bytes, raw)
 
+EMD_TP_PROGS(block_rq_issue, block_rq_issue, ISSUE, struct request *rq)
 /* before 5.11: block_rq_issue(struct request_queue *q, struct request *rq) */
-SEC("tp_btf/block_rq_issue")
-int BPF_PROG(block_rq_issue_btf_q, void *q, struct request *rq)
-{
-	return on_issue(rq, false);
-}
-
-SEC("tp_btf/block_rq_complete")
-int BPF_PROG(block_rq_complete_btf, struct request *rq, int error,
-	     unsigned int nr_bytes)
-{
-	return on_complete(rq, nr_bytes, false);
-}
-
-SEC("raw_tp/block_rq_issue")
-int BPF_PROG(block_rq_issue_raw, struct request *rq)
-{
-	return on_issue(rq, true);
-}
-
-SEC("raw_tp/block_rq_issue")
-int BPF_PROG(block_rq_issue_raw_q, void *q, struct request *rq)
-{
-	return on_issue(rq, true);
-}
-
-SEC("raw_tp/block_rq_complete")
-int BPF_PROG(block_rq_complete_raw, struct request *rq, int error,
-	     unsigned int nr_bytes)
-{
-	return on_complete(rq, nr_bytes, true);
-}
+EMD_TP_PROGS(block_rq_issue, block_rq_issue_q, ISSUE, void *q, struct request *rq)
+EMD_TP_PROGS(block_rq_complete, block_rq_complete, COMPLETE, struct request *rq,
+	     int error, unsigned int nr_bytes)
 
 char LICENSE[] SEC("license") = "GPL";

@@ -61,10 +61,10 @@ class BlockIoTracer final : public Tracer {
     const bool btf = kind == HookKind::TpBtf;
     const std::vector<ProgramChoice> programs = {
         {p.block_rq_issue_btf, btf && !with_queue},
-        {p.block_rq_issue_btf_q, btf && with_queue},
+        {p.block_rq_issue_q_btf, btf && with_queue},
         {p.block_rq_complete_btf, btf},
         {p.block_rq_issue_raw, !btf && !with_queue},
-        {p.block_rq_issue_raw_q, !btf && with_queue},
+        {p.block_rq_issue_q_raw, !btf && with_queue},
         {p.block_rq_complete_raw, !btf},
     };
     links_ = load_and_attach(programs, [&] { return block_io__load(skel.get()); }, "block_io");
