@@ -39,9 +39,9 @@ struct {
 	__type(value, struct blockio_value);
 } series SEC(".maps");
 
+/* Series of slotted requests: slot * BLOCKIO_OPS + op, a plain per-CPU array. */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, BLOCKIO_QUEUE_SLOTS * BLOCKIO_OPS);
 	__type(key, __u32);
 	__type(value, struct blockio_value);
@@ -61,39 +61,49 @@ static __always_inline void read_disk_name(struct gendisk *disk, char *name)
 	bpf_probe_read_kernel_str(name, BLOCKIO_DISK_NAME_LEN, &disk->disk_name);
 }
 
-/* Request queue ids are small integers (an ida), hardware queue numbers too:
- * queues 0..31 with up to 8 hardware queues each get slots of their own. */
+/* Request queue ids are small integers (an ida), hardware queue numbers too. */
 static __always_inline __u32 queue_slot_of(struct request *rq, bool raw)
 {
 	__u32 qid = EMD_READ(raw, rq, q, id);
 	__u32 num = EMD_READ(raw, rq, mq_hctx, queue_num);
 
-	return (qid * 8 + num) & (BLOCKIO_QUEUE_SLOTS - 1);
+	return qid * 8 + num;
 }
 
-/* The slot of the request's hardware queue, claiming a free one on issue;
- * NULL when another queue holds it. */
+/* The slot of the request's hardware queue: the first of BLOCKIO_QUEUE_PROBES
+ * slots from its home slot that it owns, or, on issue, that is free (then it
+ * claims it). NULL when all are held by other queues. */
 static __always_inline struct blockio_queue *
 queue_of(struct request *rq, bool raw, bool issue, __u32 *slot)
 {
 	__u64 hctx = (__u64)EMD_READ(raw, rq, mq_hctx);
-	struct blockio_queue *q;
+	struct blockio_queue *q = NULL;
 	struct gendisk *disk;
+	__u32 home, i;
 
 	if (!hctx)
 		return NULL;
-	*slot = queue_slot_of(rq, raw);
-	q = bpf_map_lookup_elem(&queues, slot);
+	home = queue_slot_of(rq, raw);
+	for (i = 0; i < BLOCKIO_QUEUE_PROBES; i++) {
+		*slot = (home + i) & (BLOCKIO_QUEUE_SLOTS - 1);
+		q = bpf_map_lookup_elem(&queues, slot);
+		if (!q)
+			return NULL;
+		if (q->hctx == hctx)
+			break;
+		if (!q->hctx) {
+			if (!issue)
+				return NULL;
+			/* Two new queues racing for one free slot at the very
+			 * same moment can hand the loser's stamps to the winner;
+			 * its completions then miss and are not timed. */
+			q->hctx = hctx;
+			break;
+		}
+		q = NULL;
+	}
 	if (!q)
 		return NULL;
-	if (q->hctx != hctx) {
-		if (!issue || q->hctx)
-			return NULL;
-		/* A race of two new queues for one free slot at the very same
-		 * moment can hand the loser's stamps to the winner; its
-		 * completions then miss the slot and are not timed. */
-		q->hctx = hctx;
-	}
 	if (issue) {
 		disk = EMD_READ(raw, rq, q, disk);
 		if (q->disk_ptr != (__u64)disk) {
@@ -142,8 +152,7 @@ static __always_inline int on_complete(struct request *rq,
 		delta = bpf_ktime_get_ns() - *ts;
 		*ts = 0;
 		slot = slot * BLOCKIO_OPS + op;
-		v = emd_lookup_or_init(&slot_series, &slot, &zero_value, &drops,
-				       BLOCKIO_DROP_SERIES_FULL);
+		v = bpf_map_lookup_elem(&slot_series, &slot);
 	} else {
 		ts = bpf_map_lookup_elem(&issued, &rqkey);
 		if (!ts)

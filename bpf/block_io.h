@@ -8,7 +8,8 @@
 #define BLOCKIO_MAX_SERIES 4096 /* (queue slot or disk, op) pairs */
 #define BLOCKIO_MAX_IN_FLIGHT 65536
 /* Issue stamps by (hardware queue slot, driver tag) */
-#define BLOCKIO_QUEUE_SLOTS 256 /* power of two */
+#define BLOCKIO_QUEUE_SLOTS 64 /* power of two */
+#define BLOCKIO_QUEUE_PROBES 4 /* slots tried per hardware queue */
 #define BLOCKIO_TAGS 256	/* power of two */
 #define BLOCKIO_OPS 5
 

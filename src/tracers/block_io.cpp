@@ -82,8 +82,9 @@ class BlockIoTracer final : public Tracer {
                        d[BLOCKIO_SLOTS]);
       store_.add(bytes_, labels, d[BLOCKIO_SLOTS + 1]);
     };
-    slot_series_.drain_hash(bpf_map__fd(skel_->maps.slot_series), sizeof(std::uint32_t),
-                            [&](const void* key, const std::uint64_t* d) {
+    slot_series_.drain_array(bpf_map__fd(skel_->maps.slot_series),
+                             BLOCKIO_QUEUE_SLOTS * BLOCKIO_OPS,
+                             [&](const void* key, const std::uint64_t* d) {
                               const auto k = *static_cast<const std::uint32_t*>(key);
                               add({slot_disk(k / BLOCKIO_OPS), op_name(k % BLOCKIO_OPS)}, d);
                             });
