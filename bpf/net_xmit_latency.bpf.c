@@ -28,6 +28,20 @@ struct {
 	__type(value, struct netxmit_value);
 } series SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, NETXMIT_DEV_SLOTS);
+	__type(key, __u32);
+	__type(value, struct netxmit_dev);
+} devs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, NETXMIT_DEV_SLOTS);
+	__type(key, __u32);
+	__type(value, struct netxmit_value);
+} dev_series SEC(".maps");
+
 EMD_DROPS_MAP(NETXMIT_DROP__COUNT);
 
 static __always_inline int on_queue(struct sk_buff *skb)
@@ -37,23 +51,59 @@ static __always_inline int on_queue(struct sk_buff *skb)
 	return 0;
 }
 
+static __always_inline void read_name(struct net_device *dev, char *name,
+				      bool raw)
+{
+	if (raw)
+		bpf_probe_read_kernel(name, NETXMIT_IFNAME_LEN, &dev->name);
+	else /* a BTF pointer: two plain loads */
+		__builtin_memcpy(name, dev->name, NETXMIT_IFNAME_LEN);
+}
+
+/*
+ * The series of the device: in the per-CPU array under the device's slot (the
+ * first of NETXMIT_DEV_PROBES slots from its ifindex that it owns or that is
+ * free), else, when other devices hold them all, in the hash by name.
+ */
+static __always_inline struct netxmit_value *series_of(struct net_device *dev,
+							bool raw)
+{
+	__u32 home = EMD_READ(raw, dev, ifindex), idx, i;
+	struct netxmit_key key = {};
+	struct netxmit_dev *d;
+
+	for (i = 0; i < NETXMIT_DEV_PROBES; i++) {
+		idx = (home + i) & (NETXMIT_DEV_SLOTS - 1);
+		d = bpf_map_lookup_elem(&devs, &idx);
+		if (!d)
+			break;
+		if (d->dev != (__u64)dev) {
+			if (d->dev)
+				continue;
+			/* Two new devices racing for one free slot at the very
+			 * same moment may share it until the loser is renamed
+			 * below: the name is kept current on every packet. */
+			d->dev = (__u64)dev;
+		}
+		read_name(dev, d->ifname, raw); /* follows renames */
+		return bpf_map_lookup_elem(&dev_series, &idx);
+	}
+	read_name(dev, key.ifname, raw);
+	return emd_lookup_or_init(&series, &key, &zero_value, &drops,
+				  NETXMIT_DROP_INTERFACES_FULL);
+}
+
 static __always_inline int on_xmit(struct sk_buff *skb, int rc,
 				   struct net_device *dev, unsigned int len,
 				   bool raw)
 {
-	struct netxmit_key key = {};
 	struct netxmit_value *v;
 	__u64 ts;
 
 	if (rc != 0) /* not NETDEV_TX_OK: the skb is requeued and comes back */
 		return 0;
 	ts = emd_stamp_take(&queued_newest, &queued_spilled, (__u64)skb);
-	if (raw)
-		bpf_probe_read_kernel(key.ifname, sizeof(key.ifname), &dev->name);
-	else /* a BTF pointer: two plain loads */
-		__builtin_memcpy(key.ifname, dev->name, sizeof(key.ifname));
-	v = emd_lookup_or_init(&series, &key, &zero_value, &drops,
-			       NETXMIT_DROP_INTERFACES_FULL);
+	v = series_of(dev, raw);
 	if (!v)
 		return 0;
 	if (ts)

@@ -8,6 +8,16 @@
 #define NETXMIT_MAX_INTERFACES 1024
 #define NETXMIT_MAX_IN_FLIGHT 65536
 
+/* Devices get slots of their own in arrays: home slot = ifindex, probing on. */
+#define NETXMIT_DEV_SLOTS 64 /* power of two */
+#define NETXMIT_DEV_PROBES 4
+
+struct netxmit_dev {
+	__u64 dev; /* struct net_device * owning the slot, 0 = free */
+	char ifname[NETXMIT_IFNAME_LEN];
+};
+
+/* Series of devices without a slot, by name. */
 struct netxmit_key {
 	char ifname[NETXMIT_IFNAME_LEN];
 };

@@ -2,6 +2,8 @@
 #include <array>
 #include <cstring>
 
+#include <bpf/bpf.h>
+
 #include "ebpf_metricsd/bpf_support.h"
 #include "ebpf_metricsd/map_drain.h"
 #include "ebpf_metricsd/tracer.h"
@@ -66,16 +68,26 @@ class NetXmitLatencyTracer final : public Tracer {
 
   void drain() override {
     static_assert(sizeof(netxmit_value) == (NETXMIT_SLOTS + 3) * 8);
+    const auto add = [&](const std::string& ifname, const std::uint64_t* d) {
+      const MetricStore::LabelValues labels = {ifname};
+      store_.add_slots(latency_, labels, std::span<const std::uint64_t>(d, NETXMIT_SLOTS),
+                       d[NETXMIT_SLOTS]);
+      store_.add(packets_, labels, d[NETXMIT_SLOTS + 1]);
+      store_.add(bytes_, labels, d[NETXMIT_SLOTS + 2]);
+    };
+    dev_series_.drain_array(bpf_map__fd(skel_->maps.dev_series), NETXMIT_DEV_SLOTS,
+                            [&](const void* key, const std::uint64_t* d) {
+                              netxmit_dev dev{};
+                              if (bpf_map_lookup_elem(bpf_map__fd(skel_->maps.devs), key, &dev)) {
+                                throw BpfError(bpf_error_text("read net_xmit device slot", errno));
+                              }
+                              add(std::string(dev.ifname, strnlen(dev.ifname, sizeof dev.ifname)),
+                                  d);
+                            });
     series_.drain_hash(bpf_map__fd(skel_->maps.series), sizeof(netxmit_key),
                        [&](const void* key, const std::uint64_t* d) {
                          const auto* k = static_cast<const netxmit_key*>(key);
-                         const MetricStore::LabelValues labels = {
-                             std::string(k->ifname, strnlen(k->ifname, sizeof k->ifname))};
-                         store_.add_slots(latency_, labels,
-                                          std::span<const std::uint64_t>(d, NETXMIT_SLOTS),
-                                          d[NETXMIT_SLOTS]);
-                         store_.add(packets_, labels, d[NETXMIT_SLOTS + 1]);
-                         store_.add(bytes_, labels, d[NETXMIT_SLOTS + 2]);
+                         add(std::string(k->ifname, strnlen(k->ifname, sizeof k->ifname)), d);
                        });
     drops_.drain();
     // A packet still not transmitted after 10 s was dropped on the way (or split into GSO
@@ -89,6 +101,7 @@ class NetXmitLatencyTracer final : public Tracer {
   MetricStore& store_;
   MetricStore::MetricId latency_, packets_, bytes_;
   PerCpuDeltas series_{NETXMIT_SLOTS + 3};
+  PerCpuDeltas dev_series_{NETXMIT_SLOTS + 3};
   DropAccounting drops_;
   MetricStore::MetricId unmatched_;
   Skeleton skel_;
