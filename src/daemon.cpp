@@ -117,12 +117,11 @@ int run_daemon(const DaemonOptions& options) {
   KernelHookProber prober;
   std::vector<std::unique_ptr<Tracer>> tracers;
   DrainLoop drain(*store, cfg.drain_interval);
-  int up = 0;
   for (std::size_t i = 0; i < cfg.tracers.size(); ++i) {
     const TracerConfig& tc = cfg.tracers[i];
     if (!tc.enabled) continue;
     auto tracer = find_tracer(tc.name)->create(*store, tc.options);
-    std::string hook, error;
+    std::string hook = "none", error;
     try {
       tracer->start(prober, tc.hook);
       hook = tracer->hook();
@@ -133,10 +132,10 @@ int run_daemon(const DaemonOptions& options) {
       std::lock_guard lock(states->mutex);
       TracerState& st = states->list[i];
       st.up = error.empty();
-      st.hook = hook.empty() ? "none" : hook;
+      st.hook = hook;
       st.error = error;
     }
-    store->set(tracer_up, {tc.name, hook.empty() ? "none" : hook}, error.empty() ? 1 : 0);
+    store->set(tracer_up, {tc.name, hook}, error.empty() ? 1 : 0);
     if (!error.empty()) {
       spdlog::error("tracer {} failed to start: {}", tc.name, error);
       if (options.strict) {
@@ -148,11 +147,11 @@ int run_daemon(const DaemonOptions& options) {
     spdlog::info("tracer {} attached via {}", tc.name, hook);
     drain.add(tc.name, tracer.get());
     tracers.push_back(std::move(tracer));
-    ++up;
   }
   drain.start();
-  sd_notifyf(0, "READY=1\nSTATUS=%d tracer(s) up", up);
-  spdlog::info("{} tracer(s) up, draining every {} ms", up, cfg.drain_interval.count());
+  sd_notifyf(0, "READY=1\nSTATUS=%zu tracer(s) up", tracers.size());
+  spdlog::info("{} tracer(s) up, draining every {} ms", tracers.size(),
+               cfg.drain_interval.count());
 
   for (;;) {
     int sig = 0;

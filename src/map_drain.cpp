@@ -83,11 +83,6 @@ void CounterDrain::drain_array(int map_fd, std::uint32_t entries, const Labels& 
   });
 }
 
-void CounterDrain::drain_hash(int map_fd, std::size_t key_size, const Labels& labels) {
-  deltas_.drain_hash(map_fd, key_size, [&](const void* key, const std::uint64_t* delta) {
-    store_.add(metric_, labels(key), delta[0]);
-  });
-}
 
 std::uint64_t sweep_stale_stamps(int map_fd, std::chrono::nanoseconds max_age) {
   timespec now{};

@@ -81,11 +81,6 @@ void MetricStore::add_slots(MetricId id, const LabelValues& labels,
   h.sum_raw += sum_delta;
 }
 
-void MetricStore::remove(MetricId id, const LabelValues& labels) {
-  std::lock_guard lock(mutex_);
-  metrics_.at(id).series.erase(labels);
-}
-
 std::size_t MetricStore::series_count() const {
   std::lock_guard lock(mutex_);
   std::size_t n = 0;

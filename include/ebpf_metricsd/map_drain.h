@@ -54,7 +54,6 @@ class CounterDrain {
       : store_(store), metric_(metric), deltas_(1) {}
   using Labels = std::function<MetricStore::LabelValues(const void* key)>;
   void drain_array(int map_fd, std::uint32_t entries, const Labels& labels);
-  void drain_hash(int map_fd, std::size_t key_size, const Labels& labels);
 
  private:
   MetricStore& store_;

@@ -43,13 +43,10 @@ class MetricStore : public prometheus::Collectable {
   // Adds per-slot deltas of a kernel log2 histogram and the raw sum delta.
   void add_slots(MetricId id, const LabelValues& labels, std::span<const std::uint64_t> slots,
                  std::uint64_t sum_delta);
-  void remove(MetricId id, const LabelValues& labels);
 
   std::vector<prometheus::MetricFamily> Collect() const override;
 
-  // For tests and the landing page.
   std::size_t series_count() const;
-  const MetricSpec& spec(MetricId id) const { return metrics_.at(id).spec; }
 
  private:
   using Series = std::variant<std::uint64_t, double, Log2HistogramState>;
