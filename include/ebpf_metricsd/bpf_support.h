@@ -56,6 +56,12 @@ BpfLink attach_perf_sw_event(bpf_program* prog, std::uint64_t config, int cpu);
 // Sends libbpf's own messages to the daemon's log (debug level for its chatter).
 void route_libbpf_logs();
 
+// A NUL-padded fixed-size name from a BPF map (comm, disk, interface) as a string.
+template <std::size_t N>
+std::string fixed_name(const char (&buf)[N]) {
+  return std::string(buf, strnlen(buf, N));
+}
+
 int possible_cpus();
 // The CPUs online now, from /sys/devices/system/cpu/online.
 std::vector<int> online_cpus();

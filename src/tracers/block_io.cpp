@@ -91,7 +91,7 @@ class BlockIoTracer final : public Tracer {
     series_.drain_hash(bpf_map__fd(skel_->maps.series), sizeof(blockio_key),
                        [&](const void* key, const std::uint64_t* d) {
                          const auto* k = static_cast<const blockio_key*>(key);
-                         add({std::string(k->disk, strnlen(k->disk, sizeof k->disk)),
+                         add({fixed_name(k->disk),
                               op_name(k->op)},
                              d);
                        });
@@ -110,7 +110,7 @@ class BlockIoTracer final : public Tracer {
     if (bpf_map_lookup_elem(bpf_map__fd(skel_->maps.queues), &slot, &q) != 0) {
       throw BpfError(bpf_error_text("read block_io queue slot", errno));
     }
-    return std::string(q.disk, strnlen(q.disk, sizeof q.disk));
+    return fixed_name(q.disk);
   }
 
   MetricStore& store_;

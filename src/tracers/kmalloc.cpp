@@ -98,7 +98,7 @@ class KmallocTracer final : public Tracer {
       caches_.drain_hash(bpf_map__fd(skel_->maps.caches), sizeof(kmalloc_cache_key),
                          [&](const void* key, const std::uint64_t* d) {
                            const auto* k = static_cast<const kmalloc_cache_key*>(key);
-                           const std::string name(k->name, strnlen(k->name, sizeof k->name));
+                           const std::string name = fixed_name(k->name);
                            store_.add(*cache_alloc_, {name}, d[0]);
                            store_.add(*cache_free_, {name}, d[1]);
                          });

@@ -81,13 +81,13 @@ class NetXmitLatencyTracer final : public Tracer {
                               if (bpf_map_lookup_elem(bpf_map__fd(skel_->maps.devs), key, &dev)) {
                                 throw BpfError(bpf_error_text("read net_xmit device slot", errno));
                               }
-                              add(std::string(dev.ifname, strnlen(dev.ifname, sizeof dev.ifname)),
+                              add(fixed_name(dev.ifname),
                                   d);
                             });
     series_.drain_hash(bpf_map__fd(skel_->maps.series), sizeof(netxmit_key),
                        [&](const void* key, const std::uint64_t* d) {
                          const auto* k = static_cast<const netxmit_key*>(key);
-                         add(std::string(k->ifname, strnlen(k->ifname, sizeof k->ifname)), d);
+                         add(fixed_name(k->ifname), d);
                        });
     drops_.drain();
     // A packet still not transmitted after 10 s was dropped on the way (or split into GSO

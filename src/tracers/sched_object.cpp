@@ -72,7 +72,7 @@ MetricStore::LabelValues SchedLabelOptions::values(const sched_key& key,
                                                    CgroupNames& cgroups) const {
   MetricStore::LabelValues v;
   if (cgroup) v.push_back(cgroups.name(key.cgroup_id));
-  if (comm) v.emplace_back(key.comm, strnlen(key.comm, sizeof key.comm));
+  if (comm) v.push_back(fixed_name(key.comm));
   return v;
 }
 
