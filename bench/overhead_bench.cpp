@@ -19,8 +19,8 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -72,10 +72,10 @@ Attach floor_of(std::vector<std::string> progs, bool perf_faults = false) {
     }
     if (perf_faults) {
       for (int cpu : online_cpus()) {
-        links->push_back(attach_perf_sw_event(g_floors->progs.floor_fault,
-                                              PERF_COUNT_SW_PAGE_FAULTS_MIN, cpu));
-        links->push_back(attach_perf_sw_event(g_floors->progs.floor_fault,
-                                              PERF_COUNT_SW_PAGE_FAULTS_MAJ, cpu));
+        links->push_back(
+            attach_perf_sw_event(g_floors->progs.floor_fault, PERF_COUNT_SW_PAGE_FAULTS_MIN, cpu));
+        links->push_back(
+            attach_perf_sw_event(g_floors->progs.floor_fault, PERF_COUNT_SW_PAGE_FAULTS_MAJ, cpu));
       }
     }
     return links;
@@ -276,46 +276,67 @@ int run_benchmarks(int argc, char** argv) {
   MetricStore store;
   const Attach none = [] { return Attachment(); };
   std::vector<Suite> suites = {
-      {"syscall_latency: getppid()", "syscall", getppid_calls,
+      {"syscall_latency: getppid()",
+       "syscall",
+       getppid_calls,
        {{"baseline", none, {}},
         {"floor sys_enter+sys_exit", floor_of({"floor_sys_enter", "floor_sys_exit"}), {}},
         {"syscall_latency", tracer("syscall_latency", store), {}}}},
-      {"runqueue_latency: pipe ping-pong", "round trip", pipe_ping_pong,
+      {"runqueue_latency: pipe ping-pong",
+       "round trip",
+       pipe_ping_pong,
        {{"baseline", none, {}},
         {"floor wakeup(_new)+switch",
-         floor_of({"floor_wakeup", "floor_wakeup_new", "floor_switch"}), {}},
+         floor_of({"floor_wakeup", "floor_wakeup_new", "floor_switch"}),
+         {}},
         {"runqueue_latency", tracer("runqueue_latency", store), {}}}},
-      {"offcpu_time: pipe ping-pong", "round trip", pipe_ping_pong,
+      {"offcpu_time: pipe ping-pong",
+       "round trip",
+       pipe_ping_pong,
        {{"baseline", none, {}},
         {"floor sched_switch", floor_of({"floor_switch"}), {}},
         {"offcpu_time", tracer("offcpu_time", store), {}}}},
-      {"page_faults: first touch of anonymous pages", "page", touch_pages,
+      {"page_faults: first touch of anonymous pages",
+       "page",
+       touch_pages,
        {{"baseline", none, {}},
         {"floor perf_event", floor_of({}, /*perf_faults=*/true), {}},
         {"page_faults", tracer("page_faults", store), {}}}},
-      {"kmalloc: open+read+close /proc/self/stat", "open/read/close", read_proc_files,
+      {"kmalloc: open+read+close /proc/self/stat",
+       "open/read/close",
+       read_proc_files,
        {{"baseline", none, {}},
         {"floor kmalloc+kfree", floor_of({"floor_kmalloc", "floor_kfree"}), {}},
         {"kmalloc", tracer("kmalloc", store), {}}}},
-      {"tcp_connect_latency: loopback connect+close", "connect", loopback_connects,
+      {"tcp_connect_latency: loopback connect+close",
+       "connect",
+       loopback_connects,
        {{"baseline", none, {}},
         {"floor inet_sock_set_state", floor_of({"floor_inet_sock_set_state"}), {}},
         {"tcp_connect_latency", tracer("tcp_connect_latency", store), {}}}},
-      {"net_xmit_latency: UDP datagram over a veth pair", "datagram", veth_udp_sends,
+      {"net_xmit_latency: UDP datagram over a veth pair",
+       "datagram",
+       veth_udp_sends,
        {{"baseline", none, {}},
         {"floor net_dev_queue+xmit", floor_of({"floor_net_dev_queue", "floor_net_dev_xmit"}), {}},
         {"net_xmit_latency", tracer("net_xmit_latency", store), {}}}},
-      {"block_io: 4 KiB O_DIRECT read of a loop device", "read", loop_direct_reads,
+      {"block_io: 4 KiB O_DIRECT read of a loop device",
+       "read",
+       loop_direct_reads,
        {{"baseline", none, {}},
         {"floor block_rq_issue+complete",
-         floor_of({"floor_block_rq_issue", "floor_block_rq_complete"}), {}},
+         floor_of({"floor_block_rq_issue", "floor_block_rq_complete"}),
+         {}},
         {"block_io", tracer("block_io", store), {}}},
        /*min_rounds=*/61},
-      {"page_cache: 4 KiB read of a cached file", "read", cached_reads,
+      {"page_cache: 4 KiB read of a cached file",
+       "read",
+       cached_reads,
        {{"baseline", none, {}},
         {"floor 5 page cache hooks",
          floor_of({"floor_get_pages", "floor_map_pages", "floor_filemap_fault",
-                   "floor_add_to_page_cache", "floor_dirty_folio"}), {}},
+                   "floor_add_to_page_cache", "floor_dirty_folio"}),
+         {}},
         {"page_cache", tracer("page_cache", store), {}}}},
   };
   Io io;

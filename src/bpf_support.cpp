@@ -2,9 +2,9 @@
 
 #include <bpf/bpf.h>
 #include <linux/perf_event.h>
+#include <spdlog/spdlog.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-#include <spdlog/spdlog.h>
 
 #include <cerrno>
 #include <cstdarg>
@@ -46,8 +46,8 @@ BpfLink attach_perf_sw_event(bpf_program* prog, std::uint64_t config, int cpu) {
   attr.size = sizeof attr;
   attr.config = config;
   attr.sample_period = 1;  // the program runs on every event
-  const int fd = static_cast<int>(
-      syscall(SYS_perf_event_open, &attr, -1, cpu, -1, PERF_FLAG_FD_CLOEXEC));
+  const int fd =
+      static_cast<int>(syscall(SYS_perf_event_open, &attr, -1, cpu, -1, PERF_FLAG_FD_CLOEXEC));
   if (fd < 0) {
     throw BpfError(bpf_error_text("perf_event_open on CPU " + std::to_string(cpu), errno));
   }
@@ -55,9 +55,8 @@ BpfLink attach_perf_sw_event(bpf_program* prog, std::uint64_t config, int cpu) {
   if (!link) {
     const int err = errno;
     close(fd);
-    throw BpfError(bpf_error_text(std::string("attach ") + bpf_program__name(prog) + " on CPU " +
-                                      std::to_string(cpu),
-                                  err));
+    throw BpfError(bpf_error_text(
+        std::string("attach ") + bpf_program__name(prog) + " on CPU " + std::to_string(cpu), err));
   }
   return BpfLink(link);
 }
@@ -76,9 +75,15 @@ int libbpf_print(enum libbpf_print_level level, const char* fmt, va_list args) {
   msg.resize(static_cast<std::size_t>(n));
   while (!msg.empty() && msg.back() == '\n') msg.pop_back();
   switch (level) {
-    case LIBBPF_WARN: spdlog::warn("libbpf: {}", msg); break;
-    case LIBBPF_INFO: spdlog::debug("libbpf: {}", msg); break;
-    case LIBBPF_DEBUG: spdlog::trace("libbpf: {}", msg); break;
+    case LIBBPF_WARN:
+      spdlog::warn("libbpf: {}", msg);
+      break;
+    case LIBBPF_INFO:
+      spdlog::debug("libbpf: {}", msg);
+      break;
+    case LIBBPF_DEBUG:
+      spdlog::trace("libbpf: {}", msg);
+      break;
   }
   return n;
 }
@@ -120,8 +125,8 @@ std::vector<std::uint8_t> read_percpu_array_bytes(int map_fd, std::uint32_t entr
   std::uint32_t out_batch = 0;
   std::uint32_t count = entries;
   LIBBPF_OPTS(bpf_map_batch_opts, opts);
-  int err = bpf_map_lookup_batch(map_fd, nullptr, &out_batch, keys.data(), values.data(), &count,
-                                 &opts);
+  int err =
+      bpf_map_lookup_batch(map_fd, nullptr, &out_batch, keys.data(), values.data(), &count, &opts);
   if ((err == 0 || errno == ENOENT) && count == entries) {
     // Array keys come back in order 0..entries-1.
     return values;

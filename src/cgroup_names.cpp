@@ -9,8 +9,8 @@ namespace ebpf_metricsd {
 std::string CgroupNames::label_for_path(const std::string& path) {
   const auto slash = path.rfind('/');
   const std::string last = slash == std::string::npos ? path : path.substr(slash + 1);
-  static const char* const unit_suffixes[] = {".service", ".scope", ".socket", ".mount",
-                                              ".swap", ".slice"};
+  static const char* const unit_suffixes[] = {".service", ".scope", ".socket",
+                                              ".mount",   ".swap",  ".slice"};
   for (const char* suffix : unit_suffixes) {
     const std::string s = suffix;
     if (last.size() > s.size() && last.compare(last.size() - s.size(), s.size(), s) == 0) {
@@ -24,9 +24,10 @@ void CgroupNames::rescan() {
   names_.clear();
   namespace fs = std::filesystem;
   std::error_code ec;
-  struct stat st{};
+  struct stat st {};
   if (::stat(root_.c_str(), &st) == 0) names_[st.st_ino] = "/";
-  for (fs::recursive_directory_iterator it(root_, fs::directory_options::skip_permission_denied, ec),
+  for (fs::recursive_directory_iterator
+           it(root_, fs::directory_options::skip_permission_denied, ec),
        end;
        it != end; it.increment(ec)) {
     if (ec) break;

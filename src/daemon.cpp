@@ -40,7 +40,8 @@ std::string landing_page(const std::vector<TracerState>& states) {
          "<style>body{font-family:sans-serif;margin:2em}td,th{padding:.3em .8em;"
          "text-align:left;border-bottom:1px solid #ddd}.up{color:#080}.failed{color:#b00}"
          ".disabled{color:#888}</style></head><body>\n<h1>ebpf-metricsd</h1>\n"
-         "<p>Version " EBPF_METRICSD_VERSION ". Metrics: <a href=\"/metrics\">/metrics</a></p>\n"
+         "<p>Version " EBPF_METRICSD_VERSION
+         ". Metrics: <a href=\"/metrics\">/metrics</a></p>\n"
          "<table><tr><th>tracer</th><th>measures</th><th>state</th><th>hook</th>"
          "<th>error</th></tr>\n" +
          rows + "</table>\n</body></html>\n";
@@ -150,8 +151,7 @@ int run_daemon(const DaemonOptions& options) {
   }
   drain.start();
   sd_notifyf(0, "READY=1\nSTATUS=%zu tracer(s) up", tracers.size());
-  spdlog::info("{} tracer(s) up, draining every {} ms", tracers.size(),
-               cfg.drain_interval.count());
+  spdlog::info("{} tracer(s) up, draining every {} ms", tracers.size(), cfg.drain_interval.count());
 
   for (;;) {
     int sig = 0;

@@ -16,9 +16,12 @@ namespace ebpf_metricsd {
 
 std::string_view hook_name(HookKind kind) {
   switch (kind) {
-    case HookKind::TpBtf: return "tp_btf";
-    case HookKind::RawTp: return "raw_tp";
-    case HookKind::Fentry: return "fentry";
+    case HookKind::TpBtf:
+      return "tp_btf";
+    case HookKind::RawTp:
+      return "raw_tp";
+    case HookKind::Fentry:
+      return "fentry";
   }
   return "?";
 }
@@ -75,8 +78,8 @@ std::string probe(HookKind kind, const std::string& tracepoint) {
   }
   Fd prog(bpf_prog_load(type, "emd_probe", "GPL", kReturnZero, 2, &opts));
   if (prog.get() < 0) return bpf_error_text("load probe program", errno);
-  Fd link(bpf_raw_tracepoint_open(kind == HookKind::TpBtf ? nullptr : tracepoint.c_str(),
-                                  prog.get()));
+  Fd link(
+      bpf_raw_tracepoint_open(kind == HookKind::TpBtf ? nullptr : tracepoint.c_str(), prog.get()));
   if (link.get() < 0) return bpf_error_text("attach probe program", errno);
   return "";
 }
@@ -86,8 +89,8 @@ std::string probe(HookKind kind, const std::string& tracepoint) {
 std::optional<int> tracepoint_arg_count(const std::string& tracepoint) {
   std::unique_ptr<btf, void (*)(btf*)> vmlinux(btf__load_vmlinux_btf(), btf__free);
   if (!vmlinux) return std::nullopt;
-  const int id = btf__find_by_name_kind(vmlinux.get(), ("btf_trace_" + tracepoint).c_str(),
-                                        BTF_KIND_TYPEDEF);
+  const int id =
+      btf__find_by_name_kind(vmlinux.get(), ("btf_trace_" + tracepoint).c_str(), BTF_KIND_TYPEDEF);
   if (id < 0) return std::nullopt;
   // typedef -> pointer -> function prototype (void *data, args...)
   const btf_type* t = btf__type_by_id(vmlinux.get(), static_cast<__u32>(id));
@@ -116,9 +119,15 @@ std::optional<HookKind> choose_hook(HookProber& prober, std::span<const std::str
                                     HookPreference preference) {
   std::vector<HookKind> order;
   switch (preference) {
-    case HookPreference::Auto: order = {HookKind::TpBtf, HookKind::RawTp}; break;
-    case HookPreference::TpBtf: order = {HookKind::TpBtf}; break;
-    case HookPreference::RawTp: order = {HookKind::RawTp}; break;
+    case HookPreference::Auto:
+      order = {HookKind::TpBtf, HookKind::RawTp};
+      break;
+    case HookPreference::TpBtf:
+      order = {HookKind::TpBtf};
+      break;
+    case HookPreference::RawTp:
+      order = {HookKind::RawTp};
+      break;
   }
   for (HookKind kind : order) {
     bool all = true;

@@ -21,7 +21,8 @@ void PerCpuDeltas::account(const void* key, std::size_t key_size, const std::uin
   const auto* kb = static_cast<const std::uint8_t*>(key);
   std::vector<std::uint8_t> k(kb, kb + key_size);
   auto it = last_.find(k);
-  if (it == last_.end()) it = last_.emplace(std::move(k), std::vector<std::uint64_t>(width_, 0)).first;
+  if (it == last_.end())
+    it = last_.emplace(std::move(k), std::vector<std::uint64_t>(width_, 0)).first;
   std::vector<std::uint64_t>& last = it->second;
   bool changed = false;
   std::vector<std::uint64_t> delta(width_);
@@ -83,12 +84,11 @@ void CounterDrain::drain_array(int map_fd, std::uint32_t entries, const Labels& 
   });
 }
 
-
 std::uint64_t sweep_stale_stamps(int map_fd, std::chrono::nanoseconds max_age) {
   timespec now{};
   clock_gettime(CLOCK_MONOTONIC, &now);  // the clock of bpf_ktime_get_ns()
-  const std::uint64_t now_ns =
-      static_cast<std::uint64_t>(now.tv_sec) * 1'000'000'000ULL + static_cast<std::uint64_t>(now.tv_nsec);
+  const std::uint64_t now_ns = static_cast<std::uint64_t>(now.tv_sec) * 1'000'000'000ULL +
+                               static_cast<std::uint64_t>(now.tv_nsec);
   const std::uint64_t limit = static_cast<std::uint64_t>(max_age.count());
   std::vector<std::uint64_t> stale;
   std::uint64_t key = 0, next = 0, stamp = 0;

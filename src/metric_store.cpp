@@ -43,8 +43,12 @@ MetricStore::Series& MetricStore::series_for(Metric& m, const LabelValues& label
   for (const auto& v : labels) clean.push_back(sanitize_utf8(v));
   Series fresh;
   switch (m.spec.type) {
-    case MetricType::Counter: fresh = std::uint64_t{0}; break;
-    case MetricType::Gauge: fresh = 0.0; break;
+    case MetricType::Counter:
+      fresh = std::uint64_t{0};
+      break;
+    case MetricType::Gauge:
+      fresh = 0.0;
+      break;
     case MetricType::Histogram: {
       Log2HistogramState h;
       h.buckets.assign(m.spec.buckets.finite_buckets() + 1, 0);
@@ -98,9 +102,15 @@ std::vector<prometheus::MetricFamily> MetricStore::Collect() const {
     fam.name = m.spec.name;
     fam.help = m.spec.help;
     switch (m.spec.type) {
-      case MetricType::Counter: fam.type = prometheus::MetricType::Counter; break;
-      case MetricType::Gauge: fam.type = prometheus::MetricType::Gauge; break;
-      case MetricType::Histogram: fam.type = prometheus::MetricType::Histogram; break;
+      case MetricType::Counter:
+        fam.type = prometheus::MetricType::Counter;
+        break;
+      case MetricType::Gauge:
+        fam.type = prometheus::MetricType::Gauge;
+        break;
+      case MetricType::Histogram:
+        fam.type = prometheus::MetricType::Histogram;
+        break;
     }
     fam.metric.reserve(m.series.size());
     for (const auto& [labels, series] : m.series) {
@@ -153,8 +163,10 @@ std::string sanitize_utf8(std::string_view in) {
     }
     bool ok = len > 0 && i + len <= n;
     for (std::size_t k = 1; ok && k < len; ++k) {
-      if ((s[i + k] & 0xC0) != 0x80) ok = false;
-      else cp = (cp << 6) | (s[i + k] & 0x3F);
+      if ((s[i + k] & 0xC0) != 0x80)
+        ok = false;
+      else
+        cp = (cp << 6) | (s[i + k] & 0x3F);
     }
     // Reject overlong forms, surrogates and code points past U+10FFFF.
     static const std::uint32_t min_cp[] = {0, 0, 0x80, 0x800, 0x10000};

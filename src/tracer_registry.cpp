@@ -21,14 +21,10 @@ TracerDescriptor page_cache_descriptor();
 
 const std::vector<TracerDescriptor>& tracer_registry() {
   static const std::vector<TracerDescriptor> registry = {
-      syscall_latency_descriptor(),
-      runqueue_latency_descriptor(),
-      offcpu_time_descriptor(),
-      page_faults_descriptor(),
-      kmalloc_descriptor(),
-      tcp_connect_latency_descriptor(),
-      net_xmit_latency_descriptor(),
-      block_io_descriptor(),
+      syscall_latency_descriptor(),  runqueue_latency_descriptor(),
+      offcpu_time_descriptor(),      page_faults_descriptor(),
+      kmalloc_descriptor(),          tcp_connect_latency_descriptor(),
+      net_xmit_latency_descriptor(), block_io_descriptor(),
       page_cache_descriptor(),
   };
   return registry;

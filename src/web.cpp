@@ -55,8 +55,7 @@ SplitAddress split(const std::string& address) {
     return out;
   }
   unsigned char buf[sizeof(in6_addr)];
-  if (!out.host.empty() &&
-      inet_pton(out.ipv6 ? AF_INET6 : AF_INET, out.host.c_str(), buf) != 1) {
+  if (!out.host.empty() && inet_pton(out.ipv6 ? AF_INET6 : AF_INET, out.host.c_str(), buf) != 1) {
     out.error = "invalid IP address '" + out.host + "' (use a numeric address or localhost)";
   }
   return out;
@@ -106,12 +105,23 @@ std::string html_escape(const std::string& text) {
   std::string out;
   for (char c : text) {
     switch (c) {
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '&': out += "&amp;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -128,10 +138,13 @@ WebServer::WebServer(const std::string& listen_address,
     return cb;
   }();
   std::vector<std::string> options = {
-      "listening_ports", civetweb_listen_spec(listen_address),
-      "num_threads", "4",
+      "listening_ports",
+      civetweb_listen_spec(listen_address),
+      "num_threads",
+      "4",
       // A stalled client must not hold a worker forever.
-      "request_timeout_ms", "10000",
+      "request_timeout_ms",
+      "10000",
   };
   g_landing.store(&landing_html_);
   try {

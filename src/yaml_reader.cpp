@@ -16,11 +16,16 @@ std::string location(const std::string& file, const YAML::Node& node) {
 
 const char* kind_name(const YAML::Node& node) {
   switch (node.Type()) {
-    case YAML::NodeType::Null: return "null";
-    case YAML::NodeType::Scalar: return "a scalar";
-    case YAML::NodeType::Sequence: return "a list";
-    case YAML::NodeType::Map: return "a mapping";
-    default: return "undefined";
+    case YAML::NodeType::Null:
+      return "null";
+    case YAML::NodeType::Scalar:
+      return "a scalar";
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Map:
+      return "a mapping";
+    default:
+      return "undefined";
   }
 }
 
@@ -81,8 +86,9 @@ bool YamlMapReader::get_bool(const std::string& key, bool fallback) {
     if (s == "true" || s == "True" || s == "TRUE") return true;
     if (s == "false" || s == "False" || s == "FALSE") return false;
   }
-  fail_at(n, key, std::string("expected true or false, got ") +
-                      (n.IsScalar() ? "'" + n.Scalar() + "'" : kind_name(n)));
+  fail_at(n, key,
+          std::string("expected true or false, got ") +
+              (n.IsScalar() ? "'" + n.Scalar() + "'" : kind_name(n)));
 }
 
 std::string YamlMapReader::get_string(const std::string& key, const std::string& fallback) {
@@ -93,8 +99,8 @@ std::string YamlMapReader::get_string(const std::string& key, const std::string&
   return n.Scalar();
 }
 
-std::int64_t YamlMapReader::get_int(const std::string& key, std::int64_t fallback,
-                                    std::int64_t min, std::int64_t max) {
+std::int64_t YamlMapReader::get_int(const std::string& key, std::int64_t fallback, std::int64_t min,
+                                    std::int64_t max) {
   known_.insert(key);
   if (!has(key)) return fallback;
   const YAML::Node n = node_[key];
@@ -109,8 +115,9 @@ std::int64_t YamlMapReader::get_int(const std::string& key, std::int64_t fallbac
   }
   if (used == 0 || used != s.size()) fail_at(n, key, "expected an integer, got '" + s + "'");
   if (v < min || v > max) {
-    fail_at(n, key, "value " + s + " is out of range [" + std::to_string(min) + ", " +
-                        std::to_string(max) + "]");
+    fail_at(n, key,
+            "value " + s + " is out of range [" + std::to_string(min) + ", " + std::to_string(max) +
+                "]");
   }
   return v;
 }
@@ -130,8 +137,9 @@ std::chrono::milliseconds YamlMapReader::get_duration(const std::string& key,
     fail_at(n, key, e.what());
   }
   if (d < min || d > max) {
-    fail_at(n, key, "duration " + n.Scalar() + " is out of range [" + format_duration(min) +
-                        ", " + format_duration(max) + "]");
+    fail_at(n, key,
+            "duration " + n.Scalar() + " is out of range [" + format_duration(min) + ", " +
+                format_duration(max) + "]");
   }
   return d;
 }
@@ -172,8 +180,8 @@ std::chrono::milliseconds parse_duration(const std::string& text) {
     std::int64_t ms;
   };
   // Longest suffix first so "ms" is not read as "m".
-  static const Unit units[] = {{"ms", 1}, {"s", 1000}, {"m", 60'000}, {"h", 3'600'000},
-                               {"d", 86'400'000}};
+  static const Unit units[] = {
+      {"ms", 1}, {"s", 1000}, {"m", 60'000}, {"h", 3'600'000}, {"d", 86'400'000}};
   std::int64_t total = 0;
   std::size_t i = 0;
   while (i < text.size()) {

@@ -41,7 +41,8 @@ inline std::string capture(const std::string& cmd) {
 // destroyed.
 class EvictedFile {
  public:
-  EvictedFile(long pages, char fill) : size_(static_cast<std::size_t>(sysconf(_SC_PAGESIZE) * pages)) {
+  EvictedFile(long pages, char fill)
+      : size_(static_cast<std::size_t>(sysconf(_SC_PAGESIZE) * pages)) {
     char path[] = "/var/tmp/emd-file-XXXXXX";
     fd_ = mkstemp(path);
     if (fd_ < 0) throw std::runtime_error("mkstemp");
@@ -158,11 +159,10 @@ class VethPair {
       const std::string peer_mac =
           capture("ip netns exec " + ns_ + " cat /sys/class/net/" + peer_ + "/address");
       const std::string host_mac = capture("cat /sys/class/net/" + host_ + "/address");
-      must("ip neigh replace 169.254.77.2 lladdr " + peer_mac + " dev " + host_ +
-           " nud permanent");
+      must("ip neigh replace 169.254.77.2 lladdr " + peer_mac + " dev " + host_ + " nud permanent");
       // The peer answers each datagram (ICMP port unreachable): it must not ARP for us.
-      must("ip netns exec " + ns_ + " ip neigh replace 169.254.77.1 lladdr " + host_mac +
-           " dev " + peer_ + " nud permanent");
+      must("ip netns exec " + ns_ + " ip neigh replace 169.254.77.1 lladdr " + host_mac + " dev " +
+           peer_ + " nud permanent");
       must("ip netns exec " + ns_ + " ip link set " + peer_ + " up");
       must("ip link set " + host_ + " up");
     } catch (...) {

@@ -16,7 +16,8 @@ namespace {
 
 std::string why_unprivileged() {
   if (geteuid() != 0) return "not running as root";
-  if (access("/sys/kernel/btf/vmlinux", R_OK) != 0) return "no kernel BTF at /sys/kernel/btf/vmlinux";
+  if (access("/sys/kernel/btf/vmlinux", R_OK) != 0)
+    return "no kernel BTF at /sys/kernel/btf/vmlinux";
   const bpf_insn ret0[] = {
       {.code = BPF_ALU64 | BPF_MOV | BPF_K, .dst_reg = 0, .src_reg = 0, .off = 0, .imm = 0},
       {.code = BPF_JMP | BPF_EXIT, .dst_reg = 0, .src_reg = 0, .off = 0, .imm = 0},

@@ -71,5 +71,4 @@ std::vector<int> online_cpus();
 std::vector<std::uint8_t> read_percpu_array_bytes(int map_fd, std::uint32_t entries,
                                                   std::size_t value_size);
 
-
 }  // namespace ebpf_metricsd

@@ -23,8 +23,8 @@ struct MetricSpec {
   std::string help;
   MetricType type = MetricType::Counter;
   std::vector<std::string> labels;
-  Log2Layout buckets{};          // histograms
-  double units_per_base = 1.0;   // counters: raw units per exported unit
+  Log2Layout buckets{};         // histograms
+  double units_per_base = 1.0;  // counters: raw units per exported unit
 };
 
 // All series the daemon exports, kept as exact integers until they are serialized.

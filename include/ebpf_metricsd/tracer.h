@@ -47,8 +47,7 @@ struct TracerDescriptor {
 template <typename T>
 TracerDescriptor descriptor_without_options(std::string name, std::string summary,
                                             std::string single_hook = {}) {
-  return {std::move(name), std::move(summary),
-          [](YamlMapReader&) -> std::any { return {}; },
+  return {std::move(name), std::move(summary), [](YamlMapReader&) -> std::any { return {}; },
           [](MetricStore& store, const std::any&) -> std::unique_ptr<Tracer> {
             return std::make_unique<T>(store);
           },

@@ -25,8 +25,7 @@ class YamlMapReader {
   std::int64_t get_int(const std::string& key, std::int64_t fallback, std::int64_t min,
                        std::int64_t max);
   // Prometheus-style duration: "250ms", "5s", "1m", "1h30m".
-  std::chrono::milliseconds get_duration(const std::string& key,
-                                         std::chrono::milliseconds fallback,
+  std::chrono::milliseconds get_duration(const std::string& key, std::chrono::milliseconds fallback,
                                          std::chrono::milliseconds min,
                                          std::chrono::milliseconds max);
   std::vector<std::string> get_string_list(const std::string& key);

@@ -22,11 +22,16 @@ using Skeleton = SkeletonPtr<block_io, block_io__destroy>;
 
 const char* op_name(std::uint32_t op) {
   switch (op) {
-    case BLOCKIO_OP_READ: return "read";
-    case BLOCKIO_OP_WRITE: return "write";
-    case BLOCKIO_OP_FLUSH: return "flush";
-    case BLOCKIO_OP_DISCARD: return "discard";
-    default: return "other";
+    case BLOCKIO_OP_READ:
+      return "read";
+    case BLOCKIO_OP_WRITE:
+      return "write";
+    case BLOCKIO_OP_FLUSH:
+      return "flush";
+    case BLOCKIO_OP_DISCARD:
+      return "discard";
+    default:
+      return "other";
   }
 }
 
@@ -67,7 +72,8 @@ class BlockIoTracer final : public Tracer {
         {p.block_rq_issue_q_raw, !btf && with_queue},
         {p.block_rq_complete_raw, !btf},
     };
-    links_ = load_and_attach(programs, [&] { return block_io__load(skel.get()); }, "block_io");
+    links_ = load_and_attach(
+        programs, [&] { return block_io__load(skel.get()); }, "block_io");
     drops_.bind(bpf_map__fd(skel->maps.drops), programs);
     hook_ = std::string(hook_name(kind));
     skel_ = std::move(skel);
@@ -85,20 +91,19 @@ class BlockIoTracer final : public Tracer {
     slot_series_.drain_array(bpf_map__fd(skel_->maps.slot_series),
                              BLOCKIO_QUEUE_SLOTS * BLOCKIO_OPS,
                              [&](const void* key, const std::uint64_t* d) {
-                              const auto k = *static_cast<const std::uint32_t*>(key);
-                              add({slot_disk(k / BLOCKIO_OPS), op_name(k % BLOCKIO_OPS)}, d);
-                            });
+                               const auto k = *static_cast<const std::uint32_t*>(key);
+                               add({slot_disk(k / BLOCKIO_OPS), op_name(k % BLOCKIO_OPS)}, d);
+                             });
     series_.drain_hash(bpf_map__fd(skel_->maps.series), sizeof(blockio_key),
                        [&](const void* key, const std::uint64_t* d) {
                          const auto* k = static_cast<const blockio_key*>(key);
-                         add({fixed_name(k->disk),
-                              op_name(k->op)},
-                             d);
+                         add({fixed_name(k->disk), op_name(k->op)}, d);
                        });
     drops_.drain();
     // A request that has not completed in 10 minutes never will (its disk is gone): its
     // stamp is removed so the in-flight map cannot fill up with them.
-    if (const auto n = sweep_stale_stamps(bpf_map__fd(skel_->maps.issued), std::chrono::minutes(10))) {
+    if (const auto n =
+            sweep_stale_stamps(bpf_map__fd(skel_->maps.issued), std::chrono::minutes(10))) {
       store_.add(stale_, {"block_io", "never_completed"}, n);
     }
   }
@@ -127,7 +132,8 @@ class BlockIoTracer final : public Tracer {
 }  // namespace
 
 TracerDescriptor block_io_descriptor() {
-  return descriptor_without_options<BlockIoTracer>("block_io", "Block I/O latency and bytes, by disk and operation");
+  return descriptor_without_options<BlockIoTracer>(
+      "block_io", "Block I/O latency and bytes, by disk and operation");
 }
 
 }  // namespace ebpf_metricsd

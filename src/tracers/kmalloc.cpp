@@ -27,18 +27,21 @@ class KmallocTracer final : public Tracer {
   KmallocTracer(MetricStore& store, KmallocOptions options)
       : store_(store),
         options_(options),
-        kmalloc_calls_(store.declare({"ebpf_kmalloc_calls_total", "kmalloc() calls.",
-                                      MetricType::Counter, {}})),
-        kfree_calls_(store.declare({"ebpf_kfree_calls_total", "kfree() calls.",
-                                    MetricType::Counter, {}})),
+        kmalloc_calls_(store.declare(
+            {"ebpf_kmalloc_calls_total", "kmalloc() calls.", MetricType::Counter, {}})),
+        kfree_calls_(
+            store.declare({"ebpf_kfree_calls_total", "kfree() calls.", MetricType::Counter, {}})),
         bytes_(store.declare({"ebpf_kmalloc_bytes_total",
                               "Bytes asked of kmalloc (requested) and handed out by it "
                               "(allocated, rounded up to the slab size).",
                               MetricType::Counter,
                               {"kind"}})),
         sizes_(store,
-               store.declare({"ebpf_kmalloc_size_bytes", "Requested kmalloc() sizes.",
-                              MetricType::Histogram, {}, Log2Layout{1, 3, KMALLOC_SLOTS - 2}}),
+               store.declare({"ebpf_kmalloc_size_bytes",
+                              "Requested kmalloc() sizes.",
+                              MetricType::Histogram,
+                              {},
+                              Log2Layout{1, 3, KMALLOC_SLOTS - 2}}),
                KMALLOC_SLOTS),
         drops_(store, "kmalloc", {"caches_full"}) {
     if (options_.caches) {
@@ -75,7 +78,8 @@ class KmallocTracer final : public Tracer {
         {p.cache_alloc_raw, !btf && caches},
         {p.cache_free_raw, !btf && caches},
     };
-    links_ = load_and_attach(programs, [&] { return kmalloc__load(skel.get()); }, "kmalloc");
+    links_ = load_and_attach(
+        programs, [&] { return kmalloc__load(skel.get()); }, "kmalloc");
     drops_.bind(bpf_map__fd(skel->maps.drops), programs);
     hook_ = std::string(hook_name(kind));
     skel_ = std::move(skel);

@@ -57,8 +57,8 @@ class NetXmitLatencyTracer final : public Tracer {
         {p.net_dev_xmit_raw, !btf},
         {p.net_dev_queue_raw, !btf},
     };
-    links_ = load_and_attach(programs, [&] { return net_xmit_latency__load(skel.get()); },
-                             "net_xmit_latency");
+    links_ = load_and_attach(
+        programs, [&] { return net_xmit_latency__load(skel.get()); }, "net_xmit_latency");
     drops_.bind(bpf_map__fd(skel->maps.drops), programs);
     hook_ = std::string(hook_name(kind));
     skel_ = std::move(skel);
@@ -81,8 +81,7 @@ class NetXmitLatencyTracer final : public Tracer {
                               if (bpf_map_lookup_elem(bpf_map__fd(skel_->maps.devs), key, &dev)) {
                                 throw BpfError(bpf_error_text("read net_xmit device slot", errno));
                               }
-                              add(fixed_name(dev.ifname),
-                                  d);
+                              add(fixed_name(dev.ifname), d);
                             });
     series_.drain_hash(bpf_map__fd(skel_->maps.series), sizeof(netxmit_key),
                        [&](const void* key, const std::uint64_t* d) {
@@ -92,7 +91,8 @@ class NetXmitLatencyTracer final : public Tracer {
     drops_.drain();
     // A packet still not transmitted after 10 s was dropped on the way (or split into GSO
     // segments, which reach the driver as other skbs): its stamp is removed and counted.
-    if (const auto n = sweep_stale_stamps(bpf_map__fd(skel_->maps.queued_spilled), std::chrono::seconds(10))) {
+    if (const auto n =
+            sweep_stale_stamps(bpf_map__fd(skel_->maps.queued_spilled), std::chrono::seconds(10))) {
       store_.add(unmatched_, {"net_xmit_latency", "unmatched_queue"}, n);
     }
   }
@@ -112,7 +112,8 @@ class NetXmitLatencyTracer final : public Tracer {
 }  // namespace
 
 TracerDescriptor net_xmit_latency_descriptor() {
-  return descriptor_without_options<NetXmitLatencyTracer>("net_xmit_latency", "Packet queue-to-transmit latency, packets and bytes, by interface");
+  return descriptor_without_options<NetXmitLatencyTracer>(
+      "net_xmit_latency", "Packet queue-to-transmit latency, packets and bytes, by interface");
 }
 
 }  // namespace ebpf_metricsd

@@ -17,12 +17,12 @@ class OffcpuTimeTracer final : public SchedHistTracer {
 
   void drain() override {
     SchedHistTracer::drain();
-    switches_.drain_array(bpf_map__fd(skel()->maps.switches), SCHED_SWITCH__COUNT,
-                          [](const void* key) {
-                            const auto k = *static_cast<const std::uint32_t*>(key);
-                            return MetricStore::LabelValues{
-                                k == SCHED_SWITCH_VOLUNTARY ? "voluntary" : "involuntary"};
-                          });
+    switches_.drain_array(
+        bpf_map__fd(skel()->maps.switches), SCHED_SWITCH__COUNT, [](const void* key) {
+          const auto k = *static_cast<const std::uint32_t*>(key);
+          return MetricStore::LabelValues{k == SCHED_SWITCH_VOLUNTARY ? "voluntary"
+                                                                      : "involuntary"};
+        });
   }
 
  private:

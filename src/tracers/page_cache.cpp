@@ -46,26 +46,23 @@ class PageCacheTracer final : public Tracer {
     // read and fault tracepoints (an estimate, see README).
     const bool fentry = preference == HookPreference::Auto &&
                         prober.can_attach(HookKind::Fentry, "folio_mark_accessed");
-    if (!fentry) require_hook(prober, access_tps, kind == HookKind::TpBtf ? HookPreference::TpBtf
-                                                                           : HookPreference::RawTp);
+    if (!fentry)
+      require_hook(prober, access_tps,
+                   kind == HookKind::TpBtf ? HookPreference::TpBtf : HookPreference::RawTp);
     Skeleton skel(page_cache__open());
     if (!skel) throw BpfError(bpf_error_text("open page_cache", errno));
     auto& p = skel->progs;
     const bool btf = kind == HookKind::TpBtf;
     const std::vector<ProgramChoice> programs = {
-        {p.mark_accessed_fentry, fentry},
-        {p.get_pages_btf, btf && !fentry},
-        {p.map_pages_btf, btf && !fentry},
-        {p.fault_btf, btf && !fentry},
-        {p.add_to_page_cache_btf, btf},
-        {p.dirty_folio_btf, btf},
-        {p.get_pages_raw, !btf && !fentry},
-        {p.map_pages_raw, !btf && !fentry},
-        {p.fault_raw, !btf && !fentry},
-        {p.add_to_page_cache_raw, !btf},
+        {p.mark_accessed_fentry, fentry},   {p.get_pages_btf, btf && !fentry},
+        {p.map_pages_btf, btf && !fentry},  {p.fault_btf, btf && !fentry},
+        {p.add_to_page_cache_btf, btf},     {p.dirty_folio_btf, btf},
+        {p.get_pages_raw, !btf && !fentry}, {p.map_pages_raw, !btf && !fentry},
+        {p.fault_raw, !btf && !fentry},     {p.add_to_page_cache_raw, !btf},
         {p.dirty_folio_raw, !btf},
     };
-    links_ = load_and_attach(programs, [&] { return page_cache__load(skel.get()); }, "page_cache");
+    links_ = load_and_attach(
+        programs, [&] { return page_cache__load(skel.get()); }, "page_cache");
     drops_.bind(-1, programs);
     hook_ = fentry ? "fentry+" + std::string(hook_name(kind)) : std::string(hook_name(kind));
     skel_ = std::move(skel);
@@ -97,7 +94,8 @@ class PageCacheTracer final : public Tracer {
 }  // namespace
 
 TracerDescriptor page_cache_descriptor() {
-  return descriptor_without_options<PageCacheTracer>("page_cache", "Page cache accesses, misses and dirtied pages");
+  return descriptor_without_options<PageCacheTracer>(
+      "page_cache", "Page cache accesses, misses and dirtied pages");
 }
 
 }  // namespace ebpf_metricsd

@@ -31,8 +31,10 @@ class PageFaultsTracer final : public Tracer {
     Skeleton skel(page_faults__open_and_load());
     if (!skel) throw BpfError(bpf_error_text("load page_faults", errno));
     for (int cpu : online_cpus()) {
-      links_.push_back(attach_perf_sw_event(skel->progs.minor_fault, PERF_COUNT_SW_PAGE_FAULTS_MIN, cpu));
-      links_.push_back(attach_perf_sw_event(skel->progs.major_fault, PERF_COUNT_SW_PAGE_FAULTS_MAJ, cpu));
+      links_.push_back(
+          attach_perf_sw_event(skel->progs.minor_fault, PERF_COUNT_SW_PAGE_FAULTS_MIN, cpu));
+      links_.push_back(
+          attach_perf_sw_event(skel->progs.major_fault, PERF_COUNT_SW_PAGE_FAULTS_MAJ, cpu));
     }
     drops_.bind(-1, {{skel->progs.minor_fault, true}, {skel->progs.major_fault, true}});
     skel_ = std::move(skel);
@@ -58,7 +60,8 @@ class PageFaultsTracer final : public Tracer {
 }  // namespace
 
 TracerDescriptor page_faults_descriptor() {
-  return descriptor_without_options<PageFaultsTracer>("page_faults", "Page faults, minor and major", "perf_event");
+  return descriptor_without_options<PageFaultsTracer>("page_faults", "Page faults, minor and major",
+                                                      "perf_event");
 }
 
 }  // namespace ebpf_metricsd

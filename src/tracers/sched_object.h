@@ -57,7 +57,7 @@ struct SchedLabelOptions {
 // in the data below.
 struct SchedHistKind {
   std::string tracer;
-  MetricSpec spec;  // labels are appended per the options
+  MetricSpec spec;     // labels are appended per the options
   bool wants_wakeups;  // attach sched_wakeup/_new as well
   std::uint8_t sched_config::*on;
   std::uint8_t sched_config::*by_cgroup;

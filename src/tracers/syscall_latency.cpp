@@ -40,8 +40,8 @@ std::set<int> read_syscall_list(YamlMapReader& options, const std::string& key) 
     const auto nr = syscall_number(name);
     if (!nr) options.fail(key, "unknown syscall '" + name + "'");
     if (*nr >= SYSLAT_MAX_SYSCALLS) {
-      options.fail(key, "syscall '" + name + "' (" + std::to_string(*nr) +
-                            ") is beyond the traced table");
+      options.fail(
+          key, "syscall '" + name + "' (" + std::to_string(*nr) + ") is beyond the traced table");
     }
     out.insert(*nr);
   }
@@ -75,8 +75,8 @@ class SyscallLatencyTracer final : public Tracer {
         {skel->progs.sys_exit_raw, !btf},
         {skel->progs.sys_enter_raw, !btf},
     };
-    links_ = load_and_attach(programs, [&] { return syscall_latency__load(skel.get()); },
-                             "syscall_latency");
+    links_ = load_and_attach(
+        programs, [&] { return syscall_latency__load(skel.get()); }, "syscall_latency");
     drops_.bind(bpf_map__fd(skel->maps.drops), programs);
     hook_ = std::string(hook_name(kind));
     names_.resize(SYSLAT_MAX_SYSCALLS);

@@ -53,8 +53,8 @@ class TcpConnectLatencyTracer final : public Tracer {
         {skel->progs.inet_sock_set_state_btf, btf},
         {skel->progs.inet_sock_set_state_raw, !btf},
     };
-    links_ = load_and_attach(programs, [&] { return tcp_connect_latency__load(skel.get()); },
-                             "tcp_connect_latency");
+    links_ = load_and_attach(
+        programs, [&] { return tcp_connect_latency__load(skel.get()); }, "tcp_connect_latency");
     drops_.bind(bpf_map__fd(skel->maps.drops), programs);
     hook_ = std::string(hook_name(kind));
     skel_ = std::move(skel);
@@ -68,7 +68,8 @@ class TcpConnectLatencyTracer final : public Tracer {
     drops_.drain();
     // Every connect leaves SYN_SENT within the SYN retries (about two minutes); a stamp
     // older than ten minutes belongs to a socket that vanished unseen.
-    if (const auto n = sweep_stale_stamps(bpf_map__fd(skel_->maps.start_spilled), std::chrono::minutes(10))) {
+    if (const auto n =
+            sweep_stale_stamps(bpf_map__fd(skel_->maps.start_spilled), std::chrono::minutes(10))) {
       store_.add(stale_, {"tcp_connect_latency", "never_finished"}, n);
     }
   }
@@ -87,7 +88,8 @@ class TcpConnectLatencyTracer final : public Tracer {
 }  // namespace
 
 TracerDescriptor tcp_connect_latency_descriptor() {
-  return descriptor_without_options<TcpConnectLatencyTracer>("tcp_connect_latency", "TCP connect latency and failures, by family");
+  return descriptor_without_options<TcpConnectLatencyTracer>(
+      "tcp_connect_latency", "TCP connect latency and failures, by family");
 }
 
 }  // namespace ebpf_metricsd

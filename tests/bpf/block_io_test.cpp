@@ -17,7 +17,6 @@
 
 using namespace ebpf_metricsd;
 
-
 TEST_CASE("direct 4 KiB reads and writes on a loop device are counted exactly", "[block_io]") {
   const std::string hook = GENERATE(std::string("auto"), std::string("raw_tp"));
   INFO("hook " << hook);
@@ -57,13 +56,15 @@ TEST_CASE("direct 4 KiB reads and writes on a loop device are counted exactly", 
   close(fd);
   free(buf);
 
-  const std::uint64_t reads = test::histogram_count(store, "ebpf_block_io_latency_seconds", rd) - r0;
-  const std::uint64_t writes = test::histogram_count(store, "ebpf_block_io_latency_seconds", wr) - w0;
+  const std::uint64_t reads =
+      test::histogram_count(store, "ebpf_block_io_latency_seconds", rd) - r0;
+  const std::uint64_t writes =
+      test::histogram_count(store, "ebpf_block_io_latency_seconds", wr) - w0;
   const double rbytes = test::counter_value(store, "ebpf_block_io_bytes_total", rd) - rb0;
   const double wbytes = test::counter_value(store, "ebpf_block_io_bytes_total", wr) - wb0;
-  INFO("reads " << reads << " writes " << writes << " | sysfs reads " << s1[0] - s0[0]
-                << " writes " << s1[2] - s0[2] << " | biolatency total " << oracle.histogram_total()
-                << "\n" << out);
+  INFO("reads " << reads << " writes " << writes << " | sysfs reads " << s1[0] - s0[0] << " writes "
+                << s1[2] - s0[2] << " | biolatency total " << oracle.histogram_total() << "\n"
+                << out);
   CHECK(reads == kOps);
   CHECK(writes == kOps);
   CHECK(rbytes == kOps * 4096.0);

@@ -5,8 +5,8 @@
 #include <catch2/catch.hpp>
 
 #include "../metrics_lookup.h"
-#include "kmalloc_oracle.skel.h"
 #include "../workloads.h"
+#include "kmalloc_oracle.skel.h"
 #include "tracer_fixture.h"
 
 using namespace ebpf_metricsd;
@@ -29,10 +29,9 @@ double value(const MetricStore& store, const std::string& name, const test::Labe
 
 }  // namespace
 
-TEST_CASE("kmalloc counts agree with an independent counter of the same tracepoints",
-          "[kmalloc]") {
+TEST_CASE("kmalloc counts agree with an independent counter of the same tracepoints", "[kmalloc]") {
   std::unique_ptr<kmalloc_oracle, void (*)(kmalloc_oracle*)> oracle(kmalloc_oracle__open_and_load(),
-                                                                     kmalloc_oracle__destroy);
+                                                                    kmalloc_oracle__destroy);
   REQUIRE(oracle);
   REQUIRE(kmalloc_oracle__attach(oracle.get()) == 0);
   const std::string hook = GENERATE(std::string("auto"), std::string("raw_tp"));
@@ -57,7 +56,8 @@ TEST_CASE("kmalloc counts agree with an independent counter of the same tracepoi
   const double frees = value(store, "ebpf_kfree_calls_total") - frees0;
   const double req = value(store, "ebpf_kmalloc_bytes_total", {{"kind", "requested"}}) - req0;
   const double alloc = value(store, "ebpf_kmalloc_bytes_total", {{"kind", "allocated"}}) - alloc0;
-  const double seq = value(store, "ebpf_kmem_cache_alloc_calls_total", {{"cache", "seq_file"}}) - seq0;
+  const double seq =
+      value(store, "ebpf_kmem_cache_alloc_calls_total", {{"cache", "seq_file"}}) - seq0;
   const double o_calls = static_cast<double>(o1.kmallocs - o0.kmallocs);
   const double o_frees = static_cast<double>(o1.kfrees - o0.kfrees);
   const double o_req = static_cast<double>(o1.requested - o0.requested);

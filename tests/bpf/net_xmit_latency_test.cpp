@@ -14,7 +14,6 @@
 
 using namespace ebpf_metricsd;
 
-
 TEST_CASE("UDP datagrams over a veth pair: packets, bytes and latency per interface",
           "[net_xmit]") {
   const std::string hook = GENERATE(std::string("auto"), std::string("raw_tp"));
@@ -40,7 +39,8 @@ TEST_CASE("UDP datagrams over a veth pair: packets, bytes and latency per interf
   tracer->drain();
   const double p0 = test::counter_value(store, "ebpf_net_xmit_packets_total", iface);
   const double b0 = test::counter_value(store, "ebpf_net_xmit_bytes_total", iface);
-  const std::uint64_t h0 = test::histogram_count(store, "ebpf_net_xmit_queue_latency_seconds", iface);
+  const std::uint64_t h0 =
+      test::histogram_count(store, "ebpf_net_xmit_queue_latency_seconds", iface);
   for (int i = 0; i < kPackets; ++i) {
     REQUIRE(sendto(fd, payload, kPayload, 0, reinterpret_cast<sockaddr*>(&to), sizeof to) ==
             static_cast<ssize_t>(kPayload));
@@ -81,7 +81,8 @@ TEST_CASE("packets held back by a rate-limiting qdisc: timed through the shared 
   const test::Labels iface = {{"interface", veth.host()}};
   tracer->drain();
   const double p0 = test::counter_value(store, "ebpf_net_xmit_packets_total", iface);
-  const std::uint64_t h0 = test::histogram_count(store, "ebpf_net_xmit_queue_latency_seconds", iface);
+  const std::uint64_t h0 =
+      test::histogram_count(store, "ebpf_net_xmit_queue_latency_seconds", iface);
   constexpr int kPackets = 40;
   const char payload[100] = {};
   for (int i = 0; i < kPackets; ++i) {

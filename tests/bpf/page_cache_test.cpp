@@ -53,8 +53,8 @@ TEST_CASE("misses when evicted, hits when cached, dirtied on write", "[page_cach
   const bool fentry = prober.can_attach(HookKind::Fentry, "folio_mark_accessed");
   INFO("fentry on folio_mark_accessed: "
        << (fentry ? "attaches" : prober.failure(HookKind::Fentry, "folio_mark_accessed")));
-  CHECK(tracer->hook() == (fentry && hook == "auto" ? "fentry+tp_btf"
-                                                     : (hook == "auto" ? "tp_btf" : "raw_tp")));
+  CHECK(tracer->hook() ==
+        (fentry && hook == "auto" ? "fentry+tp_btf" : (hook == "auto" ? "tp_btf" : "raw_tp")));
   const Totals t0 = totals(*tracer, store);
   read_all(fd, page, kPages);  // cold: every page missing
   const Totals t1 = totals(*tracer, store);
@@ -65,8 +65,9 @@ TEST_CASE("misses when evicted, hits when cached, dirtied on write", "[page_cach
   const Totals t3 = totals(*tracer, store);
 
   INFO("cold read: accesses " << t1.accesses - t0.accesses << " misses " << t1.misses - t0.misses
-       << "; warm read: accesses " << t2.accesses - t1.accesses << " misses "
-       << t2.misses - t1.misses << "; write: dirtied " << t3.dirtied - t2.dirtied);
+                              << "; warm read: accesses " << t2.accesses - t1.accesses << " misses "
+                              << t2.misses - t1.misses << "; write: dirtied "
+                              << t3.dirtied - t2.dirtied);
   // Cold: all pages were added; the background of a quiet machine adds a few more.
   CHECK(t1.misses - t0.misses >= kPages);
   CHECK(t1.misses - t0.misses <= kPages + 64);

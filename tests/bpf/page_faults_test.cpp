@@ -48,8 +48,7 @@ TEST_CASE("minor and major faults match what the test caused and /proc/vmstat", 
   workload::touch_anon_pages(kAnonPages);
 
   // Major: read the evicted file through a mapping, without readahead.
-  auto* file = static_cast<volatile char*>(
-      mmap(nullptr, file_len, PROT_READ, MAP_SHARED, fd, 0));
+  auto* file = static_cast<volatile char*>(mmap(nullptr, file_len, PROT_READ, MAP_SHARED, fd, 0));
   REQUIRE(file != MAP_FAILED);
   madvise(const_cast<char*>(file), file_len, MADV_RANDOM);
   long sum = 0;
@@ -64,8 +63,8 @@ TEST_CASE("minor and major faults match what the test caused and /proc/vmstat", 
   const double major = faults(store, "major") - major0;
   const double vm_all = static_cast<double>(v1.all - v0.all);
   const double vm_major = static_cast<double>(v1.major - v0.major);
-  INFO("minor " << minor << " major " << major << " | vmstat pgfault " << vm_all
-                << " pgmajfault " << vm_major);
+  INFO("minor " << minor << " major " << major << " | vmstat pgfault " << vm_all << " pgmajfault "
+                << vm_major);
   CHECK(minor >= kAnonPages);
   CHECK(major >= kFilePages);
   // /proc/vmstat counts every fault attempt including retried ones, the perf events count

@@ -63,8 +63,7 @@ TEST_CASE("run-queue latency sees every wakeup of a pipe ping-pong", "[scheduler
   CHECK(sw_delta + (ctxt1 - ctxt0) / 100 + 50 >= ctxt1 - ctxt0);
 }
 
-TEST_CASE("run-queue totals agree with libbpf-tools runqlat over the same window",
-          "[scheduler]") {
+TEST_CASE("run-queue totals agree with libbpf-tools runqlat over the same window", "[scheduler]") {
   MetricStore store;
   auto runq = test::start_tracer(store, "runqueue_latency");
   test::OracleTool oracle("/usr/sbin/runqlat 3 1", "Tracing run queue latency");
@@ -111,8 +110,8 @@ TEST_CASE("off-CPU time of a sleeping thread matches its sleeps", "[scheduler]")
   const auto fams = store.Collect();
   const auto* m = test::find_series(fams, "ebpf_offcpu_seconds", sleeper);
   REQUIRE(m != nullptr);
-  INFO("count " << m->histogram.sample_count << ", sum " << m->histogram.sample_sum
-                << " s, slept " << slept << " s");
+  INFO("count " << m->histogram.sample_count << ", sum " << m->histogram.sample_sum << " s, slept "
+                << slept << " s");
   CHECK(m->histogram.sample_count >= static_cast<std::uint64_t>(kSleeps));
   CHECK(m->histogram.sample_sum > slept * 0.9);
   CHECK(m->histogram.sample_sum < slept * 1.1);

@@ -9,10 +9,10 @@
 
 #include "../metrics_lookup.h"
 #include "../workloads.h"
-#include "tracer_fixture.h"
 #include "ebpf_metricsd/config.h"
 #include "ebpf_metricsd/hook_probe.h"
 #include "ebpf_metricsd/tracer.h"
+#include "tracer_fixture.h"
 
 using namespace ebpf_metricsd;
 using test::histogram_count;
@@ -122,7 +122,8 @@ TEST_CASE("syscall numbers outside the table are counted as drops", "[syscall_la
   constexpr int kBogus = 1000;
   for (int i = 0; i < kBogus; ++i) REQUIRE(syscall(100000) == -1);  // ENOSYS, number >= 512
   tracer->drain();
-  const double got = test::counter_value(store, "ebpf_metricsd_dropped_events_total", labels) - before;
+  const double got =
+      test::counter_value(store, "ebpf_metricsd_dropped_events_total", labels) - before;
   CHECK(got >= kBogus);
   CHECK(got <= kBogus + kBogus / 100);
 }

@@ -34,8 +34,10 @@ struct Loopback {
     }
   }
   void set_port(int port) {
-    if (family == AF_INET) reinterpret_cast<sockaddr_in*>(&addr)->sin_port = htons(port);
-    else reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port = htons(port);
+    if (family == AF_INET)
+      reinterpret_cast<sockaddr_in*>(&addr)->sin_port = htons(port);
+    else
+      reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port = htons(port);
   }
   int port_of(int fd) {
     sockaddr_storage a{};

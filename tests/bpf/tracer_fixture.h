@@ -15,8 +15,8 @@ namespace ebpf_metricsd::test {
 // four spaces, e.g. "    hook: raw_tp\n").
 inline std::unique_ptr<Tracer> start_tracer(MetricStore& store, const std::string& name,
                                             const std::string& options = "") {
-  const Config cfg = parse_config(
-      "tracers:\n  " + name + ":\n    enabled: true\n" + options, "test.yaml");
+  const Config cfg =
+      parse_config("tracers:\n  " + name + ":\n    enabled: true\n" + options, "test.yaml");
   for (const auto& tc : cfg.tracers) {
     if (tc.name != name) continue;
     auto tracer = find_tracer(name)->create(store, tc.options);

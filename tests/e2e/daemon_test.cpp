@@ -37,7 +37,8 @@ std::set<int> bpf_ids(pid_t pid, const std::string& key) {
     std::istringstream in(read_file(dir + "/" + e->d_name));
     std::string line;
     while (std::getline(in, line)) {
-      if (line.compare(0, key.size() + 1, key + ":") == 0) ids.insert(std::stoi(line.substr(key.size() + 1)));
+      if (line.compare(0, key.size() + 1, key + ":") == 0)
+        ids.insert(std::stoi(line.substr(key.size() + 1)));
     }
   }
   closedir(d);
@@ -61,8 +62,7 @@ struct Setup {
   std::string config = dir + "/config.yaml";
   std::string log = dir + "/daemon.log";
 
-  explicit Setup(const std::string& tracers_yaml =
-                     "  syscall_latency:\n    enabled: true\n") {
+  explicit Setup(const std::string& tracers_yaml = "  syscall_latency:\n    enabled: true\n") {
     std::ofstream(config) << "web:\n  listen_address: \"127.0.0.1:" << port
                           << "\"\ndrain_interval: 200ms\ntracers:\n"
                           << tracers_yaml;
@@ -76,11 +76,14 @@ struct Setup {
 TEST_CASE("daemon serves real syscall latencies, passes promtool, exits cleanly") {
   Setup s;
   DaemonProcess d(DAEMON_PATH, s.log, {s.args()});
-  REQUIRE(wait_until([&] {
-    return http_get(s.port, "/metrics").body.find(
-               "ebpf_metricsd_tracer_up{tracer=\"syscall_latency\",hook=\"tp_btf\"} 1") !=
-           std::string::npos;
-  }, 20s));
+  REQUIRE(wait_until(
+      [&] {
+        return http_get(s.port, "/metrics")
+                   .body.find(
+                       "ebpf_metricsd_tracer_up{tracer=\"syscall_latency\",hook=\"tp_btf\"} 1") !=
+               std::string::npos;
+      },
+      20s));
 
   const auto progs = bpf_ids(d.pid(), "prog_id");
   const auto maps = bpf_ids(d.pid(), "map_id");
@@ -92,10 +95,12 @@ TEST_CASE("daemon serves real syscall latencies, passes promtool, exits cleanly"
   constexpr int kCalls = 20000;
   for (int i = 0; i < kCalls; ++i) syscall(SYS_getppid);
   std::string body;
-  REQUIRE(wait_until([&] {
-    body = http_get(s.port, "/metrics").body;
-    return sample(body, getppid_count).value_or(0) - before >= kCalls;
-  }, 10s));
+  REQUIRE(wait_until(
+      [&] {
+        body = http_get(s.port, "/metrics").body;
+        return sample(body, getppid_count).value_or(0) - before >= kCalls;
+      },
+      10s));
   const double got = *sample(body, getppid_count) - before;
   CHECK(got <= kCalls + kCalls / 100);
   const std::string inf = "ebpf_syscall_latency_seconds_bucket{syscall=\"getppid\",le=\"+Inf\"}";
@@ -106,7 +111,9 @@ TEST_CASE("daemon serves real syscall latencies, passes promtool, exits cleanly"
   CHECK_THAT(body, Contains("# TYPE ebpf_syscall_latency_seconds histogram"));
   CHECK(sample(body, "ebpf_metricsd_build_info{version=\"" EBPF_METRICSD_VERSION "\"}") == 1.0);
   CHECK(sample(body, "ebpf_metricsd_drain_duration_seconds{tracer=\"syscall_latency\"}"));
-  CHECK(sample(body, "ebpf_metricsd_dropped_events_total{tracer=\"syscall_latency\",reason=\"task_storage_full\"}") == 0.0);
+  CHECK(sample(body,
+               "ebpf_metricsd_dropped_events_total{tracer=\"syscall_latency\",reason=\"task_"
+               "storage_full\"}") == 0.0);
 
   std::ofstream(s.dir + "/metrics.txt") << body;
   CHECK(run_command("promtool check metrics < " + s.dir + "/metrics.txt") == 0);
@@ -117,8 +124,8 @@ TEST_CASE("daemon serves real syscall latencies, passes promtool, exits cleanly"
 
   const auto landing = http_get(s.port, "/");
   CHECK(landing.status == 200);
-  CHECK_THAT(landing.body, Contains("href=\"/metrics\"") && Contains("syscall_latency") &&
-                               Contains("tp_btf"));
+  CHECK_THAT(landing.body,
+             Contains("href=\"/metrics\"") && Contains("syscall_latency") && Contains("tp_btf"));
   CHECK(http_get(s.port, "/nope").status == 404);
   CHECK(http_get(s.port, "/metrics/extra").status == 404);
 
@@ -131,13 +138,15 @@ TEST_CASE("daemon serves real syscall latencies, passes promtool, exits cleanly"
   CHECK_THAT(d.log(), Contains("stopped: all tracers detached"));
   // Detaching is synchronous; the kernel frees the unreferenced programs after an RCU
   // grace period, so give it a moment before reading the list.
-  const bool gone = wait_until([&] {
-    const auto still = loaded_prog_ids();
-    for (int id : progs) {
-      if (still.count(id)) return false;
-    }
-    return true;
-  }, 3s);
+  const bool gone = wait_until(
+      [&] {
+        const auto still = loaded_prog_ids();
+        for (int id : progs) {
+          if (still.count(id)) return false;
+        }
+        return true;
+      },
+      3s);
   CHECK(gone);
 }
 
@@ -145,11 +154,14 @@ TEST_CASE("a tracer that cannot load is reported and the daemon runs on") {
   Setup s;
   DaemonProcess d(DAEMON_PATH, s.log, {s.args(), /*deny_bpf=*/true});
   INFO("daemon log:\n" << d.log());
-  REQUIRE(wait_until([&] {
-    return http_get(s.port, "/metrics").body.find(
-               "ebpf_metricsd_tracer_up{tracer=\"syscall_latency\",hook=\"none\"} 0") !=
-           std::string::npos;
-  }, 20s));
+  REQUIRE(wait_until(
+      [&] {
+        return http_get(s.port, "/metrics")
+                   .body.find(
+                       "ebpf_metricsd_tracer_up{tracer=\"syscall_latency\",hook=\"none\"} 0") !=
+               std::string::npos;
+      },
+      20s));
   CHECK_THAT(d.log(), Contains("tracer syscall_latency failed to start") &&
                           Contains("Operation not permitted"));
   CHECK_THAT(http_get(s.port, "/").body, Contains("failed"));
@@ -171,13 +183,14 @@ TEST_CASE("--check-config and bad configs") {
   CHECK(run_command(std::string(DAEMON_PATH) + " --check-config --config " + good.config +
                     " > /dev/null 2>&1") == 0);
   CHECK(run_command(std::string(DAEMON_PATH) + " --check-config --config " SOURCE_DIR
-                    "/config/ebpf-metricsd.yaml > /dev/null 2>&1") == 0);
+                                               "/config/ebpf-metricsd.yaml > /dev/null 2>&1") == 0);
 
   Setup bad("  syscall_latency:\n    enabled: true\n    colour: blue\n");
   const std::string out = bad.dir + "/out.txt";
   CHECK(run_command(std::string(DAEMON_PATH) + " --check-config --config " + bad.config + " > " +
                     out + " 2>&1") == 1);
-  CHECK_THAT(read_file(out), Contains(bad.config + ":7:5: tracers.syscall_latency.colour: unknown key"));
+  CHECK_THAT(read_file(out),
+             Contains(bad.config + ":7:5: tracers.syscall_latency.colour: unknown key"));
 
   // The daemon itself refuses to start on it, and serves nothing.
   DaemonProcess d(DAEMON_PATH, bad.log, {bad.args()});
@@ -187,7 +200,8 @@ TEST_CASE("--check-config and bad configs") {
 }
 
 TEST_CASE("flags: --version, --help, unknown flags") {
-  CHECK(run_command(std::string(DAEMON_PATH) + " --version | grep -q 'ebpf-metricsd " EBPF_METRICSD_VERSION "'") == 0);
+  CHECK(run_command(std::string(DAEMON_PATH) +
+                    " --version | grep -q 'ebpf-metricsd " EBPF_METRICSD_VERSION "'") == 0);
   CHECK(run_command(std::string(DAEMON_PATH) + " --help | grep -q -- '--web.listen-address'") == 0);
   CHECK(run_command(std::string(DAEMON_PATH) + " --bogus > /dev/null 2>&1") == 2);
   CHECK(run_command(std::string(DAEMON_PATH) + " --log.level loud > /dev/null 2>&1") == 2);
@@ -206,22 +220,25 @@ TEST_CASE("every tracer, with every optional label, up at once and valid for pro
       "  page_cache:\n    enabled: true\n");
   DaemonProcess d(DAEMON_PATH, s.log, {s.args()});
   const std::vector<std::string> tracers = {
-      "syscall_latency", "runqueue_latency", "offcpu_time",  "page_faults", "kmalloc",
-      "tcp_connect_latency", "net_xmit_latency", "block_io", "page_cache"};
+      "syscall_latency",     "runqueue_latency", "offcpu_time", "page_faults", "kmalloc",
+      "tcp_connect_latency", "net_xmit_latency", "block_io",    "page_cache"};
   std::string body;
-  const bool all_up = wait_until([&] {
-    body = http_get(s.port, "/metrics").body;
-    for (const auto& t : tracers) {
-      if (body.find("ebpf_metricsd_tracer_up{tracer=\"" + t + "\",hook=\"") == std::string::npos) {
-        return false;
-      }
-    }
-    // Scraping over loopback TCP is itself a connect and packets on lo.
-    return body.find("ebpf_runqueue_latency_seconds_count{") != std::string::npos &&
-           body.find("ebpf_tcp_connect_latency_seconds_count{") != std::string::npos &&
-           body.find("ebpf_net_xmit_packets_total{interface=\"lo\"}") != std::string::npos &&
-           body.find("ebpf_kmem_cache_alloc_calls_total{") != std::string::npos;
-  }, 20s);
+  const bool all_up = wait_until(
+      [&] {
+        body = http_get(s.port, "/metrics").body;
+        for (const auto& t : tracers) {
+          if (body.find("ebpf_metricsd_tracer_up{tracer=\"" + t + "\",hook=\"") ==
+              std::string::npos) {
+            return false;
+          }
+        }
+        // Scraping over loopback TCP is itself a connect and packets on lo.
+        return body.find("ebpf_runqueue_latency_seconds_count{") != std::string::npos &&
+               body.find("ebpf_tcp_connect_latency_seconds_count{") != std::string::npos &&
+               body.find("ebpf_net_xmit_packets_total{interface=\"lo\"}") != std::string::npos &&
+               body.find("ebpf_kmem_cache_alloc_calls_total{") != std::string::npos;
+      },
+      20s);
   INFO("daemon log:\n" << d.log());
   REQUIRE(all_up);
   for (const auto& t : tracers) {

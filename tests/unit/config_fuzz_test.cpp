@@ -24,10 +24,18 @@ TEST_CASE("mutated configs parse or fail with a ConfigError") {
     for (int e = 0; e < edits && !text.empty(); ++e) {
       const std::size_t pos = rng() % text.size();
       switch (rng() % 4) {
-        case 0: text[pos] = alphabet[rng() % alphabet.size()]; break;
-        case 1: text.insert(pos, 1, alphabet[rng() % alphabet.size()]); break;
-        case 2: text.erase(pos, 1 + rng() % 16); break;
-        default: text.insert(pos, text.substr(rng() % text.size(), rng() % 64)); break;
+        case 0:
+          text[pos] = alphabet[rng() % alphabet.size()];
+          break;
+        case 1:
+          text.insert(pos, 1, alphabet[rng() % alphabet.size()]);
+          break;
+        case 2:
+          text.erase(pos, 1 + rng() % 16);
+          break;
+        default:
+          text.insert(pos, text.substr(rng() % text.size(), rng() % 64));
+          break;
       }
     }
     try {

@@ -67,14 +67,16 @@ TEST_CASE("config errors name file, line, column and key") {
     CHECK_THAT(error_of("web: [unclosed\n"), StartsWith("test.yaml:") && Contains("invalid YAML"));
   }
   SECTION("top level is not a mapping") {
-    CHECK_THAT(error_of("- a\n- b\n"), StartsWith("test.yaml:1:1:") && Contains("expected a mapping"));
+    CHECK_THAT(error_of("- a\n- b\n"),
+               StartsWith("test.yaml:1:1:") && Contains("expected a mapping"));
   }
   SECTION("unknown top-level key") {
     CHECK(error_of("drain_interval: 5s\nfrobnicate: 1\n") ==
           "test.yaml:2:1: frobnicate: unknown key");
   }
   SECTION("unknown key in web") {
-    CHECK(error_of("web:\n  listen_adress: ':1'\n") == "test.yaml:2:3: web.listen_adress: unknown key");
+    CHECK(error_of("web:\n  listen_adress: ':1'\n") ==
+          "test.yaml:2:3: web.listen_adress: unknown key");
   }
   SECTION("web is not a mapping") {
     CHECK_THAT(error_of("web: 5\n"), StartsWith("test.yaml:1:6: web: expected a mapping"));
@@ -97,7 +99,8 @@ TEST_CASE("config errors name file, line, column and key") {
     CHECK_THAT(error_of("drain_interval: 5 seconds\n"),
                StartsWith("test.yaml:1:17: drain_interval: invalid duration"));
     CHECK_THAT(error_of("drain_interval: 5\n"), Contains("expected a unit"));
-    CHECK_THAT(error_of("drain_interval: {a: 1}\n"), Contains("expected a duration, got a mapping"));
+    CHECK_THAT(error_of("drain_interval: {a: 1}\n"),
+               Contains("expected a duration, got a mapping"));
   }
   SECTION("drain interval out of range") {
     CHECK(error_of("drain_interval: 10ms\n") ==
@@ -117,11 +120,14 @@ TEST_CASE("config errors name file, line, column and key") {
   }
   SECTION("enabled is not a boolean") {
     CHECK(error_of("tracers:\n  syscall_latency:\n    enabled: yes please\n") ==
-          "test.yaml:3:14: tracers.syscall_latency.enabled: expected true or false, got 'yes please'");
+          "test.yaml:3:14: tracers.syscall_latency.enabled: expected true or false, got 'yes "
+          "please'");
   }
   SECTION("invalid hook") {
-    CHECK_THAT(error_of("tracers:\n  syscall_latency:\n    hook: kprobe\n"),
-               StartsWith("test.yaml:3:11: tracers.syscall_latency.hook: expected auto, tp_btf or raw_tp"));
+    CHECK_THAT(
+        error_of("tracers:\n  syscall_latency:\n    hook: kprobe\n"),
+        StartsWith(
+            "test.yaml:3:11: tracers.syscall_latency.hook: expected auto, tp_btf or raw_tp"));
   }
   SECTION("hook on a tracer with a single hook kind") {
     CHECK(error_of("tracers:\n  page_faults:\n    hook: tp_btf\n") ==
@@ -139,8 +145,10 @@ TEST_CASE("config errors name file, line, column and key") {
           "test.yaml:3:14: tracers.syscall_latency.include: unknown syscall 'frobnicate'");
   }
   SECTION("include is not a list") {
-    CHECK_THAT(error_of("tracers:\n  syscall_latency:\n    exclude: read\n"),
-               StartsWith("test.yaml:3:14: tracers.syscall_latency.exclude: expected a list, got a scalar"));
+    CHECK_THAT(
+        error_of("tracers:\n  syscall_latency:\n    exclude: read\n"),
+        StartsWith(
+            "test.yaml:3:14: tracers.syscall_latency.exclude: expected a list, got a scalar"));
   }
   SECTION("list item is not a string") {
     CHECK_THAT(error_of("tracers:\n  syscall_latency:\n    include: [[read]]\n"),

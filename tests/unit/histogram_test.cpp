@@ -89,7 +89,10 @@ TEST_CASE("log2 layout folds slots below, inside and above the range") {
 
 TEST_CASE("metric store exports cumulative buckets, +Inf == count, exact sum") {
   MetricStore store;
-  MetricSpec spec{"test_latency_seconds", "Test latency.", MetricType::Histogram, {"op"},
+  MetricSpec spec{"test_latency_seconds",
+                  "Test latency.",
+                  MetricType::Histogram,
+                  {"op"},
                   Log2Layout{1e9, 5, 8}};
   const auto id = store.declare(spec);
   std::vector<std::uint64_t> slots(10, 0);
@@ -114,8 +117,8 @@ TEST_CASE("metric store exports cumulative buckets, +Inf == count, exact sum") {
   CHECK(h.bucket[3].upper_bound == 256e-9);
 
   const std::string text = serialize(store);
-  CHECK_THAT(text, Catch::Matchers::Contains(
-                       "test_latency_seconds_bucket{op=\"read\",le=\"+Inf\"} 30"));
+  CHECK_THAT(text,
+             Catch::Matchers::Contains("test_latency_seconds_bucket{op=\"read\",le=\"+Inf\"} 30"));
   CHECK_THAT(text, Catch::Matchers::Contains("test_latency_seconds_count{op=\"read\"} 30"));
   CHECK_THAT(text, Catch::Matchers::Contains("test_latency_seconds_sum{op=\"read\"} 4.5"));
   CHECK_THAT(text, Catch::Matchers::Contains(
@@ -137,8 +140,9 @@ TEST_CASE("counters and gauges; empty metrics are not exported") {
   CHECK(store.series_count() == 2);
   CHECK_THROWS_AS(store.add(c, {"a", "b"}, 1), std::invalid_argument);
   CHECK_THROWS_AS(store.declare({"bad name", "x", MetricType::Counter, {}}), std::invalid_argument);
-  CHECK_THROWS_AS(store.declare({"test_events_total", "Other help.", MetricType::Counter, {"kind"}}),
-                  std::invalid_argument);
+  CHECK_THROWS_AS(
+      store.declare({"test_events_total", "Other help.", MetricType::Counter, {"kind"}}),
+      std::invalid_argument);
   CHECK(store.declare({"test_events_total", "Events.", MetricType::Counter, {"kind"}}) == c);
 }
 
@@ -153,15 +157,19 @@ TEST_CASE("label values are made valid UTF-8") {
   store.add(c, {"bad\xFF"}, 1);
   store.add(c, {"bad\xFF"}, 1);
   CHECK(store.series_count() == 1);
-  CHECK_THAT(serialize(store), Catch::Matchers::Contains("test_comm_total{comm=\"bad\xEF\xBF\xBD\"} 2"));
+  CHECK_THAT(serialize(store),
+             Catch::Matchers::Contains("test_comm_total{comm=\"bad\xEF\xBF\xBD\"} 2"));
 }
 
 TEST_CASE("exposition is accepted by promtool check metrics") {
   MetricStore store;
-  const auto h = store.declare({"ebpf_test_latency_seconds", "Test latency.", MetricType::Histogram,
-                                {"syscall"}, Log2Layout{1e9, 5, 36}});
-  const auto c = store.declare({"ebpf_test_events_total", "Test events.", MetricType::Counter,
-                                {"reason"}});
+  const auto h = store.declare({"ebpf_test_latency_seconds",
+                                "Test latency.",
+                                MetricType::Histogram,
+                                {"syscall"},
+                                Log2Layout{1e9, 5, 36}});
+  const auto c =
+      store.declare({"ebpf_test_events_total", "Test events.", MetricType::Counter, {"reason"}});
   const auto g = store.declare({"ebpf_test_up", "Test up.", MetricType::Gauge, {"hook"}});
   std::vector<std::uint64_t> slots(40, 0);
   for (std::size_t i = 0; i < slots.size(); ++i) slots[i] = i * 3;

@@ -28,15 +28,18 @@ const std::vector<std::string> kSys = {"sys_enter", "sys_exit"};
 
 TEST_CASE("tp_btf is preferred when it attaches everywhere") {
   FakeProber p;
-  p.attachable = {{HookKind::TpBtf, "sys_enter"}, {HookKind::TpBtf, "sys_exit"},
-                  {HookKind::RawTp, "sys_enter"}, {HookKind::RawTp, "sys_exit"}};
+  p.attachable = {{HookKind::TpBtf, "sys_enter"},
+                  {HookKind::TpBtf, "sys_exit"},
+                  {HookKind::RawTp, "sys_enter"},
+                  {HookKind::RawTp, "sys_exit"}};
   CHECK(choose_hook(p, kSys, HookPreference::Auto) == HookKind::TpBtf);
 }
 
 TEST_CASE("raw_tp is the fallback when tp_btf fails on any hook") {
   FakeProber p;
   p.attachable = {{HookKind::TpBtf, "sys_enter"},
-                  {HookKind::RawTp, "sys_enter"}, {HookKind::RawTp, "sys_exit"}};
+                  {HookKind::RawTp, "sys_enter"},
+                  {HookKind::RawTp, "sys_exit"}};
   CHECK(choose_hook(p, kSys, HookPreference::Auto) == HookKind::RawTp);
 }
 
