@@ -45,11 +45,13 @@ MetricSpec dropped_events_spec() {
 }
 
 DropAccounting::DropAccounting(MetricStore& store, std::string tracer,
-                               std::vector<std::string> reasons)
+                               std::vector<std::string> reasons, std::string swept_reason)
     : store_(store),
       metric_(store.declare(dropped_events_spec())),
       tracer_(std::move(tracer)),
-      reasons_(std::move(reasons)) {
+      reasons_(std::move(reasons)),
+      swept_reason_(std::move(swept_reason)) {
+  if (!swept_reason_.empty()) store_.add(metric_, {tracer_, swept_reason_}, 0);
   // Zero series up front, so "no drops" is visible rather than absent.
   for (const auto& r : reasons_) {
     if (!r.empty()) store_.add(metric_, {tracer_, r}, 0);
@@ -83,6 +85,12 @@ void DropAccounting::drain() {
   }
   if (misses > last_misses_) store_.add(metric_, {tracer_, "recursion"}, misses - last_misses_);
   last_misses_ = misses;
+}
+
+void DropAccounting::sweep(int stamps_map_fd, std::chrono::nanoseconds max_age) {
+  if (const auto n = sweep_stale_stamps(stamps_map_fd, max_age)) {
+    store_.add(metric_, {tracer_, swept_reason_}, n);
+  }
 }
 
 }  // namespace ebpf_metricsd

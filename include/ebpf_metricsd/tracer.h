@@ -64,17 +64,22 @@ class DropAccounting {
  public:
   // reasons[i] names drop code i; "" marks a code that belongs to another tracer sharing
   // the map.
-  DropAccounting(MetricStore& store, std::string tracer, std::vector<std::string> reasons);
+  DropAccounting(MetricStore& store, std::string tracer, std::vector<std::string> reasons,
+                 std::string swept_reason = {});
   // Call after load: the map to read (-1: none) and the programs whose misses count (the
   // wanted ones of the list).
   void bind(int drops_map_fd, const std::vector<ProgramChoice>& programs);
   void drain();
+  // Deletes stamps older than max_age from an in-flight map (sweep_stale_stamps) and counts
+  // them under the swept reason given to the constructor.
+  void sweep(int stamps_map_fd, std::chrono::nanoseconds max_age);
 
  private:
   MetricStore& store_;
   MetricStore::MetricId metric_;
   std::string tracer_;
   std::vector<std::string> reasons_;
+  std::string swept_reason_;
   PerCpuDeltas deltas_{1};
   int map_fd_ = -1;
   std::vector<int> prog_fds_;

@@ -49,10 +49,7 @@ class BlockIoTracer final : public Tracer {
                               "Bytes completed by block requests, by disk and operation.",
                               MetricType::Counter,
                               {"device", "op"}})),
-        drops_(store, "block_io", {"in_flight_full", "series_full"}),
-        stale_(store.declare(dropped_events_spec())) {
-    store_.add(stale_, {"block_io", "never_completed"}, 0);
-  }
+        drops_(store, "block_io", {"in_flight_full", "series_full"}, "never_completed") {}
 
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 2> tps = {"block_rq_issue", "block_rq_complete"};
@@ -102,10 +99,7 @@ class BlockIoTracer final : public Tracer {
     drops_.drain();
     // A request that has not completed in 10 minutes never will (its disk is gone): its
     // stamp is removed so the in-flight map cannot fill up with them.
-    if (const auto n =
-            sweep_stale_stamps(bpf_map__fd(skel_->maps.issued), std::chrono::minutes(10))) {
-      store_.add(stale_, {"block_io", "never_completed"}, n);
-    }
+    drops_.sweep(bpf_map__fd(skel_->maps.issued), std::chrono::minutes(10));
   }
 
  private:
@@ -123,7 +117,6 @@ class BlockIoTracer final : public Tracer {
   PerCpuDeltas series_{BLOCKIO_SLOTS + 2};
   PerCpuDeltas slot_series_{BLOCKIO_SLOTS + 2};
   DropAccounting drops_;
-  MetricStore::MetricId stale_;
   Skeleton skel_;
   std::vector<BpfLink> links_;
   std::string hook_;

@@ -38,10 +38,8 @@ class NetXmitLatencyTracer final : public Tracer {
                               "Bytes handed to the driver, by interface.",
                               MetricType::Counter,
                               {"interface"}})),
-        drops_(store, "net_xmit_latency", {"in_flight_full", "interfaces_full"}),
-        unmatched_(store.declare(dropped_events_spec())) {
-    store_.add(unmatched_, {"net_xmit_latency", "unmatched_queue"}, 0);
-  }
+        drops_(store, "net_xmit_latency", {"in_flight_full", "interfaces_full"},
+               "unmatched_queue") {}
 
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 2> tps = {"net_dev_queue", "net_dev_xmit"};
@@ -91,10 +89,7 @@ class NetXmitLatencyTracer final : public Tracer {
     drops_.drain();
     // A packet still not transmitted after 10 s was dropped on the way (or split into GSO
     // segments, which reach the driver as other skbs): its stamp is removed and counted.
-    if (const auto n =
-            sweep_stale_stamps(bpf_map__fd(skel_->maps.queued_spilled), std::chrono::seconds(10))) {
-      store_.add(unmatched_, {"net_xmit_latency", "unmatched_queue"}, n);
-    }
+    drops_.sweep(bpf_map__fd(skel_->maps.queued_spilled), std::chrono::seconds(10));
   }
 
  private:
@@ -103,7 +98,6 @@ class NetXmitLatencyTracer final : public Tracer {
   PerCpuDeltas series_{NETXMIT_SLOTS + 3};
   PerCpuDeltas dev_series_{NETXMIT_SLOTS + 3};
   DropAccounting drops_;
-  MetricStore::MetricId unmatched_;
   Skeleton skel_;
   std::vector<BpfLink> links_;
   std::string hook_;

@@ -24,8 +24,7 @@ MetricStore::LabelValues family_label(const void* key) {
 class TcpConnectLatencyTracer final : public Tracer {
  public:
   explicit TcpConnectLatencyTracer(MetricStore& store)
-      : store_(store),
-        latency_(store,
+      : latency_(store,
                  store.declare({"ebpf_tcp_connect_latency_seconds",
                                 "Time from an active TCP open (SYN sent) to the connection "
                                 "being established.",
@@ -38,10 +37,7 @@ class TcpConnectLatencyTracer final : public Tracer {
                                         "(refused, timed out, reset).",
                                         MetricType::Counter,
                                         {"family"}})),
-        drops_(store, "tcp_connect_latency", {"in_flight_full"}),
-        stale_(store.declare(dropped_events_spec())) {
-    store.add(stale_, {"tcp_connect_latency", "never_finished"}, 0);
-  }
+        drops_(store, "tcp_connect_latency", {"in_flight_full"}, "never_finished") {}
 
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 1> tps = {"inet_sock_set_state"};
@@ -68,18 +64,13 @@ class TcpConnectLatencyTracer final : public Tracer {
     drops_.drain();
     // Every connect leaves SYN_SENT within the SYN retries (about two minutes); a stamp
     // older than ten minutes belongs to a socket that vanished unseen.
-    if (const auto n =
-            sweep_stale_stamps(bpf_map__fd(skel_->maps.start_spilled), std::chrono::minutes(10))) {
-      store_.add(stale_, {"tcp_connect_latency", "never_finished"}, n);
-    }
+    drops_.sweep(bpf_map__fd(skel_->maps.start_spilled), std::chrono::minutes(10));
   }
 
  private:
-  MetricStore& store_;
   Log2HistDrain latency_;
   CounterDrain failures_;
   DropAccounting drops_;
-  MetricStore::MetricId stale_;
   Skeleton skel_;
   std::vector<BpfLink> links_;
   std::string hook_;
