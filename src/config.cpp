@@ -1,9 +1,5 @@
 #include "ebpf_metricsd/config.h"
 
-#include <filesystem>
-#include <fstream>
-#include <sstream>
-
 #include "ebpf_metricsd/tracer.h"
 #include "ebpf_metricsd/web.h"
 #include "ebpf_metricsd/yaml_reader.h"
@@ -13,13 +9,7 @@ namespace ebpf_metricsd {
 using namespace std::chrono_literals;
 
 Config parse_config(const std::string& yaml_text, const std::string& file_name) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::Exception& e) {
-    throw ConfigError(file_name + ":" + std::to_string(e.mark.line + 1) + ":" +
-                      std::to_string(e.mark.column + 1) + ": invalid YAML: " + e.msg);
-  }
+  const YAML::Node root = parse_yaml(yaml_text, file_name);
   Config cfg;
   cfg.file = file_name;
   YamlMapReader top(root, file_name, "");
@@ -29,9 +19,14 @@ Config parse_config(const std::string& yaml_text, const std::string& file_name) 
   if (auto err = validate_listen_address(cfg.listen_address); !err.empty()) {
     web.fail("listen_address", err);
   }
+  cfg.max_requests = static_cast<std::size_t>(
+      web.get_int("max_requests", static_cast<std::int64_t>(cfg.max_requests), 1, 1000));
+  cfg.request_timeout = web.get_duration("request_timeout", cfg.request_timeout, 100ms, 5min);
   web.finish();
 
   cfg.drain_interval = top.get_duration("drain_interval", cfg.drain_interval, 100ms, 1h);
+  cfg.max_series = static_cast<std::size_t>(
+      top.get_int("max_series", static_cast<std::int64_t>(cfg.max_series), 0, 10'000'000));
 
   YamlMapReader tracers = top.get_map("tracers");
   for (const auto& name : tracers.keys()) {
@@ -56,6 +51,11 @@ Config parse_config(const std::string& yaml_text, const std::string& file_name) 
     tc.hook = *pref;
     tc.options = desc.parse_options(t);
     t.finish();
+    if (tracers.node()[desc.name]) {
+      YAML::Emitter out;
+      out << tracers.node()[desc.name];
+      tc.fingerprint = out.c_str();
+    }
     cfg.tracers.push_back(std::move(tc));
   }
   tracers.finish();
@@ -63,18 +63,6 @@ Config parse_config(const std::string& yaml_text, const std::string& file_name) 
   return cfg;
 }
 
-Config load_config(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) {
-    throw ConfigError(path + ": " +
-                      (std::filesystem::exists(path, ec) ? "not a regular file" : "no such file"));
-  }
-  std::ifstream in(path);
-  if (!in) throw ConfigError(path + ": cannot read config file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw ConfigError(path + ": error reading config file");
-  return parse_config(ss.str(), path);
-}
+Config load_config(const std::string& path) { return parse_config(read_config_file(path), path); }
 
 }  // namespace ebpf_metricsd

@@ -4,8 +4,11 @@
 #include <spdlog/spdlog.h>
 #include <systemd/sd-daemon.h>
 
+#include <ctime>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <tuple>
 #include <vector>
 
 #include "ebpf_metricsd/bpf_support.h"
@@ -14,6 +17,7 @@
 #include "ebpf_metricsd/metric_store.h"
 #include "ebpf_metricsd/tracer.h"
 #include "ebpf_metricsd/web.h"
+#include "ebpf_metricsd/web_config.h"
 
 namespace ebpf_metricsd {
 
@@ -56,22 +60,214 @@ sigset_t handled_signals() {
   return set;
 }
 
-}  // namespace
+std::string status_line(std::size_t up, std::size_t enabled, std::size_t series) {
+  return std::to_string(up) + "/" + std::to_string(enabled) + " tracers up, " +
+         std::to_string(series) + " series";
+}
 
-int run_daemon(const DaemonOptions& options) {
+std::uint64_t monotonic_usec() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000 +
+         static_cast<std::uint64_t>(ts.tv_nsec) / 1000;
+}
+
+class Daemon {
+ public:
+  explicit Daemon(const DaemonOptions& options) : options_(options) {}
+  int run();
+
+ private:
+  // Reads the config file and the web config file; throws ConfigError.
+  std::pair<Config, WebConfig> read_configs() const;
+  static WebSettings web_settings(const Config& cfg, const WebConfig& web);
+  // Brings the running tracers in line with cfg: starts, stops and restarts only what
+  // changed. False when a tracer failed to start and --strict is set.
+  bool reconcile(const Config& cfg);
+  void stop_tracer(const std::string& name, bool keep_series);
+  bool start_tracer(std::size_t index, const TracerConfig& tc);
+  void reload();
+  void notify_ready(const char* extra);
+
+  DaemonOptions options_;
+  Config cfg_;
+  WebConfig web_cfg_;
+  std::shared_ptr<MetricStore> store_ = std::make_shared<MetricStore>();
+  MetricStore::MetricId tracer_up_ = 0, reload_ok_ = 0, reload_time_ = 0;
+  // Shared with the web server's threads, which may outlive this frame (see shutdown).
+  struct States {
+    std::mutex mutex;
+    std::vector<TracerState> list;
+  };
+  std::shared_ptr<States> states_ = std::make_shared<States>();
+  std::unique_ptr<WebServer> web_;
+  KernelHookProber prober_;
+  std::unique_ptr<DrainLoop> drain_;
+  // Per tracer enabled in the applied config: its config and, when it started, the tracer.
+  std::map<std::string, TracerConfig> applied_;
+  std::map<std::string, std::unique_ptr<Tracer>> running_;
+};
+
+std::pair<Config, WebConfig> Daemon::read_configs() const {
+  Config cfg = load_config(options_.config_path);
+  if (options_.listen_address) {
+    if (auto err = validate_listen_address(*options_.listen_address); !err.empty()) {
+      throw ConfigError("--web.listen-address " + *options_.listen_address + ": " + err);
+    }
+    cfg.listen_address = *options_.listen_address;
+  }
+  WebConfig web;
+  if (!options_.web_config_path.empty()) web = load_web_config(options_.web_config_path);
+  return {std::move(cfg), std::move(web)};
+}
+
+WebSettings Daemon::web_settings(const Config& cfg, const WebConfig& web) {
+  return {cfg.listen_address, web, cfg.max_requests, cfg.request_timeout};
+}
+
+void Daemon::stop_tracer(const std::string& name, bool keep_series) {
+  drain_->remove(name);  // drains it one last time
+  running_.erase(name);  // detaches and unloads its BPF side
+  applied_.erase(name);
+  store_->release_owner(name);
+  store_->erase_series_with(tracer_up_, "tracer", name);
+  if (!keep_series) store_->erase_series_with("tracer", name);
+  store_->drop_unowned();
+}
+
+bool Daemon::start_tracer(std::size_t index, const TracerConfig& tc) {
+  std::unique_ptr<Tracer> tracer;
+  std::string hook = "none", error;
+  {
+    MetricStore::OwnerScope scope(*store_, tc.name);
+    try {
+      tracer = find_tracer(tc.name)->create(*store_, tc.options);
+      tracer->start(prober_, tc.hook);
+      hook = tracer->hook();
+    } catch (const std::exception& e) {
+      error = e.what();
+      tracer.reset();
+    }
+  }
+  if (!error.empty()) {
+    // Nothing of a tracer that is not up is exported but its tracer_up 0.
+    store_->release_owner(tc.name);
+    store_->erase_series_with("tracer", tc.name);
+  }
+  store_->drop_unowned();
+  store_->set(tracer_up_, {tc.name, hook}, error.empty() ? 1 : 0);
+  {
+    std::lock_guard lock(states_->mutex);
+    TracerState& st = states_->list[index];
+    st.enabled = true;
+    st.up = error.empty();
+    st.hook = hook;
+    st.error = error;
+  }
+  applied_[tc.name] = tc;
+  if (!error.empty()) {
+    spdlog::error("tracer {} failed to start: {}", tc.name, error);
+    return false;
+  }
+  spdlog::info("tracer {} attached via {}", tc.name, hook);
+  drain_->add(tc.name, tracer.get());
+  running_[tc.name] = std::move(tracer);
+  return true;
+}
+
+bool Daemon::reconcile(const Config& cfg) {
+  for (std::size_t i = 0; i < cfg.tracers.size(); ++i) {
+    const TracerConfig& tc = cfg.tracers[i];
+    const auto old = applied_.find(tc.name);
+    const bool was_enabled = old != applied_.end();
+    if (!tc.enabled) {
+      if (was_enabled) {
+        spdlog::info("tracer {} disabled: detaching", tc.name);
+        stop_tracer(tc.name, /*keep_series=*/false);
+      }
+      std::lock_guard lock(states_->mutex);
+      states_->list[i] = {tc.name, find_tracer(tc.name)->summary, false, false, "", ""};
+      continue;
+    }
+    if (was_enabled) {
+      const bool unchanged = old->second.fingerprint == tc.fingerprint;
+      if (unchanged && running_.count(tc.name)) continue;
+      spdlog::info("tracer {} {}: restarting", tc.name,
+                   unchanged ? "was not up" : "options changed");
+      // Its counters carry on: the new instance declares the same metrics and adds to them.
+      stop_tracer(tc.name, /*keep_series=*/true);
+    }
+    if (!start_tracer(i, tc) && options_.strict) {
+      spdlog::error("--strict: exiting because tracer {} is not up", tc.name);
+      return false;
+    }
+  }
+  return true;
+}
+
+void Daemon::notify_ready(const char* extra) {
+  const std::string status =
+      status_line(running_.size(), applied_.size(), store_->series_count());
+  sd_notifyf(0, "READY=1\n%sSTATUS=%s", extra, status.c_str());
+}
+
+void Daemon::reload() {
+  sd_notifyf(0, "RELOADING=1\nMONOTONIC_USEC=%llu\nSTATUS=reloading %s",
+             static_cast<unsigned long long>(monotonic_usec()), options_.config_path.c_str());
+  spdlog::info("SIGHUP: reloading {}", options_.config_path);
   Config cfg;
+  WebConfig web;
   try {
-    cfg = load_config(options.config_path);
+    std::tie(cfg, web) = read_configs();
+  } catch (const ConfigError& e) {
+    spdlog::error("reload failed, keeping the running configuration: {}", e.what());
+    store_->set(reload_ok_, {}, 0);
+    notify_ready("");
+    return;
+  }
+  bool ok = true;
+  const WebSettings wanted = web_settings(cfg, web);
+  const WebSettings& have = web_->settings();
+  if (wanted.listen_address != have.listen_address ||
+      wanted.security.text != have.security.text || wanted.max_requests != have.max_requests ||
+      wanted.request_timeout != have.request_timeout) {
+    // One server at a time: the new one may need the same port.
+    const WebSettings previous = have;
+    auto landing = [states = states_] {
+      std::lock_guard lock(states->mutex);
+      return landing_page(states->list);
+    };
+    web_.reset();
+    try {
+      web_ = std::make_unique<WebServer>(wanted, store_, landing);
+      spdlog::info("web server restarted on {}{}", wanted.listen_address,
+                   wanted.security.tls ? " with TLS" : "");
+    } catch (const std::exception& e) {
+      spdlog::error("reload: {}; keeping the previous web settings", e.what());
+      ok = false;
+      web_ = std::make_unique<WebServer>(previous, store_, landing);
+    }
+  }
+  if (!reconcile(cfg)) std::exit(1);
+  drain_->set_interval(cfg.drain_interval);
+  store_->set_series_limit(cfg.max_series);
+  cfg_ = std::move(cfg);
+  web_cfg_ = std::move(web);
+  store_->set(reload_ok_, {}, ok ? 1 : 0);
+  if (ok) {
+    store_->set(reload_time_, {}, static_cast<double>(std::time(nullptr)));
+    spdlog::info("reload done: {}",
+                 status_line(running_.size(), applied_.size(), store_->series_count()));
+  }
+  notify_ready("");
+}
+
+int Daemon::run() {
+  try {
+    std::tie(cfg_, web_cfg_) = read_configs();
   } catch (const ConfigError& e) {
     spdlog::error("invalid configuration: {}", e.what());
     return 1;
-  }
-  if (options.listen_address) {
-    if (auto err = validate_listen_address(*options.listen_address); !err.empty()) {
-      spdlog::error("--web.listen-address {}: {}", *options.listen_address, err);
-      return 1;
-    }
-    cfg.listen_address = *options.listen_address;
   }
 
   // Signals are taken synchronously by this thread; every thread started below inherits
@@ -80,99 +276,79 @@ int run_daemon(const DaemonOptions& options) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   route_libbpf_logs();
-  auto store = std::make_shared<MetricStore>();
-  const auto build_info = store->declare({"ebpf_metricsd_build_info",
-                                          "Build of ebpf-metricsd; the value is always 1.",
-                                          MetricType::Gauge,
-                                          {"version"}});
-  store->set(build_info, {EBPF_METRICSD_VERSION}, 1);
-  const auto tracer_up = store->declare(
+  store_->set_series_limit(cfg_.max_series);
+  const auto build_info = store_->declare({"ebpf_metricsd_build_info",
+                                           "Build of ebpf-metricsd; the value is always 1.",
+                                           MetricType::Gauge,
+                                           {"version"}});
+  store_->set(build_info, {EBPF_METRICSD_VERSION}, 1);
+  tracer_up_ = store_->declare(
       {"ebpf_metricsd_tracer_up",
        "1 when the tracer is attached, 0 when it failed; hook is the attach type in use.",
        MetricType::Gauge,
        {"tracer", "hook"}});
+  reload_ok_ = store_->declare({"ebpf_metricsd_config_last_reload_successful",
+                                "Whether the last configuration reload succeeded.",
+                                MetricType::Gauge,
+                                {}});
+  reload_time_ = store_->declare({"ebpf_metricsd_config_last_reload_success_timestamp_seconds",
+                                  "When the configuration was last loaded successfully.",
+                                  MetricType::Gauge,
+                                  {}});
+  store_->set(reload_ok_, {}, 1);
+  store_->set(reload_time_, {}, static_cast<double>(std::time(nullptr)));
 
-  // Shared with the web server's threads, which may outlive this frame (see shutdown).
-  struct States {
-    std::mutex mutex;
-    std::vector<TracerState> list;
-  };
-  auto states = std::make_shared<States>();
-  for (const auto& tc : cfg.tracers) {
-    states->list.push_back({tc.name, find_tracer(tc.name)->summary, tc.enabled, false, "", ""});
+  for (const auto& tc : cfg_.tracers) {
+    states_->list.push_back({tc.name, find_tracer(tc.name)->summary, tc.enabled, false, "", ""});
   }
-
-  std::unique_ptr<WebServer> web;
   try {
-    web = std::make_unique<WebServer>(cfg.listen_address, store, [states] {
-      std::lock_guard lock(states->mutex);
-      return landing_page(states->list);
-    });
+    web_ = std::make_unique<WebServer>(web_settings(cfg_, web_cfg_), store_,
+                                       [states = states_] {
+                                         std::lock_guard lock(states->mutex);
+                                         return landing_page(states->list);
+                                       });
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
     return 1;
   }
-  spdlog::info("ebpf-metricsd {} listening on {} (config {})", EBPF_METRICSD_VERSION,
-               cfg.listen_address, cfg.file);
+  spdlog::info("ebpf-metricsd {} listening on {}{} (config {})", EBPF_METRICSD_VERSION,
+               cfg_.listen_address, web_cfg_.tls ? " with TLS" : "", cfg_.file);
 
-  KernelHookProber prober;
-  std::vector<std::unique_ptr<Tracer>> tracers;
-  DrainLoop drain(*store, cfg.drain_interval);
-  for (std::size_t i = 0; i < cfg.tracers.size(); ++i) {
-    const TracerConfig& tc = cfg.tracers[i];
-    if (!tc.enabled) continue;
-    auto tracer = find_tracer(tc.name)->create(*store, tc.options);
-    std::string hook = "none", error;
-    try {
-      tracer->start(prober, tc.hook);
-      hook = tracer->hook();
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-    {
-      std::lock_guard lock(states->mutex);
-      TracerState& st = states->list[i];
-      st.up = error.empty();
-      st.hook = hook;
-      st.error = error;
-    }
-    store->set(tracer_up, {tc.name, hook}, error.empty() ? 1 : 0);
-    if (!error.empty()) {
-      spdlog::error("tracer {} failed to start: {}", tc.name, error);
-      if (options.strict) {
-        spdlog::error("--strict: exiting because tracer {} is not up", tc.name);
-        return 1;
-      }
-      continue;
-    }
-    spdlog::info("tracer {} attached via {}", tc.name, hook);
-    drain.add(tc.name, tracer.get());
-    tracers.push_back(std::move(tracer));
-  }
-  drain.start();
-  sd_notifyf(0, "READY=1\nSTATUS=%zu tracer(s) up", tracers.size());
-  spdlog::info("{} tracer(s) up, draining every {} ms", tracers.size(), cfg.drain_interval.count());
+  drain_ = std::make_unique<DrainLoop>(*store_, cfg_.drain_interval);
+  if (!reconcile(cfg_)) return 1;
+  drain_->start();
+  notify_ready("");
+  spdlog::info("{}, draining every {} ms",
+               status_line(running_.size(), applied_.size(), store_->series_count()),
+               cfg_.drain_interval.count());
 
   for (;;) {
     int sig = 0;
     if (sigwait(&signals, &sig) != 0) continue;
     if (sig == SIGHUP) {
-      spdlog::warn("SIGHUP: configuration reload is not supported yet; restart to apply changes");
+      reload();
       continue;
     }
     spdlog::info("received {}, shutting down", strsignal(sig));
     break;
   }
-  sd_notify(0, "STOPPING=1");
-  drain.stop();
-  tracers.clear();  // detach and unload every BPF object
+  sd_notify(0, "STOPPING=1\nSTATUS=stopping");
+  drain_->stop();
+  running_.clear();  // detach and unload every BPF object
   // civetweb's orderly stop waits up to a second for its listener's poll to time out. The
   // kernel objects are gone and the process is about to exit, which closes the sockets, so
   // the server is left to the exit instead of making shutdown slow.
-  (void)web.release();
+  (void)web_.release();
   spdlog::info("stopped: all tracers detached");
   spdlog::shutdown();
   return 0;
+}
+
+}  // namespace
+
+int run_daemon(const DaemonOptions& options) {
+  Daemon daemon(options);
+  return daemon.run();
 }
 
 }  // namespace ebpf_metricsd

@@ -20,24 +20,45 @@ DrainLoop::DrainLoop(MetricStore& store, std::chrono::milliseconds interval)
 DrainLoop::~DrainLoop() { stop(); }
 
 void DrainLoop::add(std::string name, Tracer* tracer) {
+  std::lock_guard lock(tracers_mutex_);
   store_.add(errors_metric_, {name}, 0);
   tracers_.push_back({std::move(name), tracer});
 }
 
-bool DrainLoop::drain_once() {
-  bool all_ok = true;
+void DrainLoop::remove(const std::string& name) {
+  std::lock_guard lock(tracers_mutex_);
+  bool ok = true;
   for (auto& e : tracers_) {
-    const auto t0 = std::chrono::steady_clock::now();
-    try {
-      e.tracer->drain();
-    } catch (const std::exception& ex) {
-      all_ok = false;
-      store_.add(errors_metric_, {e.name}, 1);
-      spdlog::error("drain of tracer {} failed: {}", e.name, ex.what());
-    }
-    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - t0;
-    store_.set(duration_metric_, {e.name}, took.count());
+    if (e.name == name) drain_entry(e, ok);
   }
+  std::erase_if(tracers_, [&](const Entry& e) { return e.name == name; });
+}
+
+void DrainLoop::set_interval(std::chrono::milliseconds interval) {
+  {
+    std::lock_guard lock(mutex_);
+    interval_ = interval;
+  }
+  wake_.notify_all();
+}
+
+void DrainLoop::drain_entry(Entry& e, bool& all_ok) {
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    e.tracer->drain();
+  } catch (const std::exception& ex) {
+    all_ok = false;
+    store_.add(errors_metric_, {e.name}, 1);
+    spdlog::error("drain of tracer {} failed: {}", e.name, ex.what());
+  }
+  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - t0;
+  store_.set(duration_metric_, {e.name}, took.count());
+}
+
+bool DrainLoop::drain_once() {
+  std::lock_guard lock(tracers_mutex_);
+  bool all_ok = true;
+  for (auto& e : tracers_) drain_entry(e, all_ok);
   return all_ok;
 }
 
@@ -48,7 +69,8 @@ void DrainLoop::start() {
       lock.unlock();
       if (drain_once()) sd_notify(0, "WATCHDOG=1");
       lock.lock();
-      wake_.wait_for(lock, interval_, [this] { return stopping_; });
+      const auto deadline = std::chrono::steady_clock::now() + interval_;
+      wake_.wait_until(lock, deadline, [this] { return stopping_; });
     }
   });
 }

@@ -1,6 +1,9 @@
 // ebpf-metricsd: exports what eBPF tracers see in the kernel as Prometheus metrics.
 #include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/pattern_formatter.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
@@ -10,6 +13,7 @@
 
 #include "ebpf_metricsd/config.h"
 #include "ebpf_metricsd/daemon.h"
+#include "ebpf_metricsd/web_config.h"
 
 namespace {
 
@@ -21,6 +25,8 @@ Flags:
   --config PATH               configuration file (default /etc/ebpf-metricsd/config.yaml)
   --check-config              parse and validate the configuration, then exit 0 (valid) or 1
   --web.listen-address ADDR   address to serve /metrics on, overrides the config (e.g. :9810)
+  --web.config.file PATH      TLS and basic auth, in the Prometheus exporters' web config
+                              format (tls_server_config, basic_auth_users)
   --log.level LEVEL           debug, info, warn or error (default info)
   --strict                    exit when any enabled tracer fails to attach
   --version                   print the version and exit
@@ -44,6 +50,43 @@ bool take_value(int argc, char** argv, int& i, std::string_view flag, std::strin
   return false;
 }
 
+// The syslog priority of a log level, for journald (sd-daemon(3)).
+class SyslogPriorityFlag : public spdlog::custom_flag_formatter {
+ public:
+  void format(const spdlog::details::log_msg& msg, const std::tm&,
+              spdlog::memory_buf_t& dest) override {
+    const char digit = [&] {
+      switch (msg.level) {
+        case spdlog::level::critical:
+          return '2';
+        case spdlog::level::err:
+          return '3';
+        case spdlog::level::warn:
+          return '4';
+        case spdlog::level::info:
+          return '6';
+        default:
+          return '7';
+      }
+    }();
+    dest.push_back(digit);
+  }
+  std::unique_ptr<custom_flag_formatter> clone() const override {
+    return std::make_unique<SyslogPriorityFlag>();
+  }
+};
+
+// systemd sets JOURNAL_STREAM to "device:inode" of the stream it connected to stderr.
+bool stderr_is_journal() {
+  const char* env = std::getenv("JOURNAL_STREAM");
+  if (!env) return false;
+  struct stat st {};
+  if (fstat(STDERR_FILENO, &st) != 0) return false;
+  unsigned long long dev = 0, ino = 0;
+  if (std::sscanf(env, "%llu:%llu", &dev, &ino) != 2) return false;
+  return dev == st.st_dev && ino == st.st_ino;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -65,6 +108,8 @@ int main(int argc, char** argv) {
       options.strict = true;
     } else if (take_value(argc, argv, i, "--config", value)) {
       options.config_path = value;
+    } else if (take_value(argc, argv, i, "--web.config.file", value)) {
+      options.web_config_path = value;
     } else if (take_value(argc, argv, i, "--web.listen-address", value)) {
       options.listen_address = value;
     } else if (take_value(argc, argv, i, "--log.level", value)) {
@@ -77,7 +122,14 @@ int main(int argc, char** argv) {
 
   auto logger = spdlog::stderr_color_mt("ebpf-metricsd");
   spdlog::set_default_logger(logger);
-  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e%z %^%l%$ %v");
+  if (stderr_is_journal()) {
+    // journald reads the "<N>" prefix as the line's syslog priority and stamps the time.
+    auto formatter = std::make_unique<spdlog::pattern_formatter>();
+    formatter->add_flag<SyslogPriorityFlag>('*').set_pattern("<%*>%v");
+    spdlog::set_formatter(std::move(formatter));
+  } else {
+    spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e%z %^%l%$ %v");
+  }
   const auto level = spdlog::level::from_str(log_level);
   if (level == spdlog::level::off && log_level != "off") {
     std::cerr << "ebpf-metricsd: invalid --log.level '" << log_level
@@ -89,6 +141,9 @@ int main(int argc, char** argv) {
   if (check_config) {
     try {
       ebpf_metricsd::load_config(options.config_path);
+      if (!options.web_config_path.empty()) {
+        ebpf_metricsd::load_web_config(options.web_config_path);
+      }
     } catch (const ebpf_metricsd::ConfigError& e) {
       std::cerr << e.what() << "\n";
       return 1;

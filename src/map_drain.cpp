@@ -32,7 +32,7 @@ void PerCpuDeltas::account(const void* key, std::size_t key_size, const std::uin
   }
   if (!changed) return;
   last = std::move(total);
-  visit(key, delta.data());
+  if (!rebase_) visit(key, delta.data());
 }
 
 void PerCpuDeltas::drain_array(int map_fd, std::uint32_t entries, const Visit& visit) {
@@ -43,6 +43,7 @@ void PerCpuDeltas::drain_array(int map_fd, std::uint32_t entries, const Visit& v
     std::memcpy(per_cpu.data(), values.data() + k * cpus * width_ * 8, per_cpu.size() * 8);
     account(&k, sizeof k, per_cpu.data(), visit);
   }
+  rebase_ = false;
 }
 
 void PerCpuDeltas::drain_hash(int map_fd, std::size_t key_size, const Visit& visit) {
@@ -61,6 +62,7 @@ void PerCpuDeltas::drain_hash(int map_fd, std::size_t key_size, const Visit& vis
     err = bpf_map_get_next_key(map_fd, key.data(), next.data());
   }
   if (errno != ENOENT) throw BpfError(bpf_error_text("bpf_map_get_next_key", errno));
+  rebase_ = false;
 }
 
 PerCpuDeltas::Visit Log2HistDrain::visitor(const Labels& labels) {

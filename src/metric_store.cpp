@@ -2,11 +2,27 @@
 
 #include <prometheus/check_names.h>
 
+#include <algorithm>
 #include <stdexcept>
+#include <utility>
 
 namespace ebpf_metricsd {
 
+MetricStore::MetricStore() {
+  limited_metric_ = declare_locked({"ebpf_metricsd_series_limited_total",
+                                    "Label sets not created because their metric had reached "
+                                    "the max_series limit; each refused update counts.",
+                                    MetricType::Counter,
+                                    {"metric"}},
+                                   /*limited=*/false);
+}
+
 MetricStore::MetricId MetricStore::declare(const MetricSpec& spec) {
+  std::lock_guard lock(mutex_);
+  return declare_locked(spec, true);
+}
+
+MetricStore::MetricId MetricStore::declare_locked(const MetricSpec& spec, bool limited) {
   if (!prometheus::CheckMetricName(spec.name)) {
     throw std::invalid_argument("invalid metric name: " + spec.name);
   }
@@ -19,28 +35,90 @@ MetricStore::MetricId MetricStore::declare(const MetricSpec& spec) {
       (spec.buckets.max_log2 < spec.buckets.min_log2 || spec.buckets.units_per_base <= 0)) {
     throw std::invalid_argument("invalid bucket layout on " + spec.name);
   }
-  std::lock_guard lock(mutex_);
   for (std::size_t i = 0; i < metrics_.size(); ++i) {
-    const MetricSpec& s = metrics_[i].spec;
-    if (s.name != spec.name) continue;
-    if (s.type != spec.type || s.labels != spec.labels || s.help != spec.help) {
-      throw std::invalid_argument("metric " + spec.name + " declared twice, differently");
+    Metric& m = metrics_[i];
+    if (m.spec.name != spec.name) continue;
+    const bool same = m.spec.type == spec.type && m.spec.labels == spec.labels &&
+                      m.spec.help == spec.help && m.spec.buckets == spec.buckets &&
+                      m.spec.units_per_base == spec.units_per_base;
+    if (!same) {
+      if (!m.owners.empty()) {
+        throw std::invalid_argument("metric " + spec.name + " declared twice, differently");
+      }
+      m.spec = spec;  // released by its owner, now declared anew
+      m.series.clear();
     }
+    m.owners.insert(owner_);
     return i;
   }
-  metrics_.push_back(Metric{spec, {}});
+  metrics_.push_back(Metric{spec, {}, {owner_}, limited});
   return metrics_.size() - 1;
 }
 
-MetricStore::Series& MetricStore::series_for(Metric& m, const LabelValues& labels) {
+MetricStore::OwnerScope::OwnerScope(MetricStore& store, std::string owner) : store_(store) {
+  std::lock_guard lock(store_.mutex_);
+  previous_ = std::exchange(store_.owner_, std::move(owner));
+}
+
+MetricStore::OwnerScope::~OwnerScope() {
+  std::lock_guard lock(store_.mutex_);
+  store_.owner_ = std::move(previous_);
+}
+
+void MetricStore::release_owner(const std::string& owner) {
+  std::lock_guard lock(mutex_);
+  for (auto& m : metrics_) m.owners.erase(owner);
+}
+
+void MetricStore::drop_unowned() {
+  std::lock_guard lock(mutex_);
+  for (auto& m : metrics_) {
+    if (m.owners.empty()) m.series.clear();
+  }
+}
+
+namespace {
+template <typename M>
+void erase_in(M& m, const std::string& label, const std::string& value) {
+  const auto it = std::find(m.spec.labels.begin(), m.spec.labels.end(), label);
+  if (it == m.spec.labels.end()) return;
+  const auto pos = static_cast<std::size_t>(it - m.spec.labels.begin());
+  std::erase_if(m.series, [&](const auto& kv) { return kv.first[pos] == value; });
+}
+}  // namespace
+
+void MetricStore::erase_series_with(const std::string& label, const std::string& value) {
+  std::lock_guard lock(mutex_);
+  for (auto& m : metrics_) erase_in(m, label, value);
+}
+
+void MetricStore::erase_series_with(MetricId id, const std::string& label,
+                                    const std::string& value) {
+  std::lock_guard lock(mutex_);
+  erase_in(metrics_.at(id), label, value);
+}
+
+void MetricStore::set_series_limit(std::size_t max_series) {
+  std::lock_guard lock(mutex_);
+  series_limit_ = max_series;
+}
+
+MetricStore::Series* MetricStore::series_for(Metric& m, const LabelValues& labels) {
   if (labels.size() != m.spec.labels.size()) {
     throw std::invalid_argument("wrong number of label values for " + m.spec.name);
   }
   auto it = m.series.find(labels);
-  if (it != m.series.end()) return it->second;
+  if (it != m.series.end()) return &it->second;
   LabelValues clean;
   clean.reserve(labels.size());
   for (const auto& v : labels) clean.push_back(sanitize_utf8(v));
+  it = m.series.find(clean);
+  if (it != m.series.end()) return &it->second;
+  if (m.limited && series_limit_ != 0 && m.series.size() >= series_limit_) {
+    Metric& limited = metrics_[limited_metric_];
+    ++std::get<std::uint64_t>(limited.series[{m.spec.name}]);
+    return nullptr;
+  }
   Series fresh;
   switch (m.spec.type) {
     case MetricType::Counter:
@@ -56,21 +134,21 @@ MetricStore::Series& MetricStore::series_for(Metric& m, const LabelValues& label
       break;
     }
   }
-  return m.series.emplace(std::move(clean), std::move(fresh)).first->second;
+  return &m.series.emplace(std::move(clean), std::move(fresh)).first->second;
 }
 
 void MetricStore::add(MetricId id, const LabelValues& labels, std::uint64_t delta) {
   std::lock_guard lock(mutex_);
   Metric& m = metrics_.at(id);
   if (m.spec.type != MetricType::Counter) throw std::logic_error(m.spec.name + " is no counter");
-  std::get<std::uint64_t>(series_for(m, labels)) += delta;
+  if (Series* s = series_for(m, labels)) std::get<std::uint64_t>(*s) += delta;
 }
 
 void MetricStore::set(MetricId id, const LabelValues& labels, double value) {
   std::lock_guard lock(mutex_);
   Metric& m = metrics_.at(id);
   if (m.spec.type != MetricType::Gauge) throw std::logic_error(m.spec.name + " is no gauge");
-  std::get<double>(series_for(m, labels)) = value;
+  if (Series* s = series_for(m, labels)) std::get<double>(*s) = value;
 }
 
 void MetricStore::add_slots(MetricId id, const LabelValues& labels,
@@ -80,7 +158,9 @@ void MetricStore::add_slots(MetricId id, const LabelValues& labels,
   if (m.spec.type != MetricType::Histogram) {
     throw std::logic_error(m.spec.name + " is no histogram");
   }
-  auto& h = std::get<Log2HistogramState>(series_for(m, labels));
+  Series* s = series_for(m, labels);
+  if (!s) return;
+  auto& h = std::get<Log2HistogramState>(*s);
   m.spec.buckets.fold(slots, h.buckets);
   h.sum_raw += sum_delta;
 }

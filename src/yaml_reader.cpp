@@ -1,6 +1,9 @@
 #include "ebpf_metricsd/yaml_reader.h"
 
 #include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <limits>
 #include <stdexcept>
 
@@ -221,6 +224,29 @@ std::string format_duration(std::chrono::milliseconds d) {
   if (ms % 3'600'000 == 0 && ms != 0) return std::to_string(ms / 3'600'000) + "h";
   if (ms % 60'000 == 0 && ms != 0) return std::to_string(ms / 60'000) + "m";
   return std::to_string(ms / 1000) + "s";
+}
+
+YAML::Node parse_yaml(const std::string& text, const std::string& file_name) {
+  try {
+    return YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(file_name + ":" + std::to_string(e.mark.line + 1) + ":" +
+                      std::to_string(e.mark.column + 1) + ": invalid YAML: " + e.msg);
+  }
+}
+
+std::string read_config_file(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    throw ConfigError(path + ": " +
+                      (std::filesystem::exists(path, ec) ? "not a regular file" : "no such file"));
+  }
+  std::ifstream in(path);
+  if (!in) throw ConfigError(path + ": cannot read file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) throw ConfigError(path + ": error reading file");
+  return ss.str();
 }
 
 }  // namespace ebpf_metricsd

@@ -15,12 +15,21 @@ struct TracerConfig {
   bool enabled = false;
   HookPreference hook = HookPreference::Auto;
   std::any options;  // parsed by the tracer's descriptor
+  // The tracer's section as written (canonical YAML): a reload restarts the tracer only
+  // when this changed.
+  std::string fingerprint;
 };
 
 struct Config {
   std::string file;
   std::string listen_address = ":9810";
+  // Scrapes of /metrics served at once; one more is answered 503 at once.
+  std::size_t max_requests = 40;
+  // A client must send its whole request (and TLS handshake) within this.
+  std::chrono::milliseconds request_timeout{10000};
   std::chrono::milliseconds drain_interval{5000};
+  // Label sets per metric; 0 = unlimited.
+  std::size_t max_series = 2000;
   // Every registered tracer, in registry order; those absent from the file are disabled.
   std::vector<TracerConfig> tracers;
 };

@@ -20,7 +20,11 @@ class DrainLoop {
   DrainLoop(MetricStore& store, std::chrono::milliseconds interval);
   ~DrainLoop();
 
+  // add/remove wait for a drain in progress; `remove` first drains the tracer one last
+  // time, so nothing it counted is lost when it is then destroyed.
   void add(std::string name, Tracer* tracer);
+  void remove(const std::string& name);
+  void set_interval(std::chrono::milliseconds interval);
   // One round over all tracers; true when every drain succeeded.
   bool drain_once();
   void start();
@@ -35,6 +39,8 @@ class DrainLoop {
   MetricStore::MetricId duration_metric_;
   MetricStore::MetricId errors_metric_;
   std::chrono::milliseconds interval_;
+  void drain_entry(Entry& e, bool& all_ok);
+  std::mutex tracers_mutex_;  // held while draining
   std::vector<Entry> tracers_;
   std::mutex mutex_;
   std::condition_variable wake_;

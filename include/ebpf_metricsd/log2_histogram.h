@@ -21,6 +21,7 @@ struct Log2Layout {
   // Adds per-slot kernel counts into per-bucket counts (size finite_buckets() + 1, the last
   // being the overflow that only +Inf includes).
   void fold(std::span<const std::uint64_t> slots, std::span<std::uint64_t> buckets) const;
+  bool operator==(const Log2Layout&) const = default;
 };
 
 // Cumulative state of one histogram series, in raw units.

@@ -23,11 +23,16 @@ class PerCpuDeltas {
   void drain_array(int map_fd, std::uint32_t entries, const Visit& visit);
   // Visits every key of a PERCPU_HASH whose value changed.
   void drain_hash(int map_fd, std::size_t key_size, const Visit& visit);
+  // The next drain only takes the map's current values as the baseline, visiting nothing:
+  // for a map that already held counts when this drain started reading it (an object
+  // shared with another tracer that stayed loaded).
+  void rebase_next() { rebase_ = true; }
 
  private:
   void account(const void* key, std::size_t key_size, const std::uint64_t* per_cpu,
                const Visit& visit);
   std::size_t width_;
+  bool rebase_ = false;
   std::map<std::vector<std::uint8_t>, std::vector<std::uint64_t>> last_;
 };
 
@@ -39,6 +44,7 @@ class Log2HistDrain {
   using Labels = std::function<MetricStore::LabelValues(const void* key)>;
   void drain_array(int map_fd, std::uint32_t entries, const Labels& labels);
   void drain_hash(int map_fd, std::size_t key_size, const Labels& labels);
+  void rebase_next() { deltas_.rebase_next(); }
 
  private:
   PerCpuDeltas::Visit visitor(const Labels& labels);
@@ -54,6 +60,7 @@ class CounterDrain {
       : store_(store), metric_(metric), deltas_(1) {}
   using Labels = std::function<MetricStore::LabelValues(const void* key)>;
   void drain_array(int map_fd, std::uint32_t entries, const Labels& labels);
+  void rebase_next() { deltas_.rebase_next(); }
 
  private:
   MetricStore& store_;

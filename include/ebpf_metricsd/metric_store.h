@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <set>
 #include <span>
 #include <string>
 #include <variant>
@@ -31,12 +32,41 @@ struct MetricSpec {
 // Counters and histograms only ever grow; the drain adds deltas to them.
 class MetricStore : public prometheus::Collectable {
  public:
+  MetricStore();
   using MetricId = std::size_t;
   using LabelValues = std::vector<std::string>;
 
-  // Declares a metric; declaring the same spec again returns the same id. Throws
-  // std::invalid_argument for an invalid name or a conflicting redeclaration.
+  // Declares a metric owned by the current owner (see OwnerScope; "core" outside one);
+  // declaring the same spec again returns the same id and keeps its series. Throws
+  // std::invalid_argument for an invalid name or a conflicting redeclaration, unless the
+  // metric has no owner left (release_owner), in which case the new spec replaces it.
   MetricId declare(const MetricSpec& spec);
+
+  // Metrics declared while an OwnerScope lives belong to its owner (a tracer's name).
+  class OwnerScope {
+   public:
+    OwnerScope(MetricStore& store, std::string owner);
+    ~OwnerScope();
+    OwnerScope(const OwnerScope&) = delete;
+    OwnerScope& operator=(const OwnerScope&) = delete;
+
+   private:
+    MetricStore& store_;
+    std::string previous_;
+  };
+  // The owner gives up its metrics; their series stay until drop_unowned(), so a restarted
+  // owner that declares them again carries on counting.
+  void release_owner(const std::string& owner);
+  // Deletes the series of metrics nobody owns any more.
+  void drop_unowned();
+  // Deletes every series whose label `label` has `value` (e.g. tracer="kmalloc"), in all
+  // metrics or only in `id`.
+  void erase_series_with(const std::string& label, const std::string& value);
+  void erase_series_with(MetricId id, const std::string& label, const std::string& value);
+
+  // At most this many series per metric (0 = no limit). A new label set past it is not
+  // created; ebpf_metricsd_series_limited_total{metric} counts each value refused.
+  void set_series_limit(std::size_t max_series);
 
   void add(MetricId id, const LabelValues& labels, std::uint64_t delta);
   void set(MetricId id, const LabelValues& labels, double value);
@@ -53,11 +83,18 @@ class MetricStore : public prometheus::Collectable {
   struct Metric {
     MetricSpec spec;
     std::map<LabelValues, Series> series;
+    std::set<std::string> owners;
+    bool limited = true;  // subject to the series limit
   };
-  Series& series_for(Metric& m, const LabelValues& labels);
+  MetricId declare_locked(const MetricSpec& spec, bool limited);
+  // nullptr when the label set is new and the metric is at its limit (counted).
+  Series* series_for(Metric& m, const LabelValues& labels);
 
   mutable std::mutex mutex_;
   std::vector<Metric> metrics_;
+  std::string owner_ = "core";
+  std::size_t series_limit_ = 0;
+  MetricId limited_metric_ = 0;
 };
 
 // Replaces bytes that are not valid UTF-8 with U+FFFD, so label values taken from the

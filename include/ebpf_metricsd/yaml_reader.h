@@ -45,6 +45,7 @@ class YamlMapReader {
                             const std::string& what) const;
 
   const std::string& file() const { return file_; }
+  const YAML::Node& node() const { return node_; }
   std::string key_path(const std::string& key) const;
 
  private:
@@ -53,6 +54,11 @@ class YamlMapReader {
   std::string path_;
   std::set<std::string> known_;
 };
+
+// Parses YAML text; a syntax error throws ConfigError naming file:line:column.
+YAML::Node parse_yaml(const std::string& text, const std::string& file_name);
+// The bytes of a configuration file; throws ConfigError naming it when it cannot be read.
+std::string read_config_file(const std::string& path);
 
 // Parses a Prometheus-style duration ("1h30m", "500ms"); throws std::invalid_argument.
 std::chrono::milliseconds parse_duration(const std::string& text);

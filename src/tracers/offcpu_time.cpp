@@ -25,6 +25,12 @@ class OffcpuTimeTracer final : public SchedHistTracer {
         });
   }
 
+ protected:
+  void rebase_next() override {
+    SchedHistTracer::rebase_next();
+    switches_.rebase_next();
+  }
+
  private:
   CounterDrain switches_;
 };

@@ -14,9 +14,12 @@ std::weak_ptr<SchedObject> g_live;
 constexpr std::uint32_t kPidMapEntries = 65536;
 }  // namespace
 
-std::shared_ptr<SchedObject> SchedObject::acquire(HookProber& prober, HookPreference preference) {
+std::shared_ptr<SchedObject> SchedObject::acquire(HookProber& prober, HookPreference preference,
+                                                  bool& fresh) {
   std::lock_guard lock(g_mutex);
+  fresh = false;
   if (auto live = g_live.lock()) return live;
+  fresh = true;
 
   static const std::array<std::string, 4> tracepoints = {"sched_wakeup", "sched_wakeup_new",
                                                          "sched_switch", "sched_process_free"};
@@ -93,8 +96,14 @@ SchedHistTracer::~SchedHistTracer() {
   if (obj_) skel()->bss->sched_cfg.*kind_.on = 0;
 }
 
+void SchedHistTracer::rebase_next() {
+  hist_.rebase_next();
+  drops_.rebase_next();
+}
+
 void SchedHistTracer::start(HookProber& prober, HookPreference preference) {
-  obj_ = SchedObject::acquire(prober, preference);
+  bool fresh = true;
+  obj_ = SchedObject::acquire(prober, preference, fresh);
   std::vector<ProgramChoice> progs = {{obj_->switch_program(), true}};
   if (kind_.wants_wakeups) {
     for (bpf_program* p : {obj_->wakeup_program(), obj_->wakeup_new_program()}) {
@@ -102,11 +111,16 @@ void SchedHistTracer::start(HookProber& prober, HookPreference preference) {
       progs.push_back({p, true});
     }
   }
+  drops_.bind(bpf_map__fd(skel()->maps.drops), progs);
+  // Taken while this kind is still switched off, so no event falls between baseline and on.
+  if (!fresh) {
+    rebase_next();
+    drain();
+  }
   sched_config& cfg = skel()->bss->sched_cfg;
   cfg.*kind_.by_cgroup = labels_.cgroup;
   cfg.*kind_.by_comm = labels_.comm;
   cfg.*kind_.on = 1;
-  drops_.bind(bpf_map__fd(skel()->maps.drops), progs);
 }
 
 void SchedHistTracer::drain() {

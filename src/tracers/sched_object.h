@@ -25,7 +25,9 @@ class SchedObject {
  public:
   // The live object, or a newly loaded one with sched_switch attached. The hook kind is
   // chosen by whoever loads it first.
-  static std::shared_ptr<SchedObject> acquire(HookProber& prober, HookPreference preference);
+  // `fresh` tells whether it was loaded now (its maps empty) or was already live.
+  static std::shared_ptr<SchedObject> acquire(HookProber& prober, HookPreference preference,
+                                              bool& fresh);
   ~SchedObject();
 
   scheduler* skel() const { return skel_.get(); }
@@ -77,6 +79,9 @@ class SchedHistTracer : public Tracer {
 
  protected:
   scheduler* skel() const { return obj_->skel(); }
+  // Counts already in the shared maps (the other tracer kept the object loaded) are the
+  // baseline of the first drain, not new events. Overrides add their own drains.
+  virtual void rebase_next();
 
  private:
   SchedHistKind kind_;

@@ -1,0 +1,146 @@
+#include "ebpf_metricsd/web_config.h"
+
+#include <crypt.h>
+#include <openssl/crypto.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+
+#include <memory>
+
+#include "ebpf_metricsd/config_error.h"
+#include "ebpf_metricsd/yaml_reader.h"
+
+namespace ebpf_metricsd {
+
+namespace {
+
+std::optional<ClientAuth> parse_client_auth(const std::string& s) {
+  if (s == "NoClientCert") return ClientAuth::NoClientCert;
+  if (s == "RequestClientCert") return ClientAuth::RequestClientCert;
+  if (s == "RequireAnyClientCert") return ClientAuth::RequireAnyClientCert;
+  if (s == "VerifyClientCertIfGiven") return ClientAuth::VerifyClientCertIfGiven;
+  if (s == "RequireAndVerifyClientCert") return ClientAuth::RequireAndVerifyClientCert;
+  return std::nullopt;
+}
+
+std::optional<int> parse_tls_version(const std::string& s) {
+  if (s == "TLS10") return TLS1_VERSION;
+  if (s == "TLS11") return TLS1_1_VERSION;
+  if (s == "TLS12") return TLS1_2_VERSION;
+  if (s == "TLS13") return TLS1_3_VERSION;
+  return std::nullopt;
+}
+
+std::string openssl_error() {
+  const unsigned long code = ERR_get_error();
+  ERR_clear_error();
+  if (code == 0) return "unknown error";
+  char buf[256];
+  ERR_error_string_n(code, buf, sizeof buf);
+  return buf;
+}
+
+bool is_bcrypt_hash(const std::string& h) {
+  return h.size() == 60 && h[0] == '$' && h[1] == '2' &&
+         (h[2] == 'a' || h[2] == 'b' || h[2] == 'y') && h[3] == '$';
+}
+
+TlsServerConfig read_tls(YamlMapReader& r) {
+  TlsServerConfig tls;
+  tls.cert_file = r.get_string("cert_file", "");
+  tls.key_file = r.get_string("key_file", "");
+  if (tls.cert_file.empty()) r.fail("cert_file", "required when tls_server_config is given");
+  if (tls.key_file.empty()) r.fail("key_file", "required when tls_server_config is given");
+  const std::string auth = r.get_string("client_auth_type", "NoClientCert");
+  const auto a = parse_client_auth(auth);
+  if (!a) {
+    r.fail("client_auth_type",
+           "expected NoClientCert, RequestClientCert, RequireAnyClientCert, "
+           "VerifyClientCertIfGiven or RequireAndVerifyClientCert, got '" +
+               auth + "'");
+  }
+  tls.client_auth = *a;
+  tls.client_ca_file = r.get_string("client_ca_file", "");
+  const bool verifies = tls.client_auth == ClientAuth::VerifyClientCertIfGiven ||
+                        tls.client_auth == ClientAuth::RequireAndVerifyClientCert;
+  if (verifies && tls.client_ca_file.empty()) {
+    r.fail("client_ca_file", "required with client_auth_type " + auth);
+  }
+  if (!verifies && !tls.client_ca_file.empty()) {
+    r.fail("client_ca_file",
+           "client CAs are given but client_auth_type " + auth + " does not verify clients");
+  }
+  for (const char* key : {"min_version", "max_version"}) {
+    const std::string v = r.get_string(key, "");
+    if (v.empty()) continue;
+    const auto parsed = parse_tls_version(v);
+    if (!parsed) r.fail(key, "expected TLS10, TLS11, TLS12 or TLS13, got '" + v + "'");
+    (std::string(key) == "min_version" ? tls.min_version : tls.max_version) = *parsed;
+  }
+  if (tls.min_version == 0) tls.min_version = TLS1_2_VERSION;
+  if (tls.max_version != 0 && tls.max_version < tls.min_version) {
+    r.fail("max_version", "is below min_version");
+  }
+
+  // Load everything once now, so a wrong path or a key that does not belong to the
+  // certificate is a configuration error and not a failed handshake later.
+  std::unique_ptr<SSL_CTX, void (*)(SSL_CTX*)> ctx(SSL_CTX_new(TLS_server_method()), SSL_CTX_free);
+  if (!ctx) r.fail("", "cannot create a TLS context: " + openssl_error());
+  if (SSL_CTX_use_certificate_chain_file(ctx.get(), tls.cert_file.c_str()) != 1) {
+    r.fail("cert_file", "cannot load certificate " + tls.cert_file + ": " + openssl_error());
+  }
+  if (SSL_CTX_use_PrivateKey_file(ctx.get(), tls.key_file.c_str(), SSL_FILETYPE_PEM) != 1) {
+    r.fail("key_file", "cannot load private key " + tls.key_file + ": " + openssl_error());
+  }
+  if (SSL_CTX_check_private_key(ctx.get()) != 1) {
+    r.fail("key_file", "the private key does not match the certificate: " + openssl_error());
+  }
+  if (!tls.client_ca_file.empty() &&
+      SSL_CTX_load_verify_locations(ctx.get(), tls.client_ca_file.c_str(), nullptr) != 1) {
+    r.fail("client_ca_file", "cannot load CA certificates " + tls.client_ca_file + ": " +
+                                 openssl_error());
+  }
+  return tls;
+}
+
+}  // namespace
+
+WebConfig parse_web_config(const std::string& yaml_text, const std::string& file_name) {
+  WebConfig cfg;
+  cfg.file = file_name;
+  cfg.text = yaml_text;
+  YamlMapReader top(parse_yaml(yaml_text, file_name), file_name, "");
+  if (top.has("tls_server_config")) {
+    YamlMapReader tls = top.get_map("tls_server_config");
+    cfg.tls = read_tls(tls);
+    tls.finish();
+  }
+  YamlMapReader users = top.get_map("basic_auth_users");
+  for (const auto& user : users.keys()) {
+    const std::string hash = users.get_string(user, "");
+    if (!is_bcrypt_hash(hash)) {
+      users.fail(user, "expected a bcrypt hash ($2y$..., 60 characters, e.g. from htpasswd -nB)");
+    }
+    if (user.find(':') != std::string::npos) users.fail_key(user, "user names cannot contain ':'");
+    cfg.basic_auth_users[user] = hash;
+  }
+  users.finish();
+  top.finish();
+  return cfg;
+}
+
+WebConfig load_web_config(const std::string& path) {
+  return parse_web_config(read_config_file(path), path);
+}
+
+bool bcrypt_matches(const std::string& password, const std::string& hash) {
+  if (!is_bcrypt_hash(hash)) return false;
+  auto data = std::make_unique<crypt_data>();
+  const char* out = crypt_r(password.c_str(), hash.c_str(), data.get());
+  if (out == nullptr || out[0] == '*') return false;
+  const std::string computed(out);
+  return computed.size() == hash.size() &&
+         CRYPTO_memcmp(computed.data(), hash.data(), hash.size()) == 0;
+}
+
+}  // namespace ebpf_metricsd
