@@ -8,7 +8,7 @@ BUILD_PKGS=(
   clang llvm                         # BPF objects are compiled by clang -target bpf
   bpftool                            # vmlinux.h and skeleton generation at build time
   libbpf-dev libelf-dev zlib1g-dev
-  prometheus-cpp-dev libcivetweb-dev libssl-dev libcrypt-dev
+  prometheus-cpp-dev libssl-dev libcrypt-dev zlib1g-dev
   libspdlog-dev libfmt-dev libyaml-cpp-dev libsystemd-dev libseccomp-dev
   catch2
 )

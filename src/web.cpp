@@ -1,28 +1,35 @@
 #include "ebpf_metricsd/web.h"
 
-#include <CivetServer.h>
 #include <arpa/inet.h>
-#include <civetweb.h>
-#include <prometheus/exposer.h>
-
 #include <crypt.h>
+#include <fcntl.h>
 #include <openssl/crypto.h>
+#include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/sha.h>
 #include <openssl/ssl.h>
+#include <poll.h>
+#include <prometheus/collectable.h>
+#include <prometheus/text_serializer.h>
+#include <spdlog/spdlog.h>
 #include <strings.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+#include <zlib.h>
 
 #include <array>
-#include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 
 namespace ebpf_metricsd {
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
 
 struct SplitAddress {
   std::string host;  // without brackets; "" = all interfaces
@@ -30,12 +37,6 @@ struct SplitAddress {
   std::string port;
   std::string error;
 };
-
-}  // namespace
-
-bool web_server_has_ipv6() { return mg_check_feature(8) != 0; }
-
-namespace {
 
 SplitAddress split(const std::string& address) {
   SplitAddress out;
@@ -61,10 +62,6 @@ SplitAddress split(const std::string& address) {
     return out;
   }
   if (out.host == "localhost") out.host = "127.0.0.1";
-  if (out.ipv6 && !web_server_has_ipv6()) {
-    out.error = "IPv6 addresses are not supported: this build's civetweb has no IPv6";
-    return out;
-  }
   unsigned char buf[sizeof(in6_addr)];
   if (!out.host.empty() && inet_pton(out.ipv6 ? AF_INET6 : AF_INET, out.host.c_str(), buf) != 1) {
     out.error = "invalid IP address '" + out.host + "' (use a numeric address or localhost)";
@@ -72,35 +69,215 @@ SplitAddress split(const std::string& address) {
   return out;
 }
 
-// What the civetweb callbacks need. Their C signatures carry no pointer of ours
-// (CivetServer takes the user data slot), so the one live server's state is reached
-// through g_state.
-struct ServerState {
-  std::function<std::string()> landing;
-  WebSettings settings;
-  std::atomic<std::size_t> in_flight{0};
-  // Per user, the SHA-256 of the password that last passed bcrypt: bcrypt is slow on
-  // purpose, and a scrape every few seconds should not pay for it each time.
-  std::mutex auth_mutex;
-  std::map<std::string, std::array<unsigned char, SHA256_DIGEST_LENGTH>> verified;
+constexpr std::size_t kMaxRequestBytes = 16 * 1024;
+constexpr std::size_t kQueueLimit = 128;
+
+// A plain or TLS connection on a non-blocking socket; every operation ends by a deadline.
+class Connection {
+ public:
+  Connection(int fd, SSL_CTX* tls) : fd_(fd), tls_(tls != nullptr) {
+    if (tls) {
+      ssl_ = SSL_new(tls);
+      if (ssl_) SSL_set_fd(ssl_, fd_);
+    }
+  }
+  ~Connection() {
+    if (ssl_) {
+      if (handshaken_) SSL_shutdown(ssl_);  // best effort, non-blocking
+      SSL_free(ssl_);
+    }
+    close(fd_);
+  }
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  // TLS handshake (nothing for plain connections).
+  bool handshake(Clock::time_point deadline) {
+    if (!tls_) return true;
+    if (!ssl_) return false;  // never fall back to plain text on a TLS port
+    for (;;) {
+      ERR_clear_error();
+      const int r = SSL_accept(ssl_);
+      if (r == 1) {
+        handshaken_ = true;
+        return true;
+      }
+      if (!wait_for(SSL_get_error(ssl_, r), deadline)) return false;
+    }
+  }
+
+  // Bytes read (> 0), 0 at end of stream, -1 on error or deadline.
+  ssize_t read_some(char* buf, std::size_t len, Clock::time_point deadline) {
+    for (;;) {
+      if (ssl_) {
+        ERR_clear_error();
+        const int r = SSL_read(ssl_, buf, static_cast<int>(len));
+        if (r > 0) return r;
+        const int err = SSL_get_error(ssl_, r);
+        if (err == SSL_ERROR_ZERO_RETURN) return 0;
+        if (!wait_for(err, deadline)) return -1;
+      } else {
+        const ssize_t r = recv(fd_, buf, len, 0);
+        if (r >= 0) return r;
+        if (errno != EAGAIN && errno != EINTR) return -1;
+        if (!wait_for(SSL_ERROR_WANT_READ, deadline)) return -1;
+      }
+    }
+  }
+
+  bool write_all(std::string_view data, Clock::time_point deadline) {
+    while (!data.empty()) {
+      if (ssl_) {
+        ERR_clear_error();
+        const int r = SSL_write(ssl_, data.data(), static_cast<int>(data.size()));
+        if (r > 0) {
+          data.remove_prefix(static_cast<std::size_t>(r));
+          continue;
+        }
+        if (!wait_for(SSL_get_error(ssl_, r), deadline)) return false;
+      } else {
+        const ssize_t r = send(fd_, data.data(), data.size(), MSG_NOSIGNAL);
+        if (r > 0) {
+          data.remove_prefix(static_cast<std::size_t>(r));
+          continue;
+        }
+        if (r < 0 && errno != EAGAIN && errno != EINTR) return false;
+        if (!wait_for(SSL_ERROR_WANT_WRITE, deadline)) return false;
+      }
+    }
+    return true;
+  }
+
+ private:
+  bool wait_for(int ssl_error, Clock::time_point deadline) {
+    short events = 0;
+    if (ssl_error == SSL_ERROR_WANT_READ) events = POLLIN;
+    if (ssl_error == SSL_ERROR_WANT_WRITE) events = POLLOUT;
+    if (events == 0) return false;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) return false;
+    pollfd p{fd_, events, 0};
+    const int r = poll(&p, 1, static_cast<int>(left.count()));
+    return r > 0 || (r < 0 && errno == EINTR);
+  }
+
+  int fd_;
+  SSL* ssl_ = nullptr;
+  bool tls_;
+  bool handshaken_ = false;
 };
 
-std::mutex g_state_mutex;
-std::shared_ptr<ServerState> g_state;
+struct Request {
+  std::string method;
+  std::string path;
+  std::string version;
+  std::map<std::string, std::string> headers;  // names lower-cased
+};
 
-std::shared_ptr<ServerState> current_state() {
-  std::lock_guard lock(g_state_mutex);
-  return g_state;
+std::string lower(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
 }
 
-void send(mg_connection* conn, int status, const char* reason, const char* type,
-          const std::string& body, const std::string& extra_headers = {}) {
-  mg_printf(conn,
-            "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
-            "Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n%s\r\n",
-            status, reason, type, body.size(), extra_headers.c_str());
-  const mg_request_info* info = mg_get_request_info(conn);
-  if (std::strcmp(info->request_method, "HEAD") != 0) mg_write(conn, body.data(), body.size());
+// Parses the head of a request; the status to answer with when it is malformed.
+std::optional<int> parse_request(const std::string& head, Request& req) {
+  std::size_t pos = head.find("\r\n");
+  const std::string line = head.substr(0, pos);
+  const auto sp1 = line.find(' ');
+  const auto sp2 = line.rfind(' ');
+  if (sp1 == std::string::npos || sp2 == sp1) return 400;
+  req.method = line.substr(0, sp1);
+  std::string target = line.substr(sp1 + 1, sp2 - sp1 - 1);
+  req.version = line.substr(sp2 + 1);
+  if (req.version != "HTTP/1.1" && req.version != "HTTP/1.0") return 400;
+  if (target.empty() || target[0] != '/') return 400;
+  req.path = target.substr(0, target.find('?'));
+  while (pos != std::string::npos && pos + 2 < head.size()) {
+    const std::size_t start = pos + 2;
+    pos = head.find("\r\n", start);
+    const std::string h = head.substr(start, pos == std::string::npos ? pos : pos - start);
+    if (h.empty()) break;
+    const auto colon = h.find(':');
+    if (colon == std::string::npos || colon == 0) return 400;
+    std::string value = h.substr(colon + 1);
+    const auto b = value.find_first_not_of(" \t");
+    const auto e = value.find_last_not_of(" \t");
+    value = b == std::string::npos ? "" : value.substr(b, e - b + 1);
+    req.headers[lower(h.substr(0, colon))] = value;
+  }
+  return std::nullopt;
+}
+
+const char* reason_phrase(int status) {
+  switch (status) {
+    case 200:
+      return "OK";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 408:
+      return "Request Timeout";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 503:
+      return "Service Unavailable";
+    default:
+      return "Error";
+  }
+}
+
+std::string response(int status, const std::string& type, const std::string& body,
+                     bool head_only, const std::string& extra_headers = {}) {
+  std::string out = "HTTP/1.1 " + std::to_string(status) + " " + reason_phrase(status) +
+                    "\r\nContent-Type: " + type +
+                    "\r\nContent-Length: " + std::to_string(body.size()) +
+                    "\r\nCache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n"
+                    "Connection: close\r\n" +
+                    extra_headers + "\r\n";
+  if (!head_only) out += body;
+  return out;
+}
+
+std::string text_response(int status, const std::string& text, bool head_only,
+                          const std::string& extra_headers = {}) {
+  return response(status, "text/plain; charset=utf-8", text + "\n", head_only, extra_headers);
+}
+
+std::optional<std::string> gzip(const std::string& in) {
+  z_stream zs{};
+  if (deflateInit2(&zs, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) !=
+      Z_OK) {
+    return std::nullopt;
+  }
+  std::string out(deflateBound(&zs, in.size()), '\0');
+  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(in.data()));
+  zs.avail_in = static_cast<uInt>(in.size());
+  zs.next_out = reinterpret_cast<Bytef*>(out.data());
+  zs.avail_out = static_cast<uInt>(out.size());
+  const int r = deflate(&zs, Z_FINISH);
+  deflateEnd(&zs);
+  if (r != Z_STREAM_END) return std::nullopt;
+  out.resize(zs.total_out);
+  return out;
+}
+
+bool accepts_gzip(const Request& req) {
+  const auto it = req.headers.find("accept-encoding");
+  if (it == req.headers.end()) return false;
+  std::stringstream ss(lower(it->second));
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const auto b = item.find_first_not_of(' ');
+    if (b == std::string::npos) continue;
+    item = item.substr(b);
+    if (item.rfind("gzip", 0) == 0 && item.find("q=0") == std::string::npos) return true;
+  }
+  return false;
 }
 
 std::optional<std::string> base64_decode(std::string_view in) {
@@ -116,8 +293,8 @@ std::optional<std::string> base64_decode(std::string_view in) {
   return out;
 }
 
-// A valid hash that no password of a real user is checked against: unknown users cost one
-// bcrypt like known ones, so timing does not tell which user names exist.
+// A valid hash no real password is checked against: an unknown user costs one bcrypt like a
+// known one, so timing does not tell which user names exist.
 const std::string& decoy_hash() {
   static const std::string hash = [] {
     char setting[CRYPT_GENSALT_OUTPUT_SIZE];
@@ -129,16 +306,33 @@ const std::string& decoy_hash() {
   return hash;
 }
 
-bool authorized(ServerState& st, const mg_connection* conn) {
-  const auto& users = st.settings.security.basic_auth_users;
+}  // namespace
+
+struct WebServer::Shared {
+  WebSettings settings;
+  std::shared_ptr<prometheus::Collectable> metrics;
+  std::function<std::string()> landing;
+  std::shared_ptr<SSL_CTX> tls;
+  std::atomic<std::size_t> scrapes_in_flight{0};
+  // Per user, the SHA-256 of the password that last passed bcrypt: bcrypt is slow on
+  // purpose, and a scrape every few seconds should not pay for it each time.
+  std::mutex auth_mutex;
+  std::map<std::string, std::array<unsigned char, SHA256_DIGEST_LENGTH>> verified;
+
+  bool authorized(const Request& req);
+  std::string handle(const Request& req);
+};
+
+bool WebServer::Shared::authorized(const Request& req) {
+  const auto& users = settings.security.basic_auth_users;
   if (users.empty()) return true;
-  const char* header = mg_get_header(conn, "Authorization");
-  if (!header) return false;
-  std::string_view h(header);
-  if (h.size() < 6 || strncasecmp(header, "Basic ", 6) != 0) return false;
-  h.remove_prefix(6);
-  while (!h.empty() && h.front() == ' ') h.remove_prefix(1);
-  const auto decoded = base64_decode(h);
+  const auto h = req.headers.find("authorization");
+  if (h == req.headers.end()) return false;
+  std::string_view v(h->second);
+  if (v.size() < 6 || strncasecmp(v.data(), "Basic ", 6) != 0) return false;
+  v.remove_prefix(6);
+  while (!v.empty() && v.front() == ' ') v.remove_prefix(1);
+  const auto decoded = base64_decode(v);
   if (!decoded) return false;
   const auto colon = decoded->find(':');
   if (colon == std::string::npos) return false;
@@ -153,114 +347,76 @@ bool authorized(ServerState& st, const mg_connection* conn) {
     return false;
   }
   {
-    std::lock_guard lock(st.auth_mutex);
-    const auto v = st.verified.find(user);
-    if (v != st.verified.end() && CRYPTO_memcmp(v->second.data(), digest.data(), digest.size()) == 0) {
+    std::lock_guard lock(auth_mutex);
+    const auto c = verified.find(user);
+    if (c != verified.end() && CRYPTO_memcmp(c->second.data(), digest.data(), digest.size()) == 0) {
       return true;
     }
   }
   if (!bcrypt_matches(password, it->second)) return false;
-  std::lock_guard lock(st.auth_mutex);
-  st.verified[user] = digest;
+  std::lock_guard lock(auth_mutex);
+  verified[user] = digest;
   return true;
 }
 
-// Set while this worker thread serves a /metrics request counted in in_flight; civetweb
-// runs begin_request, the handler and end_request of one request on one thread.
-thread_local std::shared_ptr<ServerState> t_counted;
-
-void release_slot() {
-  if (t_counted) {
-    t_counted->in_flight.fetch_sub(1);
-    t_counted.reset();
+std::string WebServer::Shared::handle(const Request& req) {
+  const bool head = req.method == "HEAD";
+  if (req.method != "GET" && !head) {
+    return text_response(405, "405 method not allowed", false, "Allow: GET, HEAD\r\n");
   }
-}
-
-int begin_request(mg_connection* conn) {
-  release_slot();
-  const auto st = current_state();
-  if (!st) return 0;
-  if (!authorized(*st, conn)) {
-    send(conn, 401, "Unauthorized", "text/plain; charset=utf-8", "401 Unauthorized\n",
-         "WWW-Authenticate: Basic realm=\"ebpf-metricsd\", charset=\"UTF-8\"\r\n");
-    return 401;
+  if (!authorized(req)) {
+    return text_response(401, "401 Unauthorized", head,
+                         "WWW-Authenticate: Basic realm=\"ebpf-metricsd\", charset=\"UTF-8\"\r\n");
   }
-  const mg_request_info* info = mg_get_request_info(conn);
-  const std::string uri = info->local_uri ? info->local_uri : "";
-  if (uri == "/metrics") {
-    if (st->in_flight.fetch_add(1) >= st->settings.max_requests) {
-      st->in_flight.fetch_sub(1);
-      send(conn, 503, "Service Unavailable", "text/plain; charset=utf-8",
-           "503 too many concurrent scrapes (web.max_requests)\n", "Retry-After: 1\r\n");
-      return 503;
+  if (req.path == "/metrics") {
+    if (scrapes_in_flight.fetch_add(1) >= settings.max_requests) {
+      scrapes_in_flight.fetch_sub(1);
+      return text_response(503, "503 too many concurrent scrapes (web.max_requests)", head,
+                           "Retry-After: 1\r\n");
     }
-    t_counted = st;
-    return 0;  // prometheus-cpp's handler
-  }
-  if (uri == "/") {
-    send(conn, 200, "OK", "text/html; charset=utf-8", st->landing ? st->landing() : "");
-    return 200;
-  }
-  send(conn, 404, "Not Found", "text/plain; charset=utf-8", "404 page not found\n");
-  return 404;
-}
-
-void end_request(const mg_connection*, int) { release_slot(); }
-
-int accept_any_certificate(int, X509_STORE_CTX*) { return 1; }
-
-// civetweb hands over its TLS context; everything is set here from tls_server_config.
-// Returning 1 tells civetweb the context is complete.
-int init_ssl(void* ssl_ctx, void*) {
-  const auto st = current_state();
-  if (!st || !st->settings.security.tls) return -1;
-  const TlsServerConfig& tls = *st->settings.security.tls;
-  auto* ctx = static_cast<SSL_CTX*>(ssl_ctx);
-  if (SSL_CTX_use_certificate_chain_file(ctx, tls.cert_file.c_str()) != 1 ||
-      SSL_CTX_use_PrivateKey_file(ctx, tls.key_file.c_str(), SSL_FILETYPE_PEM) != 1 ||
-      SSL_CTX_check_private_key(ctx) != 1) {
-    return -1;
-  }
-  SSL_CTX_set_min_proto_version(ctx, tls.min_version);
-  SSL_CTX_set_max_proto_version(ctx, tls.max_version);
-  switch (tls.client_auth) {
-    case ClientAuth::NoClientCert:
-      SSL_CTX_set_verify(ctx, SSL_VERIFY_NONE, nullptr);
-      break;
-    case ClientAuth::RequestClientCert:
-      SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, accept_any_certificate);
-      break;
-    case ClientAuth::RequireAnyClientCert:
-      SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT,
-                         accept_any_certificate);
-      break;
-    case ClientAuth::VerifyClientCertIfGiven:
-    case ClientAuth::RequireAndVerifyClientCert: {
-      if (SSL_CTX_load_verify_locations(ctx, tls.client_ca_file.c_str(), nullptr) != 1) return -1;
-      STACK_OF(X509_NAME)* names = SSL_load_client_CA_file(tls.client_ca_file.c_str());
-      if (names) SSL_CTX_set_client_CA_list(ctx, names);
-      int mode = SSL_VERIFY_PEER;
-      if (tls.client_auth == ClientAuth::RequireAndVerifyClientCert) {
-        mode |= SSL_VERIFY_FAIL_IF_NO_PEER_CERT;
+    std::string body;
+    try {
+      body = prometheus::TextSerializer().Serialize(metrics->Collect());
+    } catch (...) {
+      scrapes_in_flight.fetch_sub(1);
+      throw;
+    }
+    scrapes_in_flight.fetch_sub(1);
+    const std::string type = "text/plain; version=0.0.4; charset=utf-8";
+    if (accepts_gzip(req)) {
+      if (auto z = gzip(body)) {
+        return response(200, type, *z, head, "Content-Encoding: gzip\r\nVary: Accept-Encoding\r\n");
       }
-      SSL_CTX_set_verify(ctx, mode, nullptr);
-      break;
     }
+    return response(200, type, body, head);
   }
-  return 1;
+  if (req.path == "/") {
+    return response(200, "text/html; charset=utf-8", landing ? landing() : "", head);
+  }
+  return text_response(404, "404 page not found", head);
 }
-
-}  // namespace
 
 std::string validate_listen_address(const std::string& address) { return split(address).error; }
 
-std::string civetweb_listen_spec(const std::string& address) {
+sockaddr_storage resolve_listen_address(const std::string& address, bool ipv6_available) {
   const SplitAddress a = split(address);
   if (!a.error.empty()) throw std::invalid_argument(address + ": " + a.error);
-  // All interfaces: IPv4 and IPv6 where civetweb has IPv6, else IPv4.
-  if (a.host.empty()) return web_server_has_ipv6() ? "+" + a.port : "0.0.0.0:" + a.port;
-  if (a.ipv6) return "[" + a.host + "]:" + a.port;
-  return a.host + ":" + a.port;
+  sockaddr_storage ss{};
+  const auto port = htons(static_cast<uint16_t>(std::stoi(a.port)));
+  if (a.ipv6 || (a.host.empty() && ipv6_available)) {
+    auto* s6 = reinterpret_cast<sockaddr_in6*>(&ss);
+    s6->sin6_family = AF_INET6;
+    s6->sin6_port = port;
+    s6->sin6_addr = in6addr_any;
+    if (!a.host.empty()) inet_pton(AF_INET6, a.host.c_str(), &s6->sin6_addr);
+  } else {
+    auto* s4 = reinterpret_cast<sockaddr_in*>(&ss);
+    s4->sin_family = AF_INET;
+    s4->sin_port = port;
+    s4->sin_addr.s_addr = htonl(INADDR_ANY);
+    if (!a.host.empty()) inet_pton(AF_INET, a.host.c_str(), &s4->sin_addr);
+  }
+  return ss;
 }
 
 std::string html_escape(const std::string& text) {
@@ -291,52 +447,151 @@ std::string html_escape(const std::string& text) {
 
 WebServer::WebServer(WebSettings settings, std::shared_ptr<prometheus::Collectable> metrics,
                      std::function<std::string()> landing_html)
-    : settings_(std::move(settings)), metrics_(std::move(metrics)) {
-  static CivetCallbacks callbacks = [] {
-    CivetCallbacks cb;
-    std::memset(static_cast<void*>(&cb), 0, sizeof cb);
-    cb.begin_request = begin_request;
-    cb.end_request = end_request;
-    cb.init_ssl = init_ssl;
-    return cb;
-  }();
-  const bool tls = settings_.security.tls.has_value();
-  std::vector<std::string> options = {
-      "listening_ports",
-      civetweb_listen_spec(settings_.listen_address) + (tls ? "s" : ""),
-      // Room for max_requests scrapes plus clients that are still sending their request:
-      // a stalled client holds a worker only until request_timeout.
-      "num_threads",
-      std::to_string(settings_.max_requests + 4),
-      "request_timeout_ms",
-      std::to_string(settings_.request_timeout.count()),
-  };
-  auto state = std::make_shared<ServerState>();
-  state->landing = std::move(landing_html);
-  state->settings = settings_;
-  {
-    std::lock_guard lock(g_state_mutex);
-    if (g_state) throw std::logic_error("a web server is already running");
-    g_state = state;
+    : settings_(std::move(settings)), shared_(std::make_shared<Shared>()) {
+  shared_->settings = settings_;
+  shared_->metrics = std::move(metrics);
+  shared_->landing = std::move(landing_html);
+  if (settings_.security.tls) {
+    try {
+      shared_->tls = make_tls_context(*settings_.security.tls);
+    } catch (const TlsSetupError& e) {
+      throw std::runtime_error("TLS: " + std::string(e.what()));
+    }
   }
   if (!settings_.security.basic_auth_users.empty()) (void)decoy_hash();
-  try {
-    exposer_ = std::make_unique<prometheus::Exposer>(options, &callbacks);
-  } catch (const std::exception& e) {
-    std::lock_guard lock(g_state_mutex);
-    g_state.reset();
-    throw std::runtime_error("cannot listen on " + settings_.listen_address +
-                             (tls ? " with TLS" : "") + ": " + e.what());
+
+  // Every interface means IPv6 and IPv4 on one dual-stack socket where the kernel has IPv6.
+  int fd = -1;
+  sockaddr_storage addr{};
+  for (const bool v6 : {true, false}) {
+    addr = resolve_listen_address(settings_.listen_address, v6);
+    fd = socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd >= 0 || errno != EAFNOSUPPORT || addr.ss_family == AF_INET) break;
   }
-  exposer_->RegisterCollectable(metrics_, "/metrics");
+  if (fd < 0) throw std::runtime_error("socket: " + std::string(std::strerror(errno)));
+  const int one = 1, zero = 0;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (addr.ss_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+  const socklen_t len =
+      addr.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || listen(fd, 128) != 0) {
+    const int err = errno;
+    close(fd);
+    throw std::runtime_error("cannot listen on " + settings_.listen_address + ": " +
+                             std::strerror(err));
+  }
+  sockaddr_storage bound{};
+  socklen_t blen = sizeof bound;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &blen);
+  port_ = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                            : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  listen_fd_ = fd;
+  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+
+  // Room for max_requests scrapes plus clients still sending their requests.
+  const std::size_t workers = settings_.max_requests + 4;
+  for (std::size_t i = 0; i < workers; ++i) threads_.emplace_back([this] { worker_loop(); });
+  threads_.emplace_back([this] { accept_loop(); });
 }
 
 WebServer::~WebServer() {
-  exposer_.reset();
-  std::lock_guard lock(g_state_mutex);
-  g_state.reset();
+  {
+    std::lock_guard lock(queue_mutex_);
+    stopping_ = true;
+  }
+  queue_cv_.notify_all();
+  const std::uint64_t one = 1;
+  if (write(wake_fd_, &one, sizeof one) < 0) {
+    // The accept loop also wakes once a second; it sees stopping_ then.
+  }
+  for (auto& t : threads_) t.join();
+  for (int fd : queue_) close(fd);
+  close(listen_fd_);
+  close(wake_fd_);
 }
 
-std::vector<int> WebServer::ports() const { return exposer_->GetListeningPorts(); }
+void WebServer::accept_loop() {
+  for (;;) {
+    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    poll(fds, 2, 1000);
+    {
+      std::lock_guard lock(queue_mutex_);
+      if (stopping_) return;
+    }
+    if (!(fds[0].revents & POLLIN)) continue;
+    const int c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (c < 0) {
+      if (errno == EMFILE || errno == ENFILE) {
+        spdlog::warn("web server: cannot accept a connection: {}", std::strerror(errno));
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      continue;
+    }
+    std::unique_lock lock(queue_mutex_);
+    if (queue_.size() >= kQueueLimit) {
+      lock.unlock();
+      close(c);  // every worker busy and a long line waiting: shed load
+      continue;
+    }
+    queue_.push_back(c);
+    lock.unlock();
+    queue_cv_.notify_one();
+  }
+}
+
+void WebServer::worker_loop() {
+  for (;;) {
+    int fd;
+    {
+      std::unique_lock lock(queue_mutex_);
+      queue_cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (stopping_) return;
+      fd = queue_.front();
+      queue_.pop_front();
+    }
+    Connection conn(fd, shared_->tls.get());
+    const auto deadline = Clock::now() + settings_.request_timeout;
+    if (!conn.handshake(deadline)) continue;
+    std::string head;
+    char buf[4096];
+    bool complete = false, too_large = false;
+    while (!complete) {
+      const ssize_t n = conn.read_some(buf, sizeof buf, deadline);
+      if (n <= 0) break;
+      head.append(buf, static_cast<std::size_t>(n));
+      complete = head.find("\r\n\r\n") != std::string::npos;
+      if (!complete && head.size() > kMaxRequestBytes) {
+        too_large = true;
+        break;
+      }
+    }
+    // A response gets as long again as the request had.
+    const auto write_deadline = Clock::now() + settings_.request_timeout;
+    if (too_large) {
+      conn.write_all(text_response(431, "431 request header too large", false), write_deadline);
+      continue;
+    }
+    if (!complete) {
+      if (!head.empty() && Clock::now() >= deadline) {
+        conn.write_all(text_response(408, "408 request timeout", false), write_deadline);
+      }
+      continue;
+    }
+    Request req;
+    if (const auto bad = parse_request(head.substr(0, head.find("\r\n\r\n") + 2), req)) {
+      conn.write_all(text_response(*bad, std::to_string(*bad) + " bad request", false),
+                     write_deadline);
+      continue;
+    }
+    std::string out;
+    try {
+      out = shared_->handle(req);
+    } catch (const std::exception& e) {
+      spdlog::error("web server: {} {}: {}", req.method, req.path, e.what());
+      out = text_response(500, "500 internal error", req.method == "HEAD");
+    }
+    conn.write_all(out, write_deadline);
+  }
+}
 
 }  // namespace ebpf_metricsd

@@ -82,28 +82,69 @@ TlsServerConfig read_tls(YamlMapReader& r) {
     r.fail("max_version", "is below min_version");
   }
 
-  // Load everything once now, so a wrong path or a key that does not belong to the
+  // Set everything up once now, so a wrong path or a key that does not belong to the
   // certificate is a configuration error and not a failed handshake later.
-  std::unique_ptr<SSL_CTX, void (*)(SSL_CTX*)> ctx(SSL_CTX_new(TLS_server_method()), SSL_CTX_free);
-  if (!ctx) r.fail("", "cannot create a TLS context: " + openssl_error());
-  if (SSL_CTX_use_certificate_chain_file(ctx.get(), tls.cert_file.c_str()) != 1) {
-    r.fail("cert_file", "cannot load certificate " + tls.cert_file + ": " + openssl_error());
-  }
-  if (SSL_CTX_use_PrivateKey_file(ctx.get(), tls.key_file.c_str(), SSL_FILETYPE_PEM) != 1) {
-    r.fail("key_file", "cannot load private key " + tls.key_file + ": " + openssl_error());
-  }
-  if (SSL_CTX_check_private_key(ctx.get()) != 1) {
-    r.fail("key_file", "the private key does not match the certificate: " + openssl_error());
-  }
-  if (!tls.client_ca_file.empty() &&
-      SSL_CTX_load_verify_locations(ctx.get(), tls.client_ca_file.c_str(), nullptr) != 1) {
-    r.fail("client_ca_file", "cannot load CA certificates " + tls.client_ca_file + ": " +
-                                 openssl_error());
+  try {
+    (void)make_tls_context(tls);
+  } catch (const TlsSetupError& e) {
+    r.fail(e.key(), e.what());
   }
   return tls;
 }
 
+int accept_any_certificate(int, X509_STORE_CTX*) { return 1; }
+
 }  // namespace
+
+std::shared_ptr<ssl_ctx_st> make_tls_context(const TlsServerConfig& tls) {
+  std::shared_ptr<SSL_CTX> ctx(SSL_CTX_new(TLS_server_method()), SSL_CTX_free);
+  if (!ctx) throw TlsSetupError("", "cannot create a TLS context: " + openssl_error());
+  SSL_CTX* c = ctx.get();
+  if (SSL_CTX_use_certificate_chain_file(c, tls.cert_file.c_str()) != 1) {
+    throw TlsSetupError("cert_file",
+                        "cannot load certificate " + tls.cert_file + ": " + openssl_error());
+  }
+  if (SSL_CTX_use_PrivateKey_file(c, tls.key_file.c_str(), SSL_FILETYPE_PEM) != 1) {
+    throw TlsSetupError("key_file",
+                        "cannot load private key " + tls.key_file + ": " + openssl_error());
+  }
+  if (SSL_CTX_check_private_key(c) != 1) {
+    throw TlsSetupError("key_file",
+                        "the private key does not match the certificate: " + openssl_error());
+  }
+  SSL_CTX_set_min_proto_version(c, tls.min_version);
+  SSL_CTX_set_max_proto_version(c, tls.max_version);
+  SSL_CTX_set_options(c, SSL_OP_NO_RENEGOTIATION);
+  switch (tls.client_auth) {
+    case ClientAuth::NoClientCert:
+      SSL_CTX_set_verify(c, SSL_VERIFY_NONE, nullptr);
+      break;
+    case ClientAuth::RequestClientCert:
+      SSL_CTX_set_verify(c, SSL_VERIFY_PEER, accept_any_certificate);
+      break;
+    case ClientAuth::RequireAnyClientCert:
+      SSL_CTX_set_verify(c, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT,
+                         accept_any_certificate);
+      break;
+    case ClientAuth::VerifyClientCertIfGiven:
+    case ClientAuth::RequireAndVerifyClientCert: {
+      if (SSL_CTX_load_verify_locations(c, tls.client_ca_file.c_str(), nullptr) != 1) {
+        throw TlsSetupError("client_ca_file", "cannot load CA certificates " +
+                                                  tls.client_ca_file + ": " + openssl_error());
+      }
+      if (STACK_OF(X509_NAME)* names = SSL_load_client_CA_file(tls.client_ca_file.c_str())) {
+        SSL_CTX_set_client_CA_list(c, names);
+      }
+      int mode = SSL_VERIFY_PEER;
+      if (tls.client_auth == ClientAuth::RequireAndVerifyClientCert) {
+        mode |= SSL_VERIFY_FAIL_IF_NO_PEER_CERT;
+      }
+      SSL_CTX_set_verify(c, mode, nullptr);
+      break;
+    }
+  }
+  return ctx;
+}
 
 WebConfig parse_web_config(const std::string& yaml_text, const std::string& file_name) {
   WebConfig cfg;

@@ -1,26 +1,32 @@
 #pragma once
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ebpf_metricsd/web_config.h"
 
 namespace prometheus {
-class Exposer;
 class Collectable;
 }  // namespace prometheus
 
 namespace ebpf_metricsd {
 
-// Whether the HTTP server library was built with IPv6 (Debian 12's civetweb is not).
-bool web_server_has_ipv6();
 // "" when the address is usable ("host:port", ":port", "[v6]:port"), else why not.
 std::string validate_listen_address(const std::string& address);
-// The same address in civetweb's listening_ports syntax.
-std::string civetweb_listen_spec(const std::string& address);
+// The socket address to bind: ":port" is every interface, IPv6 and IPv4 where the kernel
+// has IPv6. Throws std::invalid_argument.
+sockaddr_storage resolve_listen_address(const std::string& address, bool ipv6_available);
 std::string html_escape(const std::string& text);
 
 struct WebSettings {
@@ -30,9 +36,11 @@ struct WebSettings {
   std::chrono::milliseconds request_timeout{10000};
 };
 
-// /metrics from the collectable (prometheus-cpp Exposer over civetweb), / a landing page
-// rendered by `landing_html`, anything else 404. With basic_auth_users every path asks for
-// credentials (401); scrapes past max_requests get 503 at once. One server at a time.
+// A small HTTP/1.1 server: /metrics from the collectable in the Prometheus text format
+// (gzip when asked), / a landing page rendered by `landing_html`, 404 elsewhere. With
+// basic_auth_users every path asks for credentials (401); scrapes past max_requests get 503
+// at once. A client has request_timeout for its TLS handshake and whole request, so a
+// stalled client holds a worker at most that long; one response per connection.
 class WebServer {
  public:
   WebServer(WebSettings settings, std::shared_ptr<prometheus::Collectable> metrics,
@@ -41,13 +49,24 @@ class WebServer {
   WebServer(const WebServer&) = delete;
   WebServer& operator=(const WebServer&) = delete;
 
-  std::vector<int> ports() const;
+  int port() const { return port_; }
   const WebSettings& settings() const { return settings_; }
 
  private:
+  struct Shared;
+  void accept_loop();
+  void worker_loop();
+
   WebSettings settings_;
-  std::shared_ptr<prometheus::Collectable> metrics_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::shared_ptr<Shared> shared_;
+  int listen_fd_ = -1;
+  int wake_fd_ = -1;  // eventfd that ends accept_loop
+  int port_ = 0;
+  std::mutex queue_mutex_;
+  std::condition_variable queue_cv_;
+  std::deque<int> queue_;  // accepted connections waiting for a worker
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;
 };
 
 }  // namespace ebpf_metricsd

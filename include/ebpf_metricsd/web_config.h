@@ -3,8 +3,12 @@
 // (exporter-toolkit): TLS and basic authentication.
 
 #include <map>
+#include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
+
+struct ssl_ctx_st;  // OpenSSL's SSL_CTX
 
 namespace ebpf_metricsd {
 
@@ -37,6 +41,21 @@ struct WebConfig {
 // key files are errors); throws ConfigError naming file:line:column and the key.
 WebConfig parse_web_config(const std::string& yaml_text, const std::string& file_name);
 WebConfig load_web_config(const std::string& path);
+
+// A TLS context that is not usable, with the tls_server_config key at fault.
+class TlsSetupError : public std::runtime_error {
+ public:
+  TlsSetupError(std::string key, const std::string& what)
+      : std::runtime_error(what), key_(std::move(key)) {}
+  const std::string& key() const { return key_; }
+
+ private:
+  std::string key_;
+};
+
+// The server's TLS context from tls_server_config: certificate chain and key, protocol
+// versions, client certificate policy and CAs. Throws TlsSetupError.
+std::shared_ptr<ssl_ctx_st> make_tls_context(const TlsServerConfig& tls);
 
 // Checks a password against a bcrypt hash ($2a$, $2b$, $2y$) in constant time.
 bool bcrypt_matches(const std::string& password, const std::string& hash);

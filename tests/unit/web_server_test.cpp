@@ -1,0 +1,290 @@
+// The web server in process: basic auth, TLS with client certificates, the scrape limit and
+// slow clients. TLS clients are curl; certificates are made by the openssl command.
+#include <crypt.h>
+#include <prometheus/collectable.h>
+#include <prometheus/metric_family.h>
+
+#include <catch2/catch.hpp>
+#include <condition_variable>
+#include <filesystem>
+#include <future>
+#include <memory>
+#include <mutex>
+
+#include "../test_support.h"
+#include "ebpf_metricsd/config_error.h"
+#include "ebpf_metricsd/web.h"
+#include "ebpf_metricsd/web_config.h"
+
+using namespace ebpf_metricsd;
+using namespace ebpf_metricsd::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+// One gauge; Collect() can be held until released, to keep scrapes in flight.
+class GateCollectable : public prometheus::Collectable {
+ public:
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    std::unique_lock lock(mutex_);
+    ++entered_;
+    entered_cv_.notify_all();
+    open_cv_.wait(lock, [this] { return open_; });
+    prometheus::MetricFamily fam;
+    fam.name = "test_gauge";
+    fam.help = "A gauge.";
+    fam.type = prometheus::MetricType::Gauge;
+    prometheus::ClientMetric m;
+    m.gauge.value = 42;
+    fam.metric.push_back(m);
+    return {fam};
+  }
+  void close() {
+    std::lock_guard lock(mutex_);
+    open_ = false;
+  }
+  void open() {
+    {
+      std::lock_guard lock(mutex_);
+      open_ = true;
+    }
+    open_cv_.notify_all();
+  }
+  bool wait_entered(int n) {
+    std::unique_lock lock(mutex_);
+    return entered_cv_.wait_for(lock, 5s, [&] { return entered_ >= n; });
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  mutable std::condition_variable open_cv_, entered_cv_;
+  mutable int entered_ = 0;
+  bool open_ = true;
+};
+
+std::string bcrypt_hash(const std::string& password) {
+  char setting[CRYPT_GENSALT_OUTPUT_SIZE];
+  REQUIRE(crypt_gensalt_rn("$2y$", 5, nullptr, 0, setting, sizeof setting) != nullptr);
+  crypt_data data{};
+  const char* out = crypt_r(password.c_str(), setting, &data);
+  REQUIRE(out != nullptr);
+  return out;
+}
+
+std::string basic(const std::string& user, const std::string& password) {
+  return "Authorization: Basic " +
+         run_capture("printf '%s' '" + user + ":" + password + "' | base64 -w0") + "\r\n";
+}
+
+WebSettings local(int port) {
+  WebSettings s;
+  s.listen_address = "127.0.0.1:" + std::to_string(port);
+  return s;
+}
+
+// A CA, a server certificate for 127.0.0.1 and client certificates from that CA and from a
+// stranger's CA.
+struct Pki {
+  std::string dir = temp_dir();
+  Pki() {
+    const std::string key = "-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes";
+    std::ofstream(dir + "/san.ext") << "subjectAltName=IP:127.0.0.1\n";
+    const std::string script =
+        "set -e; cd " + dir + "; exec 2>openssl.log\n" +
+        "openssl req -x509 " + key + " -keyout ca.key -out ca.pem -days 2 -subj /CN=test-ca\n" +
+        "openssl req -x509 " + key +
+        " -keyout other-ca.key -out other-ca.pem -days 2 -subj /CN=other-ca\n" +
+        "openssl req " + key + " -keyout server.key -out server.csr -subj /CN=127.0.0.1\n" +
+        "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+        "-extfile san.ext -days 2 -out server.pem\n" +
+        "openssl req " + key + " -keyout client.key -out client.csr -subj /CN=scraper\n" +
+        "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
+        "-out client.pem\n" +
+        "openssl req " + key + " -keyout rogue.key -out rogue.csr -subj /CN=rogue\n" +
+        "openssl x509 -req -in rogue.csr -CA other-ca.pem -CAkey other-ca.key "
+        "-CAcreateserial -days 2 -out rogue.pem\n";
+    REQUIRE(run_command("sh -c '" + script + "' ") == 0);
+  }
+  ~Pki() { std::filesystem::remove_all(dir); }
+};
+
+// curl's HTTP status, or "000" when no response came (handshake refused).
+std::string curl_status(const std::string& args) {
+  return run_capture("curl -s -o /dev/null -w '%{http_code}' --max-time 5 " + args);
+}
+
+}  // namespace
+
+TEST_CASE("basic auth: no credentials and wrong password get 401, the right one 200") {
+  auto metrics = std::make_shared<GateCollectable>();
+  const int port = free_port();
+  WebSettings s = local(port);
+  s.security.basic_auth_users["prometheus"] = bcrypt_hash("s3cret:with colon");
+  WebServer server(s, metrics, [] { return std::string("<html>landing</html>"); });
+
+  const auto none = http_get(port, "/metrics");
+  CHECK(none.status == 401);
+  CHECK_THAT(none.headers, Catch::Matchers::Contains("WWW-Authenticate: Basic"));
+  CHECK(http_get(port, "/", "").status == 401);  // every path, not only /metrics
+  CHECK(http_get(port, "/metrics", basic("prometheus", "wrong")).status == 401);
+  CHECK(http_get(port, "/metrics", basic("nobody", "s3cret:with colon")).status == 401);
+  CHECK(http_get(port, "/metrics", "Authorization: Basic !!notbase64\r\n").status == 401);
+  CHECK(http_get(port, "/metrics", "Authorization: Bearer abc\r\n").status == 401);
+  for (int i = 0; i < 2; ++i) {  // the second time from the verified-password cache
+    const auto ok = http_get(port, "/metrics", basic("prometheus", "s3cret:with colon"));
+    CHECK(ok.status == 200);
+    CHECK_THAT(ok.body, Catch::Matchers::Contains("test_gauge 42"));
+  }
+  CHECK(http_get(port, "/metrics", basic("prometheus", "s3cret:with colo")).status == 401);
+  CHECK(http_get(port, "/", basic("prometheus", "s3cret:with colon")).status == 200);
+}
+
+TEST_CASE("scrapes past max_requests get 503 at once, and the slot frees again") {
+  auto metrics = std::make_shared<GateCollectable>();
+  const int port = free_port();
+  WebSettings s = local(port);
+  s.max_requests = 1;
+  WebServer server(s, metrics, [] { return std::string(); });
+
+  metrics->close();
+  auto held = std::async(std::launch::async, [&] { return http_get(port, "/metrics"); });
+  REQUIRE(metrics->wait_entered(1));
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto rejected = http_get(port, "/metrics");
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  CHECK(rejected.status == 503);
+  CHECK(waited < 2s);  // answered while the first scrape is still held
+  CHECK(http_get(port, "/").status == 200);  // the limit is on scrapes only
+  metrics->open();
+  CHECK(held.get().status == 200);
+  CHECK(http_get(port, "/metrics").status == 200);
+}
+
+TEST_CASE("a client dripping its request does not delay a scrape and is cut off") {
+  auto metrics = std::make_shared<GateCollectable>();
+  const int port = free_port();
+  WebSettings s = local(port);
+  s.max_requests = 1;
+  s.request_timeout = 1500ms;
+  WebServer server(s, metrics, [] { return std::string(); });
+
+  // Three slow clients, each sending one byte of its request header every 700 ms.
+  const std::string request = "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n";
+  std::vector<std::future<std::chrono::milliseconds>> slow;
+  for (int c = 0; c < 3; ++c) {
+    slow.push_back(std::async(std::launch::async, [&] {
+      const int fd = socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(static_cast<uint16_t>(port));
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      const auto t0 = std::chrono::steady_clock::now();
+      if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return -1ms;
+      for (char ch : request) {
+        if (send(fd, &ch, 1, MSG_NOSIGNAL) != 1) break;
+        std::this_thread::sleep_for(700ms);
+        char probe;
+        if (recv(fd, &probe, 1, MSG_DONTWAIT) == 0) break;  // the server hung up
+      }
+      close(fd);
+      return std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::steady_clock::now() - t0);
+    }));
+  }
+  std::this_thread::sleep_for(1s);  // the slow clients hold their connections
+  for (int i = 0; i < 3; ++i) {
+    const auto r = http_get(port, "/metrics");
+    CHECK(r.status == 200);
+  }
+  for (auto& f : slow) {
+    const auto lasted = f.get();
+    INFO("slow client connected for " << lasted.count() << " ms");
+    // Sending the whole request would take 30 s; the server hangs up after its timeout.
+    CHECK(lasted > 0ms);
+    CHECK(lasted < 10s);
+  }
+}
+
+TEST_CASE("TLS with RequireAndVerifyClientCert: only clients with a certificate of the CA") {
+  Pki pki;
+  const std::string web_yaml = "tls_server_config:\n  cert_file: " + pki.dir +
+                               "/server.pem\n  key_file: " + pki.dir +
+                               "/server.key\n  client_auth_type: RequireAndVerifyClientCert\n"
+                               "  client_ca_file: " +
+                               pki.dir + "/ca.pem\n  min_version: TLS12\n";
+  auto metrics = std::make_shared<GateCollectable>();
+  const int port = free_port();
+  WebSettings s = local(port);
+  s.security = parse_web_config(web_yaml, "web.yml");
+  WebServer server(s, metrics, [] { return std::string(); });
+  const std::string url = " https://127.0.0.1:" + std::to_string(port) + "/metrics";
+  const std::string ca = " --cacert " + pki.dir + "/ca.pem";
+
+  CHECK(curl_status(ca + " --cert " + pki.dir + "/client.pem --key " + pki.dir + "/client.key" +
+                    url) == "200");
+  CHECK(curl_status(ca + url) == "000");  // no client certificate: handshake refused
+  CHECK(curl_status(ca + " --cert " + pki.dir + "/rogue.pem --key " + pki.dir + "/rogue.key" +
+                    url) == "000");
+  // Plain HTTP on the TLS port gets no metrics.
+  CHECK(http_get(port, "/metrics").status != 200);
+  // TLS 1.1 is below min_version.
+  CHECK(curl_status(ca + " --tls-max 1.1 --cert " + pki.dir + "/client.pem --key " + pki.dir +
+                    "/client.key" + url) == "000");
+}
+
+TEST_CASE("TLS without client certificates, with basic auth on top") {
+  Pki pki;
+  const std::string web_yaml = "tls_server_config:\n  cert_file: " + pki.dir +
+                               "/server.pem\n  key_file: " + pki.dir +
+                               "/server.key\nbasic_auth_users:\n  alice: " +
+                               bcrypt_hash("pw") + "\n";
+  auto metrics = std::make_shared<GateCollectable>();
+  const int port = free_port();
+  WebSettings s = local(port);
+  s.security = parse_web_config(web_yaml, "web.yml");
+  WebServer server(s, metrics, [] { return std::string(); });
+  const std::string url = " https://127.0.0.1:" + std::to_string(port) + "/metrics";
+  const std::string ca = " --cacert " + pki.dir + "/ca.pem";
+  CHECK(curl_status(ca + url) == "401");
+  CHECK(curl_status(ca + " -u alice:nope" + url) == "401");
+  CHECK(curl_status(ca + " -u alice:pw" + url) == "200");
+}
+
+TEST_CASE("web config errors name the file, line and key") {
+  Pki pki;
+  auto err = [](const std::string& yaml) {
+    try {
+      parse_web_config(yaml, "web.yml");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  using Catch::Matchers::Contains;
+  CHECK_THAT(err("tls_server_config:\n  cert_file: a\n  key_fil: b\n"),
+             Contains("web.yml:") && Contains("tls_server_config.key_file"));
+  CHECK_THAT(err("basic_auth_users:\n  bob: plaintext\n"),
+             Contains("web.yml:2:8: basic_auth_users.bob: expected a bcrypt hash"));
+  CHECK_THAT(err("http_server_config:\n  http2: true\n"),
+             Contains("web.yml:1:1: http_server_config: unknown key"));
+  CHECK_THAT(err("tls_server_config:\n  cert_file: /nonexistent.pem\n  key_file: /x.key\n"),
+             Contains("web.yml:2:14: tls_server_config.cert_file: cannot load certificate"));
+  // The key of another certificate.
+  CHECK_THAT(err("tls_server_config:\n  cert_file: " + pki.dir + "/server.pem\n  key_file: " +
+                 pki.dir + "/client.key\n"),
+             Contains("web.yml:3:13: tls_server_config.key_file:") && Contains("mismatch"));
+  CHECK_THAT(err("tls_server_config:\n  cert_file: " + pki.dir + "/server.pem\n  key_file: " +
+                 pki.dir + "/server.key\n  client_auth_type: RequireAndVerifyClientCert\n"),
+             Contains("client_ca_file: required"));
+  CHECK_THAT(err("tls_server_config:\n  cert_file: " + pki.dir + "/server.pem\n  key_file: " +
+                 pki.dir + "/server.key\n  min_version: SSL3\n"),
+             Contains("min_version: expected TLS10"));
+  CHECK(err("basic_auth_users:\n  bob: " + bcrypt_hash("x") + "\n") == "no error");
+}
+
+TEST_CASE("bcrypt hashes from htpasswd-style $2y$ and $2b$ verify") {
+  const std::string h = bcrypt_hash("correct horse");
+  CHECK(bcrypt_matches("correct horse", h));
+  CHECK_FALSE(bcrypt_matches("correct hors", h));
+  CHECK_FALSE(bcrypt_matches("correct horse", "$2y$05$tooshort"));
+}
