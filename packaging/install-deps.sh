@@ -8,14 +8,16 @@ BUILD_PKGS=(
   clang llvm                         # BPF objects are compiled by clang -target bpf
   bpftool                            # vmlinux.h and skeleton generation at build time
   libbpf-dev libelf-dev zlib1g-dev
-  prometheus-cpp-dev libssl-dev libcrypt-dev zlib1g-dev
+  prometheus-cpp-dev libssl-dev libcrypt-dev  # metrics model; TLS and bcrypt for the web server
   libspdlog-dev libfmt-dev libyaml-cpp-dev libsystemd-dev libseccomp-dev
   catch2
 )
 TEST_PKGS=(
   prometheus                         # promtool check metrics, and the server for e2e tests
   bpftrace libbpf-tools              # independent oracles
-  stress-ng fio iproute2 curl procps util-linux
+  stress-ng fio iproute2 curl procps util-linux openssl  # openssl: test certificates
+  systemd                            # systemd-analyze verify and security on the unit
+  dpkg-dev file                      # cpack -G DEB with dpkg-shlibdeps
 )
 
 want=("${BUILD_PKGS[@]}")

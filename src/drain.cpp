@@ -3,6 +3,8 @@
 #include <spdlog/spdlog.h>
 #include <systemd/sd-daemon.h>
 
+#include <algorithm>
+
 namespace ebpf_metricsd {
 
 DrainLoop::DrainLoop(MetricStore& store, std::chrono::milliseconds interval)
@@ -69,7 +71,14 @@ void DrainLoop::start() {
       lock.unlock();
       if (drain_once()) sd_notify(0, "WATCHDOG=1");
       lock.lock();
-      const auto deadline = std::chrono::steady_clock::now() + interval_;
+      // Under a systemd watchdog, rounds come at least three times per watchdog period.
+      auto wait = interval_;
+      std::uint64_t watchdog_usec = 0;
+      if (sd_watchdog_enabled(0, &watchdog_usec) > 0) {
+        wait = std::min(wait, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                  std::chrono::microseconds(watchdog_usec / 3)));
+      }
+      const auto deadline = std::chrono::steady_clock::now() + wait;
       wake_.wait_until(lock, deadline, [this] { return stopping_; });
     }
   });
