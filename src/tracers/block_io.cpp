@@ -49,7 +49,7 @@ class BlockIoTracer final : public Tracer {
                               "Bytes completed by block requests, by disk and operation.",
                               MetricType::Counter,
                               {"device", "op"}})),
-        drops_(store, "block_io", {"in_flight_full", "series_full"}, "never_completed") {}
+        drops_(store, "block_io", {"map_full", "map_full"}, "never_completed") {}
 
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 2> tps = {"block_rq_issue", "block_rq_complete"};

@@ -18,6 +18,7 @@ namespace {
 
 struct KmallocOptions {
   bool caches = false;
+  std::uint32_t max_caches = KMALLOC_MAX_CACHES;
 };
 
 using Skeleton = SkeletonPtr<kmalloc, kmalloc__destroy>;
@@ -43,7 +44,7 @@ class KmallocTracer final : public Tracer {
                               {},
                               Log2Layout{1, 3, KMALLOC_SLOTS - 2}}),
                KMALLOC_SLOTS),
-        drops_(store, "kmalloc", {"caches_full"}) {
+        drops_(store, "kmalloc", {"map_full"}) {
     if (options_.caches) {
       cache_alloc_ = store.declare({"ebpf_kmem_cache_alloc_calls_total",
                                     "kmem_cache_alloc() calls, by slab cache.",
@@ -78,6 +79,7 @@ class KmallocTracer final : public Tracer {
         {p.cache_alloc_raw, !btf && caches},
         {p.cache_free_raw, !btf && caches},
     };
+    bpf_map__set_max_entries(skel->maps.caches, options_.max_caches);
     links_ = load_and_attach(
         programs, [&] { return kmalloc__load(skel.get()); }, "kmalloc");
     drops_.bind(bpf_map__fd(skel->maps.drops), programs);
@@ -133,6 +135,8 @@ TracerDescriptor kmalloc_descriptor() {
       [](YamlMapReader& options) -> std::any {
         KmallocOptions o;
         o.caches = options.get_bool("caches", false);
+        o.max_caches = static_cast<std::uint32_t>(
+            options.get_int("max_caches", KMALLOC_MAX_CACHES, 1, 65536));
         return o;
       },
       [](MetricStore& store, const std::any& options) -> std::unique_ptr<Tracer> {

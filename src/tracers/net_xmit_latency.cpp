@@ -38,7 +38,7 @@ class NetXmitLatencyTracer final : public Tracer {
                               "Bytes handed to the driver, by interface.",
                               MetricType::Counter,
                               {"interface"}})),
-        drops_(store, "net_xmit_latency", {"in_flight_full", "interfaces_full"},
+        drops_(store, "net_xmit_latency", {"map_full", "map_full"},
                "unmatched_queue") {}
 
   void start(HookProber& prober, HookPreference preference) override {

@@ -56,7 +56,7 @@ TracerDescriptor offcpu_time_descriptor() {
             &sched_config::offcpu_by_comm,
             [](scheduler* s) { return s->maps.offcpu_hist; },
             [](scheduler* s) { return s->maps.offcpu_hist_labelled; },
-            {"task_state", "", "label_sets_full"},
+            {"task_state", "", "map_full"},
         };
         return std::make_unique<OffcpuTimeTracer>(store, std::move(kind),
                                                   std::any_cast<SchedLabelOptions>(options));

@@ -22,7 +22,7 @@ TracerDescriptor runqueue_latency_descriptor() {
             &sched_config::runq_by_comm,
             [](scheduler* s) { return s->maps.runq_hist; },
             [](scheduler* s) { return s->maps.runq_hist_labelled; },
-            {"task_state", "label_sets_full", ""},
+            {"task_state", "map_full", ""},
         };
         return std::make_unique<SchedHistTracer>(store, std::move(kind),
                                                  std::any_cast<SchedLabelOptions>(options));

@@ -55,7 +55,7 @@ class SyscallLatencyTracer final : public Tracer {
   SyscallLatencyTracer(MetricStore& store, SyscallLatencyOptions options)
       : options_(std::move(options)),
         hists_(store, store.declare(latency_spec()), SYSLAT_SLOTS),
-        drops_(store, "syscall_latency", {"task_storage_full", "unknown_syscall"}) {}
+        drops_(store, "syscall_latency", {"map_full", "unknown_syscall"}) {}
 
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 2> tracepoints = {"sys_enter", "sys_exit"};

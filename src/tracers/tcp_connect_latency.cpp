@@ -37,7 +37,7 @@ class TcpConnectLatencyTracer final : public Tracer {
                                         "(refused, timed out, reset).",
                                         MetricType::Counter,
                                         {"family"}})),
-        drops_(store, "tcp_connect_latency", {"in_flight_full"}, "never_finished") {}
+        drops_(store, "tcp_connect_latency", {"map_full"}, "never_finished") {}
 
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 1> tps = {"inet_sock_set_state"};

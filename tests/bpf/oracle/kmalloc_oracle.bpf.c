@@ -7,6 +7,7 @@
 __u64 kmallocs = 0;
 __u64 kfrees = 0;
 __u64 requested = 0;
+__u64 cache_calls = 0;
 
 SEC("tp_btf/kmalloc")
 int BPF_PROG(oracle_kmalloc, unsigned long call_site, const void *ptr,
@@ -21,6 +22,20 @@ SEC("tp_btf/kfree")
 int BPF_PROG(oracle_kfree)
 {
 	__sync_fetch_and_add(&kfrees, 1);
+	return 0;
+}
+
+SEC("tp_btf/kmem_cache_alloc")
+int BPF_PROG(oracle_cache_alloc)
+{
+	__sync_fetch_and_add(&cache_calls, 1);
+	return 0;
+}
+
+SEC("tp_btf/kmem_cache_free")
+int BPF_PROG(oracle_cache_free)
+{
+	__sync_fetch_and_add(&cache_calls, 1);
 	return 0;
 }
 
