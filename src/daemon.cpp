@@ -131,7 +131,8 @@ void Daemon::stop_tracer(const std::string& name, bool keep_series) {
   applied_.erase(name);
   store_->release_owner(name);
   store_->erase_series_with(tracer_up_, "tracer", name);
-  if (!keep_series) store_->erase_series_with("tracer", name);
+  if (keep_series) return;  // start_tracer drops what the new instance does not declare
+  store_->erase_series_with("tracer", name);
   store_->drop_unowned();
 }
 
@@ -316,8 +317,8 @@ int Daemon::run() {
 
   drain_ = std::make_unique<DrainLoop>(*store_, cfg_.drain_interval);
   if (!reconcile(cfg_)) return 1;
-  drain_->start();
   notify_ready("");
+  drain_->start();
   spdlog::info("{}, draining every {} ms",
                status_line(running_.size(), applied_.size(), store_->series_count()),
                cfg_.drain_interval.count());

@@ -11,11 +11,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <dirent.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <optional>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -24,12 +28,71 @@
 
 namespace ebpf_metricsd::test {
 
+// The value of the first sample whose line starts with `series` (name and labels).
+inline std::optional<double> sample(const std::string& text, const std::string& series) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.compare(0, series.size(), series) == 0 && line.size() > series.size() &&
+        line[series.size()] == ' ') {
+      return std::stod(line.substr(series.size() + 1));
+    }
+  }
+  return std::nullopt;
+}
+
+// IDs of the BPF programs or maps ("prog_id" / "map_id") a process holds open.
+inline std::set<int> bpf_ids(pid_t pid, const std::string& key) {
+  std::set<int> ids;
+  const std::string dir = "/proc/" + std::to_string(pid) + "/fdinfo";
+  DIR* d = opendir(dir.c_str());
+  if (!d) return ids;
+  while (dirent* e = readdir(d)) {
+    std::istringstream in(read_file(dir + "/" + e->d_name));
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.compare(0, key.size() + 1, key + ":") == 0)
+        ids.insert(std::stoi(line.substr(key.size() + 1)));
+    }
+  }
+  closedir(d);
+  return ids;
+}
+
+inline std::set<int> loaded_prog_ids() {
+  std::set<int> ids;
+  FILE* p = popen("bpftool prog show", "r");
+  char line[512];
+  while (p && fgets(line, sizeof line, p)) {
+    if (line[0] >= '0' && line[0] <= '9') ids.insert(std::atoi(line));
+  }
+  if (p) pclose(p);
+  return ids;
+}
+
+struct Setup {
+  std::string dir = temp_dir();
+  int port = free_port();
+  std::string config = dir + "/config.yaml";
+  std::string log = dir + "/daemon.log";
+
+  explicit Setup(const std::string& tracers_yaml = "  syscall_latency:\n    enabled: true\n") {
+    std::ofstream(config) << "web:\n  listen_address: \"127.0.0.1:" << port
+                          << "\"\ndrain_interval: 200ms\ntracers:\n"
+                          << tracers_yaml;
+  }
+  ~Setup() { run_command("rm -rf " + dir); }
+  std::vector<std::string> args() const { return {"--config", config, "--log.level", "debug"}; }
+};
+
 // The daemon as a child process with its stderr in a file.
 class DaemonProcess {
  public:
   struct Options {
     std::vector<std::string> args;
     bool deny_bpf = false;  // the bpf() syscall fails with EPERM, as without privileges
+    std::vector<std::string> env;     // NAME=value set in the child
+    std::vector<std::string> prefix;  // a command that runs the daemon (e.g. setpriv ...)
   };
 
   DaemonProcess(const std::string& binary, const std::string& log_path, const Options& opts)
@@ -44,11 +107,13 @@ class DaemonProcess {
         seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(bpf), 0);
         if (seccomp_load(ctx) != 0) _exit(111);
       }
+      for (const auto& e : opts.env) putenv(const_cast<char*>(e.c_str()));
       std::vector<char*> argv;
+      for (const auto& a : opts.prefix) argv.push_back(const_cast<char*>(a.c_str()));
       argv.push_back(const_cast<char*>(binary.c_str()));
       for (const auto& a : opts.args) argv.push_back(const_cast<char*>(a.c_str()));
       argv.push_back(nullptr);
-      execv(binary.c_str(), argv.data());
+      execv(argv[0], argv.data());
       _exit(127);
     }
   }

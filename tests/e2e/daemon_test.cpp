@@ -12,70 +12,10 @@ using namespace ebpf_metricsd::test;
 using namespace std::chrono_literals;
 using Catch::Matchers::Contains;
 
-namespace {
-
-// The value of the first sample whose line starts with `series` (name and labels).
-std::optional<double> sample(const std::string& text, const std::string& series) {
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.compare(0, series.size(), series) == 0 && line.size() > series.size() &&
-        line[series.size()] == ' ') {
-      return std::stod(line.substr(series.size() + 1));
-    }
-  }
-  return std::nullopt;
-}
-
-// IDs of the BPF programs or maps ("prog_id" / "map_id") a process holds open.
-std::set<int> bpf_ids(pid_t pid, const std::string& key) {
-  std::set<int> ids;
-  const std::string dir = "/proc/" + std::to_string(pid) + "/fdinfo";
-  DIR* d = opendir(dir.c_str());
-  if (!d) return ids;
-  while (dirent* e = readdir(d)) {
-    std::istringstream in(read_file(dir + "/" + e->d_name));
-    std::string line;
-    while (std::getline(in, line)) {
-      if (line.compare(0, key.size() + 1, key + ":") == 0)
-        ids.insert(std::stoi(line.substr(key.size() + 1)));
-    }
-  }
-  closedir(d);
-  return ids;
-}
-
-std::set<int> loaded_prog_ids() {
-  std::set<int> ids;
-  FILE* p = popen("bpftool prog show", "r");
-  char line[512];
-  while (p && fgets(line, sizeof line, p)) {
-    if (line[0] >= '0' && line[0] <= '9') ids.insert(std::atoi(line));
-  }
-  if (p) pclose(p);
-  return ids;
-}
-
-struct Setup {
-  std::string dir = temp_dir();
-  int port = free_port();
-  std::string config = dir + "/config.yaml";
-  std::string log = dir + "/daemon.log";
-
-  explicit Setup(const std::string& tracers_yaml = "  syscall_latency:\n    enabled: true\n") {
-    std::ofstream(config) << "web:\n  listen_address: \"127.0.0.1:" << port
-                          << "\"\ndrain_interval: 200ms\ntracers:\n"
-                          << tracers_yaml;
-  }
-  ~Setup() { run_command("rm -rf " + dir); }
-  std::vector<std::string> args() const { return {"--config", config, "--log.level", "debug"}; }
-};
-
-}  // namespace
 
 TEST_CASE("daemon serves real syscall latencies, passes promtool, exits cleanly") {
   Setup s;
-  DaemonProcess d(DAEMON_PATH, s.log, {s.args()});
+  DaemonProcess d(DAEMON_PATH, s.log, {s.args(), false, {}, {}});
   REQUIRE(wait_until(
       [&] {
         return http_get(s.port, "/metrics")
@@ -152,7 +92,7 @@ TEST_CASE("daemon serves real syscall latencies, passes promtool, exits cleanly"
 
 TEST_CASE("a tracer that cannot load is reported and the daemon runs on") {
   Setup s;
-  DaemonProcess d(DAEMON_PATH, s.log, {s.args(), /*deny_bpf=*/true});
+  DaemonProcess d(DAEMON_PATH, s.log, {s.args(), /*deny_bpf=*/true, {}, {}});
   INFO("daemon log:\n" << d.log());
   REQUIRE(wait_until(
       [&] {
@@ -173,7 +113,7 @@ TEST_CASE("--strict makes a failed tracer fatal") {
   Setup s;
   auto args = s.args();
   args.push_back("--strict");
-  DaemonProcess d(DAEMON_PATH, s.log, {args, /*deny_bpf=*/true});
+  DaemonProcess d(DAEMON_PATH, s.log, {args, /*deny_bpf=*/true, {}, {}});
   CHECK(d.wait_exit(20s) == 1);
   CHECK_THAT(d.log(), Contains("--strict"));
 }
@@ -193,7 +133,7 @@ TEST_CASE("--check-config and bad configs") {
              Contains(bad.config + ":7:5: tracers.syscall_latency.colour: unknown key"));
 
   // The daemon itself refuses to start on it, and serves nothing.
-  DaemonProcess d(DAEMON_PATH, bad.log, {bad.args()});
+  DaemonProcess d(DAEMON_PATH, bad.log, {bad.args(), false, {}, {}});
   CHECK(d.wait_exit(10s) == 1);
   CHECK_THAT(d.log(), Contains("tracers.syscall_latency.colour: unknown key"));
   CHECK(http_get(bad.port, "/metrics").status == 0);
@@ -218,7 +158,7 @@ TEST_CASE("every tracer, with every optional label, up at once and valid for pro
       "  net_xmit_latency:\n    enabled: true\n"
       "  block_io:\n    enabled: true\n"
       "  page_cache:\n    enabled: true\n");
-  DaemonProcess d(DAEMON_PATH, s.log, {s.args()});
+  DaemonProcess d(DAEMON_PATH, s.log, {s.args(), false, {}, {}});
   const std::vector<std::string> tracers = {
       "syscall_latency",     "runqueue_latency", "offcpu_time", "page_faults", "kmalloc",
       "tcp_connect_latency", "net_xmit_latency", "block_io",    "page_cache"};

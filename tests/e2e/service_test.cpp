@@ -1,0 +1,345 @@
+// The daemon as a service: systemd notifications, reload, journald priorities, least
+// privilege, the unit file, and bounded memory and series under process churn.
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <map>
+#include <regex>
+
+#include "daemon_process.h"
+
+using namespace ebpf_metricsd::test;
+using namespace std::chrono_literals;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// A NOTIFY_SOCKET that collects what the daemon sends with sd_notify.
+class NotifySocket {
+ public:
+  explicit NotifySocket(const std::string& path) : path_(path) {
+    fd_ = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::snprintf(a.sun_path, sizeof a.sun_path, "%s", path.c_str());
+    REQUIRE(bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  }
+  ~NotifySocket() { close(fd_); }
+  // Every message so far, in order.
+  const std::vector<std::string>& messages() {
+    char buf[4096];
+    ssize_t n;
+    while ((n = recv(fd_, buf, sizeof buf, 0)) > 0) messages_.emplace_back(buf, n);
+    return messages_;
+  }
+  bool wait_for(const std::string& needle, std::size_t from = 0) {
+    return wait_until(
+        [&] {
+          const auto& m = messages();
+          for (std::size_t i = from; i < m.size(); ++i) {
+            if (m[i].find(needle) != std::string::npos) return true;
+          }
+          return false;
+        },
+        10s);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int fd_;
+  std::vector<std::string> messages_;
+};
+
+std::string scrape(int port) { return http_get(port, "/metrics").body; }
+
+std::size_t count_lines_starting(const std::string& text, const std::string& prefix) {
+  std::istringstream in(text);
+  std::string line;
+  std::size_t n = 0;
+  while (std::getline(in, line)) n += line.compare(0, prefix.size(), prefix) == 0;
+  return n;
+}
+
+// IDs of the programs the process holds whose name starts with `prefix`.
+std::set<int> prog_ids_named(pid_t pid, const std::string& prefix) {
+  std::set<int> out;
+  for (int id : bpf_ids(pid, "prog_id")) {
+    const std::string info = run_capture("bpftool prog show id " + std::to_string(id));
+    if (info.find(" name " + prefix) != std::string::npos) out.insert(id);
+  }
+  return out;
+}
+
+long rss_kib(pid_t pid) {
+  std::istringstream in(read_file("/proc/" + std::to_string(pid) + "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+  }
+  return -1;
+}
+
+}  // namespace
+
+TEST_CASE("reload: a bad file keeps the running config, a good one changes only what changed") {
+  const std::string tracers_a =
+      "  syscall_latency:\n    enabled: true\n    include: [getppid]\n"
+      "  runqueue_latency:\n    enabled: true\n"
+      "  page_faults:\n    enabled: true\n";
+  Setup s(tracers_a);
+  NotifySocket notify(s.dir + "/notify.sock");
+  struct stat log_st {};
+  // The log file is the daemon's stderr; tell it that stream is the journal.
+  std::ofstream(s.log).flush();
+  REQUIRE(stat(s.log.c_str(), &log_st) == 0);
+  const std::string journal = "JOURNAL_STREAM=" + std::to_string(log_st.st_dev) + ":" +
+                              std::to_string(log_st.st_ino);
+  DaemonProcess d(DAEMON_PATH, s.log,
+                  {s.args(), false, {"NOTIFY_SOCKET=" + notify.path(), journal}, {}});
+  REQUIRE(notify.wait_for("READY=1"));
+  CHECK_THAT(notify.messages().front(), Contains("STATUS=3/3 tracers up"));
+
+  // Scrape all along: the getppid count must never go down, across both reloads.
+  const std::string getppid = "ebpf_syscall_latency_seconds_count{syscall=\"getppid\"}";
+  std::atomic<bool> stop{false};
+  std::atomic<int> decreases{0}, scrapes{0};
+  std::string seen;
+  std::thread scraper([&] {
+    double last = 0;
+    while (!stop) {
+      if (const auto v = sample(scrape(s.port), getppid)) {
+        seen += std::to_string(static_cast<long>(*v)) + " ";
+        if (*v < last) ++decreases;
+        last = *v;
+        ++scrapes;
+      }
+      for (int i = 0; i < 1000; ++i) syscall(SYS_getppid);
+      std::this_thread::sleep_for(20ms);
+    }
+  });
+  REQUIRE(wait_until([&] { return sample(scrape(s.port), getppid).value_or(0) > 0; }, 5s));
+
+  SECTION("an invalid file changes nothing") {
+    std::ofstream(s.config, std::ios::app) << "    bogus_key: 1\n";
+    const std::size_t before = notify.messages().size();
+    kill(d.pid(), SIGHUP);
+    REQUIRE(wait_until(
+        [&] {
+          return sample(scrape(s.port), "ebpf_metricsd_config_last_reload_successful") == 0.0;
+        },
+        5s));
+    const std::string m = scrape(s.port);
+    CHECK(sample(m, "ebpf_metricsd_tracer_up{tracer=\"page_faults\",hook=\"perf_event\"}") == 1);
+    CHECK(sample(m, "ebpf_metricsd_tracer_up{tracer=\"syscall_latency\",hook=\"tp_btf\"}") == 1);
+    // The old configuration goes on counting.
+    const double at_failure = sample(m, getppid).value_or(0);
+    CHECK(wait_until([&] { return sample(scrape(s.port), getppid) > at_failure + 1000; }, 5s));
+    REQUIRE(notify.wait_for("READY=1", before));
+    const auto& msgs = notify.messages();
+    CHECK_THAT(msgs[before], Contains("RELOADING=1") && Contains("MONOTONIC_USEC="));
+    // The error names file, line and key, at journal priority 3 (error).
+    CHECK_THAT(d.log(), Contains("<3>reload failed, keeping the running configuration: " +
+                                 s.config + ":12:5: tracers.page_faults.bogus_key: unknown key"));
+  }
+
+  SECTION("a valid file attaches and detaches what changed; counters carry on") {
+    const double before_reload = sample(scrape(s.port), getppid).value_or(0);
+    const auto sched_progs_before = prog_ids_named(d.pid(), "sched_");
+    std::ofstream(s.config) << "web:\n  listen_address: \"127.0.0.1:" << s.port
+                            << "\"\ndrain_interval: 200ms\ntracers:\n"
+                            << "  syscall_latency:\n    enabled: true\n"
+                            << "    include: [getppid, getpid]\n"
+                            << "  runqueue_latency:\n    enabled: true\n"
+                            << "  offcpu_time:\n    enabled: true\n";
+    const std::size_t before = notify.messages().size();
+    kill(d.pid(), SIGHUP);
+    REQUIRE(wait_until(
+        [&] {
+          return sample(scrape(s.port),
+                        "ebpf_metricsd_tracer_up{tracer=\"offcpu_time\",hook=\"tp_btf\"}") == 1.0;
+        },
+        5s));
+    REQUIRE(notify.wait_for("READY=1", before));
+    CHECK_THAT(notify.messages()[before], Contains("RELOADING=1"));
+    const std::string m = scrape(s.port);
+    CHECK(sample(m, "ebpf_metricsd_config_last_reload_successful") == 1.0);
+    // page_faults is gone with all its series; the others are up.
+    CHECK_THAT(m, !Contains("ebpf_page_faults_total"));
+    CHECK_THAT(m, !Contains("tracer=\"page_faults\""));
+    CHECK(sample(m, "ebpf_metricsd_tracer_up{tracer=\"runqueue_latency\",hook=\"tp_btf\"}") == 1);
+    CHECK(sample(m, "ebpf_metricsd_tracer_up{tracer=\"syscall_latency\",hook=\"tp_btf\"}") == 1);
+    // syscall_latency was restarted with its new include list and counts on from where it was.
+    REQUIRE(wait_until([&] { return sample(scrape(s.port), getppid) > before_reload + 1000; },
+                       5s));
+    const std::string log = d.log();
+    CHECK_THAT(log, Contains("<6>tracer syscall_latency options changed: restarting"));
+    CHECK_THAT(log, Contains("<6>tracer page_faults disabled: detaching"));
+    CHECK_THAT(log, !Contains("runqueue_latency options changed"));
+    // runqueue_latency stayed as it was (its programs are the same ones, which offcpu_time
+    // now shares); the page fault programs are gone.
+    CHECK(prog_ids_named(d.pid(), "sched_") == sched_progs_before);
+    CHECK(prog_ids_named(d.pid(), "minor_fault").empty());
+    CHECK(prog_ids_named(d.pid(), "major_fault").empty());
+  }
+
+  stop = true;
+  scraper.join();
+  INFO("getppid counts scraped: " << seen);
+  CHECK(scrapes >= 3);
+  CHECK(decreases == 0);
+  const std::size_t before_stop = notify.messages().size();
+  kill(d.pid(), SIGTERM);
+  CHECK(d.wait_exit(5s) == 0);
+  CHECK(notify.wait_for("STOPPING=1", before_stop));
+  CHECK(notify.wait_for("WATCHDOG=1"));
+}
+
+TEST_CASE("every tracer is up as an unprivileged user with only CAP_BPF and CAP_PERFMON") {
+  std::string all;
+  for (const char* t : {"syscall_latency", "runqueue_latency", "offcpu_time", "page_faults",
+                        "kmalloc", "tcp_connect_latency", "net_xmit_latency", "block_io",
+                        "page_cache"}) {
+    all += std::string("  ") + t + ":\n    enabled: true\n";
+  }
+  Setup s(all);
+  chmod(s.dir.c_str(), 0755);
+  chmod(s.config.c_str(), 0644);
+  // The capabilities of systemd/ebpf-metricsd.service, nothing more.
+  const std::string unit = read_file(SOURCE_DIR "/systemd/ebpf-metricsd.service");
+  REQUIRE_THAT(unit, Contains("\nAmbientCapabilities=CAP_BPF CAP_PERFMON\n"));
+  REQUIRE_THAT(unit, Contains("\nCapabilityBoundingSet=CAP_BPF CAP_PERFMON\n"));
+  DaemonProcess d(DAEMON_PATH, s.log,
+                  {{"--config", s.config, "--strict"},
+                   false,
+                   {},
+                   {"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                    "--inh-caps=-all,+bpf,+perfmon", "--ambient-caps=-all,+bpf,+perfmon",
+                    "--bounding-set=-all,+bpf,+perfmon", "--no-new-privs", "--"}});
+  REQUIRE(wait_until(
+      [&] {
+        return count_lines_starting(scrape(s.port), "ebpf_metricsd_tracer_up{") == 9;
+      },
+      20s));
+  const std::string m = scrape(s.port);
+  INFO(m.substr(0, 3000) << d.log());
+  CHECK(count_lines_starting(m, "ebpf_metricsd_tracer_up{") == 9);
+  CHECK_THAT(m, !Contains("hook=\"none\"} 0"));
+  // It really runs as nobody with just those two capabilities.
+  const std::string status = read_file("/proc/" + std::to_string(d.pid()) + "/status");
+  CHECK_THAT(status, Contains("Uid:\t65534\t65534\t65534\t65534"));
+  CHECK_THAT(status, Contains("CapEff:\t000000c000000000"));  // bits 38 (PERFMON), 39 (BPF)
+  kill(d.pid(), SIGTERM);
+  CHECK(d.wait_exit(5s) == 0);
+}
+
+TEST_CASE("the systemd unit verifies and scores at most 3.0 in systemd-analyze security") {
+  if (run_command("command -v systemd-analyze >/dev/null") != 0) {
+    FAIL("systemd-analyze is not installed (packaging/install-deps.sh --with-tests)");
+  }
+  const std::string dir = temp_dir();
+  // verify needs the ExecStart binaries to exist: point them at the built one.
+  std::string unit = read_file(SOURCE_DIR "/systemd/ebpf-metricsd.service");
+  unit = std::regex_replace(unit, std::regex("/usr/bin/ebpf-metricsd"), DAEMON_PATH);
+  std::ofstream(dir + "/ebpf-metricsd.service") << unit;
+  const std::string verify =
+      run_capture("systemd-analyze verify " + dir + "/ebpf-metricsd.service 2>&1");
+  CHECK(verify.empty());
+  const std::string sec = run_capture("systemd-analyze security --offline=true " + dir +
+                                      "/ebpf-metricsd.service 2>&1 | tail -1");
+  std::smatch match;
+  REQUIRE(std::regex_search(sec, match, std::regex("exposure level for \\S+: ([0-9.]+)")));
+  const double score = std::stod(match[1]);
+  INFO("systemd-analyze security: " << score);
+  CHECK(score <= 3.0);
+  run_command("rm -rf " + dir);
+}
+
+TEST_CASE("Ten thousand short-lived processes leave memory, series and maps bounded") {
+  if (run_command("command -v stress-ng >/dev/null") != 0) {
+    FAIL("stress-ng is not installed (packaging/install-deps.sh --with-tests)");
+  }
+  Setup s(
+      "  syscall_latency:\n    enabled: true\n"
+      "  runqueue_latency:\n    enabled: true\n    comm: true\n"
+      "  offcpu_time:\n    enabled: true\n    comm: true\n"
+      "  page_faults:\n    enabled: true\n"
+      "  tcp_connect_latency:\n    enabled: true\n");
+  // A low series limit, so that distinct command names overrun it.
+  {
+    std::string cfg = read_file(s.config);
+    std::ofstream(s.config) << "max_series: 300\n" << cfg;
+  }
+  DaemonProcess d(DAEMON_PATH, s.log, {s.args(), false, {}, {}});
+  REQUIRE(wait_until(
+      [&] {
+        return count_lines_starting(scrape(s.port), "ebpf_metricsd_tracer_up{") == 5;
+      },
+      10s));
+  std::this_thread::sleep_for(1s);
+  const long rss0 = rss_kib(d.pid());
+
+  // Churn: stress-ng forks, and processes of 2,000 distinct names (some cut mid-character
+  // by the kernel's 16-byte comm).
+  REQUIRE(run_command("stress-ng --fork 2 --fork-ops 10000 --quiet >/dev/null 2>&1") == 0);
+  for (int i = 0; i < 2000; ++i) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      // Eight two-byte characters: the kernel keeps 15 bytes, the last one half of "é".
+      const std::string name = i % 2 ? "emd-" + std::to_string(i) : "éééééééé";
+      prctl(PR_SET_NAME, name.c_str());
+      usleep(1000);  // sleep: an off-CPU period and a wakeup under this name
+      _exit(0);
+    }
+    waitpid(pid, nullptr, 0);
+  }
+  std::this_thread::sleep_for(1s);  // a few drains
+  const std::string m = scrape(s.port);
+  const long rss1 = rss_kib(d.pid());
+  INFO("RSS " << rss0 << " KiB before, " << rss1 << " KiB after");
+
+  // Series per metric stay under max_series; what did not fit is counted.
+  const std::size_t runq_series = count_lines_starting(m, "ebpf_runqueue_latency_seconds_count{");
+  const std::size_t offcpu_series = count_lines_starting(m, "ebpf_offcpu_seconds_count{");
+  INFO("runqueue series " << runq_series << ", offcpu series " << offcpu_series);
+  CHECK(runq_series <= 300);
+  CHECK(offcpu_series <= 300);
+  CHECK(sample(m, "ebpf_metricsd_series_limited_total{metric=\"ebpf_runqueue_latency_seconds\"}")
+            .value_or(0) > 0);
+  CHECK(rss1 - rss0 < 64 * 1024);
+  // Label values stay valid UTF-8: the half character became U+FFFD.
+  CHECK_THAT(m, Contains("\xEF\xBF\xBD"));
+  {
+    const std::string file = s.dir + "/scrape.txt";
+    std::ofstream(file) << m;
+    CHECK(run_command("promtool check metrics < " + file + " >/dev/null 2>&1") == 0);
+  }
+
+  // No BPF map of the daemon holds more than it was sized for, and the per-task state was
+  // freed with the tasks (task storage); the in-flight connect map is empty again.
+  const auto maps = bpf_ids(d.pid(), "map_id");
+  REQUIRE_FALSE(maps.empty());
+  for (int id : maps) {
+    const std::string info = run_capture("bpftool map show id " + std::to_string(id));
+    std::smatch match;
+    if (!std::regex_search(info, match, std::regex("max_entries (\\d+)"))) continue;
+    const long max_entries = std::stol(match[1]);
+    if (info.find(": hash") == std::string::npos && info.find(": percpu_hash") == std::string::npos) {
+      continue;  // arrays are fixed; task storage lives and dies with its task
+    }
+    const std::string dump = run_capture("bpftool map dump id " + std::to_string(id) +
+                                         " 2>/dev/null | grep -c '^key\\|\"key\"'");
+    const long entries = dump.empty() ? 0 : std::stol(dump);
+    INFO(info << "entries " << entries);
+    CHECK(entries <= max_entries);
+    // Requests and connects in flight, stamped at start: they end, and leave the map.
+    if (info.find("spilled") != std::string::npos || info.find("issued") != std::string::npos) {
+      CHECK(entries < 100);
+    }
+  }
+  kill(d.pid(), SIGTERM);
+  CHECK(d.wait_exit(5s) == 0);
+}
