@@ -176,8 +176,12 @@ static __always_inline int on_switch(bool preempt, struct task_struct *prev,
 		}
 	}
 
-	/* next: its wait ends now */
-	s = task_state(next, false, raw);
+	/*
+	 * next: its wait ends now. Looked up with create, like prev above: the
+	 * storage exists for every task that was switched out before, and a
+	 * failure (task storage busy or out of memory) is counted, never lost.
+	 */
+	s = task_state(next, true, raw);
 	if (!s)
 		return 0;
 	if (s->enqueued && sched_cfg.runq_on) {

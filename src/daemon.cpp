@@ -207,8 +207,7 @@ bool Daemon::reconcile(const Config& cfg) {
 }
 
 void Daemon::notify_ready(const char* extra) {
-  const std::string status =
-      status_line(running_.size(), applied_.size(), store_->series_count());
+  const std::string status = status_line(running_.size(), applied_.size(), store_->series_count());
   sd_notifyf(0, "READY=1\n%sSTATUS=%s", extra, status.c_str());
 }
 
@@ -229,9 +228,8 @@ void Daemon::reload() {
   bool ok = true;
   const WebSettings wanted = web_settings(cfg, web);
   const WebSettings& have = web_->settings();
-  if (wanted.listen_address != have.listen_address ||
-      wanted.security.text != have.security.text || wanted.max_requests != have.max_requests ||
-      wanted.request_timeout != have.request_timeout) {
+  if (wanted.listen_address != have.listen_address || wanted.security.text != have.security.text ||
+      wanted.max_requests != have.max_requests || wanted.request_timeout != have.request_timeout) {
     // One server at a time: the new one may need the same port.
     const WebSettings previous = have;
     auto landing = [states = states_] {
@@ -303,11 +301,10 @@ int Daemon::run() {
     states_->list.push_back({tc.name, find_tracer(tc.name)->summary, tc.enabled, false, "", ""});
   }
   try {
-    web_ = std::make_unique<WebServer>(web_settings(cfg_, web_cfg_), store_,
-                                       [states = states_] {
-                                         std::lock_guard lock(states->mutex);
-                                         return landing_page(states->list);
-                                       });
+    web_ = std::make_unique<WebServer>(web_settings(cfg_, web_cfg_), store_, [states = states_] {
+      std::lock_guard lock(states->mutex);
+      return landing_page(states->list);
+    });
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
     return 1;

@@ -1,6 +1,6 @@
 // ebpf-metricsd: exports what eBPF tracers see in the kernel as Prometheus metrics.
-#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/pattern_formatter.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>

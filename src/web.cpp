@@ -154,7 +154,8 @@ class Connection {
     if (ssl_error == SSL_ERROR_WANT_READ) events = POLLIN;
     if (ssl_error == SSL_ERROR_WANT_WRITE) events = POLLOUT;
     if (events == 0) return false;
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) return false;
     pollfd p{fd_, events, 0};
     const int r = poll(&p, 1, static_cast<int>(left.count()));
@@ -231,8 +232,8 @@ const char* reason_phrase(int status) {
   }
 }
 
-std::string response(int status, const std::string& type, const std::string& body,
-                     bool head_only, const std::string& extra_headers = {}) {
+std::string response(int status, const std::string& type, const std::string& body, bool head_only,
+                     const std::string& extra_headers = {}) {
   std::string out = "HTTP/1.1 " + std::to_string(status) + " " + reason_phrase(status) +
                     "\r\nContent-Type: " + type +
                     "\r\nContent-Length: " + std::to_string(body.size()) +
@@ -339,8 +340,7 @@ bool WebServer::Shared::authorized(const Request& req) {
   const std::string user = decoded->substr(0, colon);
   const std::string password = decoded->substr(colon + 1);
   std::array<unsigned char, SHA256_DIGEST_LENGTH> digest{};
-  SHA256(reinterpret_cast<const unsigned char*>(password.data()), password.size(),
-         digest.data());
+  SHA256(reinterpret_cast<const unsigned char*>(password.data()), password.size(), digest.data());
   const auto it = users.find(user);
   if (it == users.end()) {
     (void)bcrypt_matches(password, decoy_hash());
@@ -472,8 +472,7 @@ WebServer::WebServer(WebSettings settings, std::shared_ptr<prometheus::Collectab
   const int one = 1, zero = 0;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   if (addr.ss_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
-  const socklen_t len =
-      addr.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+  const socklen_t len = addr.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
   if (bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || listen(fd, 128) != 0) {
     const int err = errno;
     close(fd);

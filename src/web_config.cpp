@@ -129,8 +129,8 @@ std::shared_ptr<ssl_ctx_st> make_tls_context(const TlsServerConfig& tls) {
     case ClientAuth::VerifyClientCertIfGiven:
     case ClientAuth::RequireAndVerifyClientCert: {
       if (SSL_CTX_load_verify_locations(c, tls.client_ca_file.c_str(), nullptr) != 1) {
-        throw TlsSetupError("client_ca_file", "cannot load CA certificates " +
-                                                  tls.client_ca_file + ": " + openssl_error());
+        throw TlsSetupError("client_ca_file", "cannot load CA certificates " + tls.client_ca_file +
+                                                  ": " + openssl_error());
       }
       if (STACK_OF(X509_NAME)* names = SSL_load_client_CA_file(tls.client_ca_file.c_str())) {
         SSL_CTX_set_client_CA_list(c, names);

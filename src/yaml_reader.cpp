@@ -3,8 +3,8 @@
 #include <cctype>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <limits>
+#include <sstream>
 #include <stdexcept>
 
 namespace ebpf_metricsd {

@@ -5,11 +5,11 @@
 #include <netinet/in.h>
 #include <seccomp.h>
 
-#include "../test_support.h"
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "../test_support.h"
 
 #include <dirent.h>
 
@@ -90,7 +90,7 @@ class DaemonProcess {
  public:
   struct Options {
     std::vector<std::string> args;
-    bool deny_bpf = false;  // the bpf() syscall fails with EPERM, as without privileges
+    bool deny_bpf = false;            // the bpf() syscall fails with EPERM, as without privileges
     std::vector<std::string> env;     // NAME=value set in the child
     std::vector<std::string> prefix;  // a command that runs the daemon (e.g. setpriv ...)
   };

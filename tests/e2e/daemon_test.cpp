@@ -52,8 +52,8 @@ TEST_CASE("daemon serves real syscall latencies, passes promtool, exits cleanly"
   CHECK(sample(body, "ebpf_metricsd_build_info{version=\"" EBPF_METRICSD_VERSION "\"}") == 1.0);
   CHECK(sample(body, "ebpf_metricsd_drain_duration_seconds{tracer=\"syscall_latency\"}"));
   CHECK(sample(body,
-               "ebpf_metricsd_dropped_events_total{tracer=\"syscall_latency\",reason=\"task_"
-               "storage_full\"}") == 0.0);
+               "ebpf_metricsd_dropped_events_total{tracer=\"syscall_latency\",reason=\"map_"
+               "full\"}") == 0.0);
 
   std::ofstream(s.dir + "/metrics.txt") << body;
   CHECK(run_command("promtool check metrics < " + s.dir + "/metrics.txt") == 0);

@@ -96,8 +96,8 @@ TEST_CASE("reload: a bad file keeps the running config, a good one changes only 
   // The log file is the daemon's stderr; tell it that stream is the journal.
   std::ofstream(s.log).flush();
   REQUIRE(stat(s.log.c_str(), &log_st) == 0);
-  const std::string journal = "JOURNAL_STREAM=" + std::to_string(log_st.st_dev) + ":" +
-                              std::to_string(log_st.st_ino);
+  const std::string journal =
+      "JOURNAL_STREAM=" + std::to_string(log_st.st_dev) + ":" + std::to_string(log_st.st_ino);
   DaemonProcess d(DAEMON_PATH, s.log,
                   {s.args(), false, {"NOTIFY_SOCKET=" + notify.path(), journal}, {}});
   REQUIRE(notify.wait_for("READY=1"));
@@ -173,8 +173,7 @@ TEST_CASE("reload: a bad file keeps the running config, a good one changes only 
     CHECK(sample(m, "ebpf_metricsd_tracer_up{tracer=\"runqueue_latency\",hook=\"tp_btf\"}") == 1);
     CHECK(sample(m, "ebpf_metricsd_tracer_up{tracer=\"syscall_latency\",hook=\"tp_btf\"}") == 1);
     // syscall_latency was restarted with its new include list and counts on from where it was.
-    REQUIRE(wait_until([&] { return sample(scrape(s.port), getppid) > before_reload + 1000; },
-                       5s));
+    REQUIRE(wait_until([&] { return sample(scrape(s.port), getppid) > before_reload + 1000; }, 5s));
     const std::string log = d.log();
     CHECK_THAT(log, Contains("<6>tracer syscall_latency options changed: restarting"));
     CHECK_THAT(log, Contains("<6>tracer page_faults disabled: detaching"));
@@ -200,9 +199,9 @@ TEST_CASE("reload: a bad file keeps the running config, a good one changes only 
 
 TEST_CASE("every tracer is up as an unprivileged user with only CAP_BPF and CAP_PERFMON") {
   std::string all;
-  for (const char* t : {"syscall_latency", "runqueue_latency", "offcpu_time", "page_faults",
-                        "kmalloc", "tcp_connect_latency", "net_xmit_latency", "block_io",
-                        "page_cache"}) {
+  for (const char* t :
+       {"syscall_latency", "runqueue_latency", "offcpu_time", "page_faults", "kmalloc",
+        "tcp_connect_latency", "net_xmit_latency", "block_io", "page_cache"}) {
     all += std::string("  ") + t + ":\n    enabled: true\n";
   }
   Setup s(all);
@@ -220,10 +219,7 @@ TEST_CASE("every tracer is up as an unprivileged user with only CAP_BPF and CAP_
                     "--inh-caps=-all,+bpf,+perfmon", "--ambient-caps=-all,+bpf,+perfmon",
                     "--bounding-set=-all,+bpf,+perfmon", "--no-new-privs", "--"}});
   REQUIRE(wait_until(
-      [&] {
-        return count_lines_starting(scrape(s.port), "ebpf_metricsd_tracer_up{") == 9;
-      },
-      20s));
+      [&] { return count_lines_starting(scrape(s.port), "ebpf_metricsd_tracer_up{") == 9; }, 20s));
   const std::string m = scrape(s.port);
   INFO(m.substr(0, 3000) << d.log());
   CHECK(count_lines_starting(m, "ebpf_metricsd_tracer_up{") == 9);
@@ -275,10 +271,7 @@ TEST_CASE("Ten thousand short-lived processes leave memory, series and maps boun
   }
   DaemonProcess d(DAEMON_PATH, s.log, {s.args(), false, {}, {}});
   REQUIRE(wait_until(
-      [&] {
-        return count_lines_starting(scrape(s.port), "ebpf_metricsd_tracer_up{") == 5;
-      },
-      10s));
+      [&] { return count_lines_starting(scrape(s.port), "ebpf_metricsd_tracer_up{") == 5; }, 10s));
   std::this_thread::sleep_for(1s);
   const long rss0 = rss_kib(d.pid());
 
@@ -327,7 +320,8 @@ TEST_CASE("Ten thousand short-lived processes leave memory, series and maps boun
     std::smatch match;
     if (!std::regex_search(info, match, std::regex("max_entries (\\d+)"))) continue;
     const long max_entries = std::stol(match[1]);
-    if (info.find(": hash") == std::string::npos && info.find(": percpu_hash") == std::string::npos) {
+    if (info.find(": hash") == std::string::npos &&
+        info.find(": percpu_hash") == std::string::npos) {
       continue;  // arrays are fixed; task storage lives and dies with its task
     }
     const std::string dump = run_capture("bpftool map dump id " + std::to_string(id) +

@@ -90,11 +90,10 @@ struct Pki {
     const std::string key = "-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes";
     std::ofstream(dir + "/san.ext") << "subjectAltName=IP:127.0.0.1\n";
     const std::string script =
-        "set -e; cd " + dir + "; exec 2>openssl.log\n" +
-        "openssl req -x509 " + key + " -keyout ca.key -out ca.pem -days 2 -subj /CN=test-ca\n" +
-        "openssl req -x509 " + key +
-        " -keyout other-ca.key -out other-ca.pem -days 2 -subj /CN=other-ca\n" +
-        "openssl req " + key + " -keyout server.key -out server.csr -subj /CN=127.0.0.1\n" +
+        "set -e; cd " + dir + "; exec 2>openssl.log\n" + "openssl req -x509 " + key +
+        " -keyout ca.key -out ca.pem -days 2 -subj /CN=test-ca\n" + "openssl req -x509 " + key +
+        " -keyout other-ca.key -out other-ca.pem -days 2 -subj /CN=other-ca\n" + "openssl req " +
+        key + " -keyout server.key -out server.csr -subj /CN=127.0.0.1\n" +
         "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
         "-extfile san.ext -days 2 -out server.pem\n" +
         "openssl req " + key + " -keyout client.key -out client.csr -subj /CN=scraper\n" +
@@ -153,7 +152,7 @@ TEST_CASE("scrapes past max_requests get 503 at once, and the slot frees again")
   const auto rejected = http_get(port, "/metrics");
   const auto waited = std::chrono::steady_clock::now() - t0;
   CHECK(rejected.status == 503);
-  CHECK(waited < 2s);  // answered while the first scrape is still held
+  CHECK(waited < 2s);                        // answered while the first scrape is still held
   CHECK(http_get(port, "/").status == 200);  // the limit is on scrapes only
   metrics->open();
   CHECK(held.get().status == 200);
@@ -234,10 +233,9 @@ TEST_CASE("TLS with RequireAndVerifyClientCert: only clients with a certificate 
 
 TEST_CASE("TLS without client certificates, with basic auth on top") {
   Pki pki;
-  const std::string web_yaml = "tls_server_config:\n  cert_file: " + pki.dir +
-                               "/server.pem\n  key_file: " + pki.dir +
-                               "/server.key\nbasic_auth_users:\n  alice: " +
-                               bcrypt_hash("pw") + "\n";
+  const std::string web_yaml =
+      "tls_server_config:\n  cert_file: " + pki.dir + "/server.pem\n  key_file: " + pki.dir +
+      "/server.key\nbasic_auth_users:\n  alice: " + bcrypt_hash("pw") + "\n";
   auto metrics = std::make_shared<GateCollectable>();
   const int port = free_port();
   WebSettings s = local(port);
@@ -270,14 +268,14 @@ TEST_CASE("web config errors name the file, line and key") {
   CHECK_THAT(err("tls_server_config:\n  cert_file: /nonexistent.pem\n  key_file: /x.key\n"),
              Contains("web.yml:2:14: tls_server_config.cert_file: cannot load certificate"));
   // The key of another certificate.
-  CHECK_THAT(err("tls_server_config:\n  cert_file: " + pki.dir + "/server.pem\n  key_file: " +
-                 pki.dir + "/client.key\n"),
+  CHECK_THAT(err("tls_server_config:\n  cert_file: " + pki.dir +
+                 "/server.pem\n  key_file: " + pki.dir + "/client.key\n"),
              Contains("web.yml:3:13: tls_server_config.key_file:") && Contains("mismatch"));
   CHECK_THAT(err("tls_server_config:\n  cert_file: " + pki.dir + "/server.pem\n  key_file: " +
                  pki.dir + "/server.key\n  client_auth_type: RequireAndVerifyClientCert\n"),
              Contains("client_ca_file: required"));
-  CHECK_THAT(err("tls_server_config:\n  cert_file: " + pki.dir + "/server.pem\n  key_file: " +
-                 pki.dir + "/server.key\n  min_version: SSL3\n"),
+  CHECK_THAT(err("tls_server_config:\n  cert_file: " + pki.dir +
+                 "/server.pem\n  key_file: " + pki.dir + "/server.key\n  min_version: SSL3\n"),
              Contains("min_version: expected TLS10"));
   CHECK(err("basic_auth_users:\n  bob: " + bcrypt_hash("x") + "\n") == "no error");
 }
