@@ -1,0 +1,32 @@
+# `cpack -G DEB` in the build directory: the daemon, its config as a conffile, the systemd
+# unit, dashboards and Prometheus rules.
+install(TARGETS ebpf-metricsd RUNTIME DESTINATION bin)
+install(FILES ${CMAKE_SOURCE_DIR}/config/ebpf-metricsd.yaml
+        DESTINATION /etc/ebpf-metricsd RENAME config.yaml)
+install(FILES ${CMAKE_SOURCE_DIR}/systemd/ebpf-metricsd.service DESTINATION /lib/systemd/system)
+install(DIRECTORY ${CMAKE_SOURCE_DIR}/dashboards/ DESTINATION share/ebpf-metricsd/dashboards
+        FILES_MATCHING PATTERN "*.json")
+install(DIRECTORY ${CMAKE_SOURCE_DIR}/packaging/prometheus/
+        DESTINATION share/ebpf-metricsd/prometheus FILES_MATCHING PATTERN "*.yml")
+install(FILES ${CMAKE_SOURCE_DIR}/README.md DESTINATION share/doc/ebpf-metricsd)
+
+set(CPACK_GENERATOR DEB)
+set(CPACK_PACKAGE_NAME ebpf-metricsd)
+set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
+set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
+set(CPACK_PACKAGE_CONTACT "ebpf-metricsd maintainers <ebpf-metricsd@localhost>")
+set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "eBPF tracers exported as Prometheus metrics")
+set(CPACK_DEBIAN_PACKAGE_DESCRIPTION
+    "Loads eBPF tracers into the kernel (syscall, TCP connect, packet transmit, run-queue\nlatency, off-CPU time, page faults, kmalloc, page cache, block I/O) and serves what\nthey measure on /metrics for Prometheus.")
+set(CPACK_DEBIAN_PACKAGE_SECTION admin)
+set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
+set(CPACK_STRIP_FILES ON)
+# Library dependencies as dpkg-shlibdeps finds them.
+set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
+set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA
+    ${CMAKE_SOURCE_DIR}/packaging/deb/conffiles
+    ${CMAKE_SOURCE_DIR}/packaging/deb/postinst
+    ${CMAKE_SOURCE_DIR}/packaging/deb/prerm
+    ${CMAKE_SOURCE_DIR}/packaging/deb/postrm)
+set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
+include(CPack)

@@ -1,0 +1,100 @@
+// The shipped deployment files agree with each other and with the daemon.
+#include <yaml-cpp/yaml.h>
+
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "ebpf_metricsd/config.h"
+
+using namespace ebpf_metricsd;
+
+namespace {
+
+YAML::Node load(const std::string& rel) { return YAML::LoadFile(SOURCE_DIR "/" + rel); }
+
+std::string unit_file() {
+  std::ifstream in(SOURCE_DIR "/systemd/ebpf-metricsd.service");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// "CAP_BPF CAP_PERFMON" from a unit line "Key=..." as {"BPF", "PERFMON"}.
+std::set<std::string> unit_caps(const std::string& key) {
+  std::istringstream in(unit_file());
+  std::string line;
+  std::set<std::string> caps;
+  while (std::getline(in, line)) {
+    if (line.rfind(key + "=", 0) != 0) continue;
+    std::istringstream words(line.substr(key.size() + 1));
+    std::string w;
+    while (words >> w) caps.insert(w.substr(4));  // drop "CAP_"
+  }
+  return caps;
+}
+
+}  // namespace
+
+TEST_CASE("Kubernetes DaemonSet: the unit's capabilities only, read-only, BTF and cgroup mounts") {
+  const YAML::Node ds = load("packaging/kubernetes/daemonset.yaml");
+  REQUIRE(ds["kind"].as<std::string>() == "DaemonSet");
+  const YAML::Node pod = ds["spec"]["template"]["spec"];
+  CHECK_FALSE(pod["hostNetwork"].as<bool>());
+  const YAML::Node c = pod["containers"][0];
+  const YAML::Node sc = c["securityContext"];
+  CHECK_FALSE(sc["privileged"].as<bool>());
+  CHECK_FALSE(sc["allowPrivilegeEscalation"].as<bool>());
+  CHECK(sc["readOnlyRootFilesystem"].as<bool>());
+  CHECK(sc["capabilities"]["drop"].as<std::vector<std::string>>() ==
+        std::vector<std::string>{"ALL"});
+  const auto added = sc["capabilities"]["add"].as<std::vector<std::string>>();
+  const std::set<std::string> add(added.begin(), added.end());
+  CHECK(add == unit_caps("AmbientCapabilities"));
+  CHECK(add == unit_caps("CapabilityBoundingSet"));
+  CHECK(add == std::set<std::string>{"BPF", "PERFMON"});
+  std::set<std::string> mounts;
+  for (const auto& m : c["volumeMounts"]) {
+    mounts.insert(m["mountPath"].as<std::string>());
+    CHECK(m["readOnly"].as<bool>());
+  }
+  CHECK(mounts.count("/sys/kernel/btf"));
+  CHECK(mounts.count("/sys/fs/cgroup"));
+  CHECK(mounts.count("/etc/ebpf-metricsd"));
+  CHECK(c["ports"][0]["name"].as<std::string>() == "metrics");
+  CHECK(c["ports"][0]["containerPort"].as<int>() == 9810);
+}
+
+TEST_CASE("Kubernetes Service and PodMonitor select the DaemonSet's pods on its port") {
+  const YAML::Node ds = load("packaging/kubernetes/daemonset.yaml");
+  const auto pod_labels =
+      ds["spec"]["template"]["metadata"]["labels"].as<std::map<std::string, std::string>>();
+  const YAML::Node svc = load("packaging/kubernetes/service.yaml");
+  const YAML::Node pm = load("packaging/kubernetes/podmonitor.yaml");
+  for (const auto& [k, v] : svc["spec"]["selector"].as<std::map<std::string, std::string>>()) {
+    CHECK(pod_labels.at(k) == v);
+  }
+  for (const auto& [k, v] :
+       pm["spec"]["selector"]["matchLabels"].as<std::map<std::string, std::string>>()) {
+    CHECK(pod_labels.at(k) == v);
+  }
+  CHECK(svc["spec"]["ports"][0]["targetPort"].as<std::string>() == "metrics");
+  CHECK(pm["spec"]["podMetricsEndpoints"][0]["port"].as<std::string>() == "metrics");
+  CHECK(pm["apiVersion"].as<std::string>() == "monitoring.coreos.com/v1");
+  for (const auto* f : {"daemonset.yaml", "service.yaml", "podmonitor.yaml", "configmap.yaml"}) {
+    CHECK(
+        load(std::string("packaging/kubernetes/") + f)["metadata"]["namespace"].as<std::string>() ==
+        "ebpf-metricsd");
+  }
+}
+
+TEST_CASE("the ConfigMap's config and the shipped config are valid configs") {
+  const YAML::Node cm = load("packaging/kubernetes/configmap.yaml");
+  const Config cfg = parse_config(cm["data"]["config.yaml"].as<std::string>(), "configmap.yaml");
+  CHECK(cfg.listen_address == ":9810");
+  std::ifstream in(SOURCE_DIR "/config/ebpf-metricsd.yaml");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  CHECK_NOTHROW(parse_config(ss.str(), "ebpf-metricsd.yaml"));
+}
