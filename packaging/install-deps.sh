@@ -10,7 +10,7 @@ BUILD_PKGS=(
   libbpf-dev libelf-dev zlib1g-dev
   prometheus-cpp-dev libssl-dev libcrypt-dev  # metrics model; TLS and bcrypt for the web server
   libspdlog-dev libfmt-dev libyaml-cpp-dev libsystemd-dev libseccomp-dev
-  catch2
+  catch2 nlohmann-json3-dev          # tests: Catch2; JSON of Grafana and the Prometheus API
 )
 TEST_PKGS=(
   prometheus                         # promtool check metrics, and the server for e2e tests
