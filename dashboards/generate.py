@@ -1,0 +1,231 @@
+#!/usr/bin/env python3
+"""Writes dashboards/ebpf-metricsd.json, the Grafana dashboard of ebpf-metricsd.
+
+Run from the repository root after changing it: python3 dashboards/generate.py
+The quantile panels read the recording rules of packaging/prometheus/rules.yml.
+"""
+import json
+import os
+
+DS = {"type": "prometheus", "uid": "${datasource}"}
+SEL = 'instance=~"$instance"'
+RATE = "$__rate_interval"
+
+panels = []
+_next_id = [1]
+_y = [0]
+
+
+def _id():
+    _next_id[0] += 1
+    return _next_id[0]
+
+
+def row(title, description):
+    panels.append({
+        "type": "row", "id": _id(), "title": title, "collapsed": False,
+        "description": description,
+        "gridPos": {"h": 1, "w": 24, "x": 0, "y": _y[0]}, "panels": [],
+    })
+    _y[0] += 1
+
+
+def _targets(queries):
+    out = []
+    for i, (expr, legend) in enumerate(queries):
+        out.append({"datasource": DS, "expr": expr, "legendFormat": legend,
+                    "refId": chr(ord("A") + i), "range": True})
+    return out
+
+
+def timeseries(title, queries, unit, x, w, description="", stack=False):
+    panels.append({
+        "type": "timeseries", "id": _id(), "title": title, "description": description,
+        "datasource": DS, "targets": _targets(queries),
+        "gridPos": {"h": 8, "w": w, "x": x, "y": _y[0]},
+        "fieldConfig": {"defaults": {
+            "unit": unit,
+            "custom": {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 10,
+                       "stacking": {"mode": "normal" if stack else "none"}},
+        }, "overrides": []},
+        "options": {"legend": {"displayMode": "table", "placement": "bottom",
+                               "calcs": ["mean", "max"]},
+                    "tooltip": {"mode": "multi", "sort": "desc"}},
+    })
+
+
+def heatmap(title, metric, x, w, description=""):
+    expr = f"sum by (le) (rate({metric}_bucket{{{SEL}}}[{RATE}]))"
+    panels.append({
+        "type": "heatmap", "id": _id(), "title": title, "description": description,
+        "datasource": DS,
+        "targets": [{"datasource": DS, "expr": expr, "format": "heatmap",
+                     "legendFormat": "{{le}}", "refId": "A", "range": True}],
+        "gridPos": {"h": 8, "w": w, "x": x, "y": _y[0]},
+        "options": {"calculate": False, "cellGap": 1,
+                    "color": {"mode": "scheme", "scheme": "Oranges", "exponent": 0.5,
+                              "steps": 64},
+                    "yAxis": {"unit": "s" if metric.endswith("_seconds") else "bytes"},
+                    "tooltip": {"show": True, "yHistogram": True},
+                    "rowsFrame": {"layout": "le"}},
+        "fieldConfig": {"defaults": {}, "overrides": []},
+    })
+
+
+def table(title, queries, x, w, description=""):
+    targets = _targets(queries)
+    for t in targets:
+        t["format"] = "table"
+        t["instant"] = True
+        t["range"] = False
+    panels.append({
+        "type": "table", "id": _id(), "title": title, "description": description,
+        "datasource": DS, "targets": targets,
+        "gridPos": {"h": 8, "w": w, "x": x, "y": _y[0]},
+        "transformations": [{"id": "organize", "options": {
+            "excludeByName": {"Time": True, "__name__": True, "job": True}}}],
+        "fieldConfig": {"defaults": {}, "overrides": []},
+        "options": {"showHeader": True},
+    })
+
+
+def next_line():
+    _y[0] += 8
+
+
+def quantiles(level, metric, legend):
+    return [(f"{level}:{metric}:p50_rate5m{{{SEL}}}", f"p50 {legend}"),
+            (f"{level}:{metric}:p99_rate5m{{{SEL}}}", f"p99 {legend}")]
+
+
+# Status: is every tracer attached, is the daemon keeping up, is anything lost.
+row("Status", "Which tracers run and with which hook, drain time, drops, series limits.")
+table("Tracers", [(f"ebpf_metricsd_tracer_up{{{SEL}}}", "")], 0, 8,
+      "1 = attached; hook is the attach type the kernel probe chose; 0 = failed (see log).")
+timeseries("Drain duration", [(f"ebpf_metricsd_drain_duration_seconds{{{SEL}}}",
+                               "{{instance}} {{tracer}}")], "s", 8, 8,
+           "How long reading each tracer's BPF maps took, per drain.")
+timeseries("Dropped events and limited series", [
+    (f"sum by (instance, tracer, reason) (rate(ebpf_metricsd_dropped_events_total{{{SEL}}}[{RATE}]))",
+     "{{instance}} {{tracer}} {{reason}}"),
+    (f"sum by (instance, metric) (rate(ebpf_metricsd_series_limited_total{{{SEL}}}[{RATE}]))",
+     "{{instance}} limited {{metric}}"),
+], "ops", 16, 8, "Events the kernel side could not record, and label sets refused by max_series.")
+next_line()
+
+row("Syscalls", "Time from syscall entry to exit.")
+heatmap("Syscall latency", "ebpf_syscall_latency_seconds", 0, 8)
+timeseries("Syscall latency p99, slowest 10", [
+    (f"topk(10, instance_syscall:ebpf_syscall_latency_seconds:p99_rate5m{{{SEL}}})",
+     "{{instance}} {{syscall}}")], "s", 8, 8)
+timeseries("Syscalls per second, top 10", [
+    (f"topk(10, sum by (instance, syscall) (rate(ebpf_syscall_latency_seconds_count{{{SEL}}}[{RATE}])))",
+     "{{instance}} {{syscall}}")], "ops", 16, 8)
+next_line()
+
+row("TCP connect", "Active opens: SYN sent until established, and failed connects.")
+heatmap("Connect latency", "ebpf_tcp_connect_latency_seconds", 0, 8)
+timeseries("Connect latency p50 / p99",
+           quantiles("instance_family", "ebpf_tcp_connect_latency_seconds",
+                     "{{instance}} {{family}}"), "s", 8, 8)
+timeseries("Connects and failures per second", [
+    (f"sum by (instance, family) (rate(ebpf_tcp_connect_latency_seconds_count{{{SEL}}}[{RATE}]))",
+     "established {{instance}} {{family}}"),
+    (f"sum by (instance, family) (rate(ebpf_tcp_connect_failures_total{{{SEL}}}[{RATE}]))",
+     "failed {{instance}} {{family}}")], "ops", 16, 8)
+next_line()
+
+row("Network transmit", "Packets from being queued for a device to the driver taking them.")
+heatmap("Queue-to-transmit latency", "ebpf_net_xmit_queue_latency_seconds", 0, 8)
+timeseries("Queue-to-transmit latency p99 by interface", [
+    (f"instance_interface:ebpf_net_xmit_queue_latency_seconds:p99_rate5m{{{SEL}}}",
+     "{{instance}} {{interface}}")], "s", 8, 8)
+timeseries("Transmitted bytes per second by interface", [
+    (f"sum by (instance, interface) (rate(ebpf_net_xmit_bytes_total{{{SEL}}}[{RATE}]))",
+     "{{instance}} {{interface}}")], "Bps", 16, 8)
+next_line()
+
+row("Scheduler", "Run-queue latency (waiting for a CPU) and off-CPU time (blocked).")
+heatmap("Run-queue latency", "ebpf_runqueue_latency_seconds", 0, 6)
+timeseries("Run-queue latency p50 / p99",
+           quantiles("instance", "ebpf_runqueue_latency_seconds", "{{instance}}"), "s", 6, 6,
+           "p99 above 50 ms raises RunqueueLatencyHigh.")
+heatmap("Off-CPU time", "ebpf_offcpu_seconds", 12, 6)
+timeseries("Context switches per second", [
+    (f"sum by (instance, kind) (rate(ebpf_context_switches_total{{{SEL}}}[{RATE}]))",
+     "{{instance}} {{kind}}")], "ops", 18, 6)
+next_line()
+
+row("Memory", "Page faults and kernel allocations.")
+timeseries("Page faults per second", [
+    (f"sum by (instance, type) (rate(ebpf_page_faults_total{{{SEL}}}[{RATE}]))",
+     "{{instance}} {{type}}")], "ops", 0, 8)
+timeseries("kmalloc bytes per second", [
+    (f"sum by (instance, kind) (rate(ebpf_kmalloc_bytes_total{{{SEL}}}[{RATE}]))",
+     "{{instance}} {{kind}}")], "Bps", 8, 8,
+           "requested: asked of kmalloc; allocated: rounded up to the slab size.")
+heatmap("kmalloc request sizes", "ebpf_kmalloc_size_bytes", 16, 8)
+next_line()
+
+row("Page cache", "Page cache accesses, misses (pages added, readahead included), hit ratio.")
+timeseries("Hit ratio", [(f"instance:ebpf_page_cache_hit_ratio:rate5m{{{SEL}}}", "{{instance}}")],
+           "percentunit", 0, 8, "1 - misses / accesses over 5 minutes.")
+timeseries("Accesses and misses per second", [
+    (f"sum by (instance) (rate(ebpf_page_cache_accesses_total{{{SEL}}}[{RATE}]))",
+     "accesses {{instance}}"),
+    (f"sum by (instance) (rate(ebpf_page_cache_misses_total{{{SEL}}}[{RATE}]))",
+     "misses {{instance}}")], "ops", 8, 8)
+timeseries("Pages dirtied per second", [
+    (f"sum by (instance) (rate(ebpf_page_cache_dirtied_total{{{SEL}}}[{RATE}]))",
+     "{{instance}}")], "ops", 16, 8)
+next_line()
+
+row("Block I/O", "Requests from issue to the device until completion, by device and op.")
+heatmap("Block I/O latency", "ebpf_block_io_latency_seconds", 0, 8)
+timeseries("Latency p99 by device and op", [
+    (f"instance_device_op:ebpf_block_io_latency_seconds:p99_rate5m{{{SEL}}}",
+     "{{instance}} {{device}} {{op}}")], "s", 8, 8)
+timeseries("IOPS and throughput by device and op", [
+    (f"sum by (instance, device, op) (rate(ebpf_block_io_latency_seconds_count{{{SEL}}}[{RATE}]))",
+     "IOPS {{instance}} {{device}} {{op}}"),
+    (f"sum by (instance, device, op) (rate(ebpf_block_io_bytes_total{{{SEL}}}[{RATE}]))",
+     "B/s {{instance}} {{device}} {{op}}")], "short", 16, 8)
+next_line()
+
+dashboard = {
+    "__inputs": [],
+    "__requires": [
+        {"type": "grafana", "id": "grafana", "name": "Grafana", "version": "10.0.0"},
+        {"type": "datasource", "id": "prometheus", "name": "Prometheus", "version": "1.0.0"},
+    ],
+    "uid": "ebpf-metricsd",
+    "title": "ebpf-metricsd",
+    "description": "Kernel latencies and counts from the eBPF tracers of ebpf-metricsd.",
+    "tags": ["ebpf", "ebpf-metricsd", "linux"],
+    "schemaVersion": 39,
+    "version": 1,
+    "editable": True,
+    "graphTooltip": 1,
+    "time": {"from": "now-1h", "to": "now"},
+    "refresh": "30s",
+    "timezone": "",
+    "links": [],
+    "annotations": {"list": []},
+    "templating": {"list": [
+        {"type": "datasource", "name": "datasource", "label": "Data source",
+         "query": "prometheus", "current": {}, "hide": 0, "refresh": 1, "regex": "",
+         "options": []},
+        {"type": "query", "name": "instance", "label": "Instance", "datasource": DS,
+         "definition": "label_values(ebpf_metricsd_build_info, instance)",
+         "query": {"query": "label_values(ebpf_metricsd_build_info, instance)",
+                   "refId": "instance"},
+         "refresh": 2, "multi": True, "includeAll": True, "allValue": ".+",
+         "current": {}, "hide": 0, "sort": 1, "regex": "", "options": []},
+    ]},
+    "panels": panels,
+}
+
+path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ebpf-metricsd.json")
+with open(path, "w") as f:
+    json.dump(dashboard, f, indent=2)
+    f.write("\n")
