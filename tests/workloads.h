@@ -76,6 +76,16 @@ inline void tcp_connects(const sockaddr_in& addr, long n) {
   }
 }
 
+// `n` loopback TCP connects to a port nobody listens on: each is refused (a failure).
+inline void tcp_refused_connects(const sockaddr_in& addr, long n) {
+  for (long i = 0; i < n; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    const bool ok = connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0;
+    close(fd);
+    if (ok) throw std::runtime_error("connect to a closed port succeeded");
+  }
+}
+
 // `n` UDP datagrams of `payload` bytes from `fd` to `to`.
 inline void udp_sends(int fd, const sockaddr_in& to, long n, std::size_t payload) {
   char buf[1500] = {};
