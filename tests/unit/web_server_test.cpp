@@ -286,3 +286,20 @@ TEST_CASE("bcrypt hashes from htpasswd-style $2y$ and $2b$ verify") {
   CHECK_FALSE(bcrypt_matches("correct hors", h));
   CHECK_FALSE(bcrypt_matches("correct horse", "$2y$05$tooshort"));
 }
+
+TEST_CASE("malformed and oversized requests get 4xx and the server serves on") {
+  auto metrics = std::make_shared<GateCollectable>();
+  const int port = free_port();
+  WebServer server(local(port), metrics, [] { return std::string("<html></html>"); });
+  CHECK(http_get(port, "/" + std::string(100000, 'a')).status == 431);
+  std::string many;
+  for (int i = 0; i < 5000; ++i) many += "X-Filler: " + std::to_string(i) + "\r\n";
+  CHECK(http_get(port, "/metrics", many).status == 431);
+  CHECK(http_get(port, "no-slash").status == 400);
+  CHECK(http_get(port, "/metrics", "no colon here\r\n").status == 400);
+  CHECK(http_get(port, "/nope").status == 404);
+  const auto gz = http_get(port, "/metrics", "Accept-Encoding: gzip\r\n");
+  CHECK(gz.status == 200);
+  CHECK_THAT(gz.headers, Catch::Matchers::Contains("Content-Encoding: gzip"));
+  CHECK(http_get(port, "/metrics").body.find("test_gauge 42") != std::string::npos);
+}
