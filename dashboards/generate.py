@@ -55,7 +55,7 @@ def timeseries(title, queries, unit, x, w, description="", stack=False):
 
 
 def heatmap(title, metric, x, w, description=""):
-    expr = f"sum by (le) (rate({metric}_bucket{{{SEL}}}[{RATE}]))"
+    expr = rate_by(metric + "_bucket", "le")
     panels.append({
         "type": "heatmap", "id": _id(), "title": title, "description": description,
         "datasource": DS,
@@ -93,6 +93,11 @@ def next_line():
     _y[0] += 8
 
 
+def rate_by(metric, by):
+    """The per-second rate of a counter, summed by the given labels."""
+    return f"sum by ({by}) (rate({metric}{{{SEL}}}[{RATE}]))"
+
+
 def quantiles(level, metric, legend):
     return [(f"{level}:{metric}:p50_rate5m{{{SEL}}}", f"p50 {legend}"),
             (f"{level}:{metric}:p99_rate5m{{{SEL}}}", f"p99 {legend}")]
@@ -106,9 +111,9 @@ timeseries("Drain duration", [(f"ebpf_metricsd_drain_duration_seconds{{{SEL}}}",
                                "{{instance}} {{tracer}}")], "s", 8, 8,
            "How long reading each tracer's BPF maps took, per drain.")
 timeseries("Dropped events and limited series", [
-    (f"sum by (instance, tracer, reason) (rate(ebpf_metricsd_dropped_events_total{{{SEL}}}[{RATE}]))",
+    (rate_by("ebpf_metricsd_dropped_events_total", "instance, tracer, reason"),
      "{{instance}} {{tracer}} {{reason}}"),
-    (f"sum by (instance, metric) (rate(ebpf_metricsd_series_limited_total{{{SEL}}}[{RATE}]))",
+    (rate_by("ebpf_metricsd_series_limited_total", "instance, metric"),
      "{{instance}} limited {{metric}}"),
 ], "ops", 16, 8, "Events the kernel side could not record, and label sets refused by max_series.")
 next_line()
@@ -119,7 +124,7 @@ timeseries("Syscall latency p99, slowest 10", [
     (f"topk(10, instance_syscall:ebpf_syscall_latency_seconds:p99_rate5m{{{SEL}}})",
      "{{instance}} {{syscall}}")], "s", 8, 8)
 timeseries("Syscalls per second, top 10", [
-    (f"topk(10, sum by (instance, syscall) (rate(ebpf_syscall_latency_seconds_count{{{SEL}}}[{RATE}])))",
+    ("topk(10, " + rate_by("ebpf_syscall_latency_seconds_count", "instance, syscall") + ")",
      "{{instance}} {{syscall}}")], "ops", 16, 8)
 next_line()
 
@@ -129,9 +134,9 @@ timeseries("Connect latency p50 / p99",
            quantiles("instance_family", "ebpf_tcp_connect_latency_seconds",
                      "{{instance}} {{family}}"), "s", 8, 8)
 timeseries("Connects and failures per second", [
-    (f"sum by (instance, family) (rate(ebpf_tcp_connect_latency_seconds_count{{{SEL}}}[{RATE}]))",
+    (rate_by("ebpf_tcp_connect_latency_seconds_count", "instance, family"),
      "established {{instance}} {{family}}"),
-    (f"sum by (instance, family) (rate(ebpf_tcp_connect_failures_total{{{SEL}}}[{RATE}]))",
+    (rate_by("ebpf_tcp_connect_failures_total", "instance, family"),
      "failed {{instance}} {{family}}")], "ops", 16, 8)
 next_line()
 
@@ -141,7 +146,7 @@ timeseries("Queue-to-transmit latency p99 by interface", [
     (f"instance_interface:ebpf_net_xmit_queue_latency_seconds:p99_rate5m{{{SEL}}}",
      "{{instance}} {{interface}}")], "s", 8, 8)
 timeseries("Transmitted bytes per second by interface", [
-    (f"sum by (instance, interface) (rate(ebpf_net_xmit_bytes_total{{{SEL}}}[{RATE}]))",
+    (rate_by("ebpf_net_xmit_bytes_total", "instance, interface"),
      "{{instance}} {{interface}}")], "Bps", 16, 8)
 next_line()
 
@@ -152,16 +157,16 @@ timeseries("Run-queue latency p50 / p99",
            "p99 above 50 ms raises RunqueueLatencyHigh.")
 heatmap("Off-CPU time", "ebpf_offcpu_seconds", 12, 6)
 timeseries("Context switches per second", [
-    (f"sum by (instance, kind) (rate(ebpf_context_switches_total{{{SEL}}}[{RATE}]))",
+    (rate_by("ebpf_context_switches_total", "instance, kind"),
      "{{instance}} {{kind}}")], "ops", 18, 6)
 next_line()
 
 row("Memory", "Page faults and kernel allocations.")
 timeseries("Page faults per second", [
-    (f"sum by (instance, type) (rate(ebpf_page_faults_total{{{SEL}}}[{RATE}]))",
+    (rate_by("ebpf_page_faults_total", "instance, type"),
      "{{instance}} {{type}}")], "ops", 0, 8)
 timeseries("kmalloc bytes per second", [
-    (f"sum by (instance, kind) (rate(ebpf_kmalloc_bytes_total{{{SEL}}}[{RATE}]))",
+    (rate_by("ebpf_kmalloc_bytes_total", "instance, kind"),
      "{{instance}} {{kind}}")], "Bps", 8, 8,
            "requested: asked of kmalloc; allocated: rounded up to the slab size.")
 heatmap("kmalloc request sizes", "ebpf_kmalloc_size_bytes", 16, 8)
@@ -171,12 +176,12 @@ row("Page cache", "Page cache accesses, misses (pages added, readahead included)
 timeseries("Hit ratio", [(f"instance:ebpf_page_cache_hit_ratio:rate5m{{{SEL}}}", "{{instance}}")],
            "percentunit", 0, 8, "1 - misses / accesses over 5 minutes.")
 timeseries("Accesses and misses per second", [
-    (f"sum by (instance) (rate(ebpf_page_cache_accesses_total{{{SEL}}}[{RATE}]))",
+    (rate_by("ebpf_page_cache_accesses_total", "instance"),
      "accesses {{instance}}"),
-    (f"sum by (instance) (rate(ebpf_page_cache_misses_total{{{SEL}}}[{RATE}]))",
+    (rate_by("ebpf_page_cache_misses_total", "instance"),
      "misses {{instance}}")], "ops", 8, 8)
 timeseries("Pages dirtied per second", [
-    (f"sum by (instance) (rate(ebpf_page_cache_dirtied_total{{{SEL}}}[{RATE}]))",
+    (rate_by("ebpf_page_cache_dirtied_total", "instance"),
      "{{instance}}")], "ops", 16, 8)
 next_line()
 
@@ -186,9 +191,9 @@ timeseries("Latency p99 by device and op", [
     (f"instance_device_op:ebpf_block_io_latency_seconds:p99_rate5m{{{SEL}}}",
      "{{instance}} {{device}} {{op}}")], "s", 8, 8)
 timeseries("IOPS and throughput by device and op", [
-    (f"sum by (instance, device, op) (rate(ebpf_block_io_latency_seconds_count{{{SEL}}}[{RATE}]))",
+    (rate_by("ebpf_block_io_latency_seconds_count", "instance, device, op"),
      "IOPS {{instance}} {{device}} {{op}}"),
-    (f"sum by (instance, device, op) (rate(ebpf_block_io_bytes_total{{{SEL}}}[{RATE}]))",
+    (rate_by("ebpf_block_io_bytes_total", "instance, device, op"),
      "B/s {{instance}} {{device}} {{op}}")], "short", 16, 8)
 next_line()
 

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include "../test_support.h"
+#include "ebpf_metricsd/tracer.h"
 
 #include <dirent.h>
 
@@ -82,8 +83,20 @@ struct Setup {
                           << tracers_yaml;
   }
   ~Setup() { run_command("rm -rf " + dir); }
+  // Puts top-level keys before the rest of the config.
+  void prepend(const std::string& yaml) const {
+    const std::string rest = read_file(config);
+    std::ofstream(config) << yaml << rest;
+  }
   std::vector<std::string> args() const { return {"--config", config, "--log.level", "debug"}; }
 };
+
+// Every registered tracer, enabled, as the `tracers:` entries of a config.
+inline std::string all_tracers_enabled() {
+  std::string yaml;
+  for (const auto& d : tracer_registry()) yaml += "  " + d.name + ":\n    enabled: true\n";
+  return yaml;
+}
 
 // The daemon as a child process with its stderr in a file.
 class DaemonProcess {

@@ -12,7 +12,6 @@ using namespace ebpf_metricsd::test;
 using namespace std::chrono_literals;
 using Catch::Matchers::Contains;
 
-
 TEST_CASE("daemon serves real syscall latencies, passes promtool, exits cleanly") {
   Setup s;
   DaemonProcess d(DAEMON_PATH, s.log, {s.args(), false, {}, {}});

@@ -77,19 +77,10 @@ TEST_CASE("a real Prometheus scrapes the daemon; every dashboard and rule query 
   if (run_command("command -v prometheus >/dev/null") != 0) {
     FAIL("prometheus is not installed (packaging/install-deps.sh --with-tests)");
   }
-  std::string all;
-  for (const char* t :
-       {"syscall_latency", "runqueue_latency", "offcpu_time", "page_faults", "kmalloc",
-        "tcp_connect_latency", "net_xmit_latency", "block_io", "page_cache"}) {
-    all += std::string("  ") + t + ":\n    enabled: true\n";
-  }
-  Setup s(all);
+  Setup s(all_tracers_enabled());
   // A series limit that the syscall histogram (one label set per syscall) runs into, so the
   // status row's series_limited query has data too.
-  {
-    const std::string cfg = read_file(s.config);
-    std::ofstream(s.config) << "max_series: 25\n" << cfg;
-  }
+  s.prepend("max_series: 25\n");
   DaemonProcess daemon(DAEMON_PATH, s.log, {s.args(), false, {}, {}});
   const std::string instance = "127.0.0.1:" + std::to_string(s.port);
   REQUIRE(wait_until([&] { return http_get(s.port, "/metrics").status == 200; }, 10s));

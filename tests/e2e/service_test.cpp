@@ -198,13 +198,7 @@ TEST_CASE("reload: a bad file keeps the running config, a good one changes only 
 }
 
 TEST_CASE("every tracer is up as an unprivileged user with only CAP_BPF and CAP_PERFMON") {
-  std::string all;
-  for (const char* t :
-       {"syscall_latency", "runqueue_latency", "offcpu_time", "page_faults", "kmalloc",
-        "tcp_connect_latency", "net_xmit_latency", "block_io", "page_cache"}) {
-    all += std::string("  ") + t + ":\n    enabled: true\n";
-  }
-  Setup s(all);
+  Setup s(all_tracers_enabled());
   chmod(s.dir.c_str(), 0755);
   chmod(s.config.c_str(), 0644);
   // The capabilities of systemd/ebpf-metricsd.service, nothing more.
@@ -265,10 +259,7 @@ TEST_CASE("Ten thousand short-lived processes leave memory, series and maps boun
       "  page_faults:\n    enabled: true\n"
       "  tcp_connect_latency:\n    enabled: true\n");
   // A low series limit, so that distinct command names overrun it.
-  {
-    std::string cfg = read_file(s.config);
-    std::ofstream(s.config) << "max_series: 300\n" << cfg;
-  }
+  s.prepend("max_series: 300\n");
   DaemonProcess d(DAEMON_PATH, s.log, {s.args(), false, {}, {}});
   REQUIRE(wait_until(
       [&] { return count_lines_starting(scrape(s.port), "ebpf_metricsd_tracer_up{") == 5; }, 10s));

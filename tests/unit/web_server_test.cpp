@@ -107,6 +107,33 @@ struct Pki {
   ~Pki() { std::filesystem::remove_all(dir); }
 };
 
+// A TLS server from a web config whose tls_server_config gets `tls_extra` (indented keys,
+// "{pki}" standing for the certificates' directory) and which ends with `rest`; curl
+// arguments for it.
+struct TlsServer {
+  Pki pki;
+  std::shared_ptr<GateCollectable> metrics = std::make_shared<GateCollectable>();
+  int port = free_port();
+  std::unique_ptr<WebServer> server;
+  std::string url = " https://127.0.0.1:" + std::to_string(port) + "/metrics";
+  std::string ca = " --cacert " + pki.dir + "/ca.pem";
+
+  TlsServer(std::string tls_extra, const std::string& rest) {
+    for (std::size_t p; (p = tls_extra.find("{pki}")) != std::string::npos;) {
+      tls_extra.replace(p, 5, pki.dir);
+    }
+    WebSettings s = local(port);
+    s.security = parse_web_config("tls_server_config:\n  cert_file: " + pki.dir +
+                                      "/server.pem\n  key_file: " + pki.dir + "/server.key\n" +
+                                      tls_extra + rest,
+                                  "web.yml");
+    server = std::make_unique<WebServer>(s, metrics, [] { return std::string(); });
+  }
+  std::string client(const std::string& name) const {
+    return " --cert " + pki.dir + "/" + name + ".pem --key " + pki.dir + "/" + name + ".key";
+  }
+};
+
 // curl's HTTP status, or "000" when no response came (handshake refused).
 std::string curl_status(const std::string& args) {
   return run_capture("curl -s -o /dev/null -w '%{http_code}' --max-time 5 " + args);
@@ -205,47 +232,24 @@ TEST_CASE("a client dripping its request does not delay a scrape and is cut off"
 }
 
 TEST_CASE("TLS with RequireAndVerifyClientCert: only clients with a certificate of the CA") {
-  Pki pki;
-  const std::string web_yaml = "tls_server_config:\n  cert_file: " + pki.dir +
-                               "/server.pem\n  key_file: " + pki.dir +
-                               "/server.key\n  client_auth_type: RequireAndVerifyClientCert\n"
-                               "  client_ca_file: " +
-                               pki.dir + "/ca.pem\n  min_version: TLS12\n";
-  auto metrics = std::make_shared<GateCollectable>();
-  const int port = free_port();
-  WebSettings s = local(port);
-  s.security = parse_web_config(web_yaml, "web.yml");
-  WebServer server(s, metrics, [] { return std::string(); });
-  const std::string url = " https://127.0.0.1:" + std::to_string(port) + "/metrics";
-  const std::string ca = " --cacert " + pki.dir + "/ca.pem";
-
-  CHECK(curl_status(ca + " --cert " + pki.dir + "/client.pem --key " + pki.dir + "/client.key" +
-                    url) == "200");
-  CHECK(curl_status(ca + url) == "000");  // no client certificate: handshake refused
-  CHECK(curl_status(ca + " --cert " + pki.dir + "/rogue.pem --key " + pki.dir + "/rogue.key" +
-                    url) == "000");
+  TlsServer t(
+      "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {pki}/ca.pem\n"
+      "  min_version: TLS12\n",
+      "");
+  CHECK(curl_status(t.ca + t.client("client") + t.url) == "200");
+  CHECK(curl_status(t.ca + t.url) == "000");  // no client certificate: handshake refused
+  CHECK(curl_status(t.ca + t.client("rogue") + t.url) == "000");  // another CA's
   // Plain HTTP on the TLS port gets no metrics.
-  CHECK(http_get(port, "/metrics").status != 200);
+  CHECK(http_get(t.port, "/metrics").status != 200);
   // TLS 1.1 is below min_version.
-  CHECK(curl_status(ca + " --tls-max 1.1 --cert " + pki.dir + "/client.pem --key " + pki.dir +
-                    "/client.key" + url) == "000");
+  CHECK(curl_status(t.ca + " --tls-max 1.1" + t.client("client") + t.url) == "000");
 }
 
 TEST_CASE("TLS without client certificates, with basic auth on top") {
-  Pki pki;
-  const std::string web_yaml =
-      "tls_server_config:\n  cert_file: " + pki.dir + "/server.pem\n  key_file: " + pki.dir +
-      "/server.key\nbasic_auth_users:\n  alice: " + bcrypt_hash("pw") + "\n";
-  auto metrics = std::make_shared<GateCollectable>();
-  const int port = free_port();
-  WebSettings s = local(port);
-  s.security = parse_web_config(web_yaml, "web.yml");
-  WebServer server(s, metrics, [] { return std::string(); });
-  const std::string url = " https://127.0.0.1:" + std::to_string(port) + "/metrics";
-  const std::string ca = " --cacert " + pki.dir + "/ca.pem";
-  CHECK(curl_status(ca + url) == "401");
-  CHECK(curl_status(ca + " -u alice:nope" + url) == "401");
-  CHECK(curl_status(ca + " -u alice:pw" + url) == "200");
+  TlsServer t("", "basic_auth_users:\n  alice: " + bcrypt_hash("pw") + "\n");
+  CHECK(curl_status(t.ca + t.url) == "401");
+  CHECK(curl_status(t.ca + " -u alice:nope" + t.url) == "401");
+  CHECK(curl_status(t.ca + " -u alice:pw" + t.url) == "200");
 }
 
 TEST_CASE("web config errors name the file, line and key") {
