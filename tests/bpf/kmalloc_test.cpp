@@ -23,6 +23,11 @@ OracleCounts read_oracle(const kmalloc_oracle* o) {
           __atomic_load_n(&o->bss->requested, __ATOMIC_SEQ_CST)};
 }
 
+// The oracle's window encloses the tracer's, but for the events in flight at an edge: the
+// two programs of one event run one after the other, and a read between them sees the event
+// on one side only. At most one such event per CPU at each of the two edges.
+double edge_events() { return 2.0 * ebpf_metricsd::possible_cpus(); }
+
 double value(const MetricStore& store, const std::string& name, const test::Labels& l = {}) {
   return test::counter_value(store, name, l);
 }
@@ -70,11 +75,11 @@ TEST_CASE("kmalloc counts agree with an independent counter of the same tracepoi
   CHECK(alloc >= req);
   // Only the allocations of the two drains themselves (bpf syscalls) and the instants
   // between an oracle read and a drain can differ.
-  CHECK(calls <= o_calls);
+  CHECK(calls <= o_calls + edge_events());
   CHECK(calls >= o_calls * 0.99 - 200);
-  CHECK(frees <= o_frees);
+  CHECK(frees <= o_frees + edge_events());
   CHECK(frees >= o_frees * 0.99 - 200);
-  CHECK(req <= o_req);
+  CHECK(req <= o_req + edge_events() * 8192);
   CHECK(req >= o_req * 0.99 - 200 * 4096);
 }
 
@@ -119,6 +124,6 @@ TEST_CASE("a full cache map counts every call it cannot hold as map_full", "[kma
   CHECK(series() <= 2);
   CHECK(dropped > 0);
   // Nothing vanishes: what the map could not hold is counted as dropped.
-  CHECK(counted + dropped <= o);
+  CHECK(counted + dropped <= o + edge_events());
   CHECK(counted + dropped >= o * 0.99 - 200);
 }
