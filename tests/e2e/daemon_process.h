@@ -106,6 +106,9 @@ class DaemonProcess {
     bool deny_bpf = false;            // the bpf() syscall fails with EPERM, as without privileges
     std::vector<std::string> env;     // NAME=value set in the child
     std::vector<std::string> prefix;  // a command that runs the daemon (e.g. setpriv ...)
+    // When not empty: every other system call fails with EPERM, as under systemd's
+    // SystemCallFilter= with SystemCallErrorNumber=EPERM.
+    std::vector<std::string> allow_syscalls = {};
   };
 
   DaemonProcess(const std::string& binary, const std::string& log_path, const Options& opts)
@@ -118,6 +121,14 @@ class DaemonProcess {
       if (opts.deny_bpf) {
         scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
         seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(bpf), 0);
+        if (seccomp_load(ctx) != 0) _exit(111);
+      }
+      if (!opts.allow_syscalls.empty()) {
+        scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ERRNO(EPERM));
+        for (const auto& name : opts.allow_syscalls) {
+          const int nr = seccomp_syscall_resolve_name(name.c_str());
+          if (nr != __NR_SCMP_ERROR) seccomp_rule_add(ctx, SCMP_ACT_ALLOW, nr, 0);
+        }
         if (seccomp_load(ctx) != 0) _exit(111);
       }
       for (const auto& e : opts.env) putenv(const_cast<char*>(e.c_str()));

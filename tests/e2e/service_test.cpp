@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <map>
@@ -72,6 +73,48 @@ std::set<int> prog_ids_named(pid_t pid, const std::string& prefix) {
     if (info.find(" name " + prefix) != std::string::npos) out.insert(id);
   }
   return out;
+}
+
+// The system calls a systemd syscall group (or a single call) stands for, groups expanded.
+std::set<std::string> expand_syscalls(const std::string& item) {
+  if (item.empty() || item[0] != '@') return {item};
+  std::set<std::string> out;
+  std::istringstream in(run_capture("systemd-analyze syscall-filter " + item));
+  std::string line;
+  std::getline(in, line);  // the group's own name
+  while (std::getline(in, line)) {
+    const auto b = line.find_first_not_of(' ');
+    if (b == std::string::npos || line[b] == '#') continue;
+    if (b == 0) break;  // the next group
+    for (const auto& s : expand_syscalls(line.substr(b))) out.insert(s);
+  }
+  return out;
+}
+
+// The allow list the unit's SystemCallFilter= lines make: the first lists what is allowed,
+// a "~" line takes calls away.
+std::vector<std::string> unit_syscall_allow_list(const std::string& unit) {
+  std::set<std::string> allowed;
+  std::istringstream in(unit);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("SystemCallFilter=", 0) != 0) continue;
+    std::string value = line.substr(17);
+    const bool deny = !value.empty() && value[0] == '~';
+    if (deny) value = value.substr(1);
+    std::istringstream words(value);
+    std::string w;
+    while (words >> w) {
+      for (const auto& s : expand_syscalls(w)) {
+        if (deny) {
+          allowed.erase(s);
+        } else {
+          allowed.insert(s);
+        }
+      }
+    }
+  }
+  return {allowed.begin(), allowed.end()};
 }
 
 long rss_kib(pid_t pid) {
@@ -224,6 +267,30 @@ TEST_CASE("every tracer is up as an unprivileged user with only CAP_BPF and CAP_
   CHECK_THAT(status, Contains("CapEff:\t000000c000000000"));  // bits 38 (PERFMON), 39 (BPF)
   kill(d.pid(), SIGTERM);
   CHECK(d.wait_exit(5s) == 0);
+}
+
+TEST_CASE("every tracer is up under the unit's system call filter; reload and stop work") {
+  const auto allowed =
+      unit_syscall_allow_list(read_file(SOURCE_DIR "/systemd/ebpf-metricsd.service"));
+  INFO(allowed.size() << " system calls allowed");
+  REQUIRE(allowed.size() > 100);
+  REQUIRE(std::count(allowed.begin(), allowed.end(), "bpf") == 1);
+  REQUIRE(std::count(allowed.begin(), allowed.end(), "mount") == 0);
+  Setup s(all_tracers_enabled());
+  DaemonProcess d(DAEMON_PATH, s.log, {{"--config", s.config, "--strict"}, false, {}, {}, allowed});
+  REQUIRE(wait_until(
+      [&] { return count_lines_starting(scrape(s.port), "ebpf_metricsd_tracer_up{") == 9; }, 20s));
+  const std::string m = scrape(s.port);
+  INFO(d.log());
+  CHECK_THAT(m, !Contains("hook=\"none\"} 0"));
+  CHECK_THAT(read_file("/proc/" + std::to_string(d.pid()) + "/status"),
+             Contains("Seccomp:\t2"));  // the filter is in force
+  kill(d.pid(), SIGHUP);
+  CHECK(wait_until([&] { return d.log().find("reload done") != std::string::npos; }, 5s));
+  CHECK(sample(scrape(s.port), "ebpf_metricsd_config_last_reload_successful") == 1.0);
+  kill(d.pid(), SIGTERM);
+  CHECK(d.wait_exit(5s) == 0);
+  CHECK_THAT(d.log(), !Contains("Operation not permitted"));
 }
 
 TEST_CASE("the systemd unit verifies and scores at most 3.0 in systemd-analyze security") {
