@@ -244,7 +244,20 @@ void Daemon::reload() {
     } catch (const std::exception& e) {
       spdlog::error("reload: {}; keeping the previous web settings", e.what());
       ok = false;
-      web_ = std::make_unique<WebServer>(previous, store_, landing);
+      try {
+        web_ = std::make_unique<WebServer>(previous, store_, landing);
+      } catch (const std::exception& again) {
+        spdlog::critical("cannot serve metrics any more: {}", again.what());
+        std::exit(1);
+      }
+    }
+  } else if (wanted.security.tls) {
+    // Same settings, but certificate files may have been rotated in place.
+    try {
+      web_->reload_tls();
+    } catch (const std::exception& e) {
+      spdlog::error("reload: {}; keeping the loaded certificates", e.what());
+      ok = false;
     }
   }
   if (!reconcile(cfg)) std::exit(1);

@@ -313,7 +313,13 @@ struct WebServer::Shared {
   WebSettings settings;
   std::shared_ptr<prometheus::Collectable> metrics;
   std::function<std::string()> landing;
+  std::mutex tls_mutex;  // guards tls, which reload_tls replaces
   std::shared_ptr<SSL_CTX> tls;
+
+  std::shared_ptr<SSL_CTX> tls_context() {
+    std::lock_guard lock(tls_mutex);
+    return tls;
+  }
   std::atomic<std::size_t> scrapes_in_flight{0};
   // Per user, the SHA-256 of the password that last passed bcrypt: bcrypt is slow on
   // purpose, and a scrape every few seconds should not pay for it each time.
@@ -509,6 +515,18 @@ WebServer::~WebServer() {
   close(wake_fd_);
 }
 
+void WebServer::reload_tls() {
+  if (!settings_.security.tls) return;
+  std::shared_ptr<SSL_CTX> fresh;
+  try {
+    fresh = make_tls_context(*settings_.security.tls);
+  } catch (const TlsSetupError& e) {
+    throw std::runtime_error("TLS: " + std::string(e.what()));
+  }
+  std::lock_guard lock(shared_->tls_mutex);
+  shared_->tls = std::move(fresh);
+}
+
 void WebServer::accept_loop() {
   for (;;) {
     pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
@@ -548,7 +566,8 @@ void WebServer::worker_loop() {
       fd = queue_.front();
       queue_.pop_front();
     }
-    Connection conn(fd, shared_->tls.get());
+    const auto tls = shared_->tls_context();  // kept alive for this connection
+    Connection conn(fd, tls.get());
     const auto deadline = Clock::now() + settings_.request_timeout;
     if (!conn.handshake(deadline)) continue;
     std::string head;

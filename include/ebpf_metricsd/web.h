@@ -50,6 +50,9 @@ class WebServer {
   WebServer& operator=(const WebServer&) = delete;
 
   int port() const { return port_; }
+  // Loads the certificate, key and CA files again (rotated on disk), for the connections
+  // from now on. Throws std::runtime_error and keeps the old ones when they do not load.
+  void reload_tls();
   const WebSettings& settings() const { return settings_; }
 
  private:

@@ -100,6 +100,8 @@ struct Pki {
         "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
         "-out client.pem\n" +
         "openssl req " + key + " -keyout rogue.key -out rogue.csr -subj /CN=rogue\n" +
+        "openssl x509 -req -in server.csr -CA other-ca.pem -CAkey other-ca.key "
+        "-CAcreateserial -extfile san.ext -days 2 -out server-other-ca.pem\n" +
         "openssl x509 -req -in rogue.csr -CA other-ca.pem -CAkey other-ca.key "
         "-CAcreateserial -days 2 -out rogue.pem\n";
     REQUIRE(run_command("sh -c '" + script + "' ") == 0);
@@ -250,6 +252,24 @@ TEST_CASE("TLS without client certificates, with basic auth on top") {
   CHECK(curl_status(t.ca + t.url) == "401");
   CHECK(curl_status(t.ca + " -u alice:nope" + t.url) == "401");
   CHECK(curl_status(t.ca + " -u alice:pw" + t.url) == "200");
+}
+
+TEST_CASE("reload_tls picks up certificate files replaced on disk") {
+  TlsServer t("", "");
+  const std::string other_ca = " --cacert " + t.pki.dir + "/other-ca.pem";
+  CHECK(curl_status(t.ca + t.url) == "200");
+  CHECK(curl_status(other_ca + t.url) == "000");
+  // The same key, now certified by the other CA.
+  std::filesystem::copy_file(t.pki.dir + "/server-other-ca.pem", t.pki.dir + "/server.pem",
+                             std::filesystem::copy_options::overwrite_existing);
+  CHECK(curl_status(t.ca + t.url) == "200");  // nothing changes until the reload
+  t.server->reload_tls();
+  CHECK(curl_status(other_ca + t.url) == "200");
+  CHECK(curl_status(t.ca + t.url) == "000");
+  // A broken file is refused and the loaded certificate stays.
+  std::ofstream(t.pki.dir + "/server.pem") << "not a certificate\n";
+  CHECK_THROWS_AS(t.server->reload_tls(), std::runtime_error);
+  CHECK(curl_status(other_ca + t.url) == "200");
 }
 
 TEST_CASE("web config errors name the file, line and key") {
