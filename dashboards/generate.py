@@ -119,13 +119,15 @@ timeseries("Dropped events and limited series", [
 next_line()
 
 row("Syscalls", "Time from syscall entry to exit.")
-heatmap("Syscall latency", "ebpf_syscall_latency_seconds", 0, 8)
+heatmap("Syscall latency", "ebpf_syscall_latency_seconds", 0, 6)
+timeseries("Syscall latency p50 / p99, all syscalls",
+           quantiles("instance", "ebpf_syscall_latency_seconds", "{{instance}}"), "s", 6, 6)
 timeseries("Syscall latency p99, slowest 10", [
     (f"topk(10, instance_syscall:ebpf_syscall_latency_seconds:p99_rate5m{{{SEL}}})",
-     "{{instance}} {{syscall}}")], "s", 8, 8)
+     "{{instance}} {{syscall}}")], "s", 12, 6)
 timeseries("Syscalls per second, top 10", [
     ("topk(10, " + rate_by("ebpf_syscall_latency_seconds_count", "instance, syscall") + ")",
-     "{{instance}} {{syscall}}")], "ops", 16, 8)
+     "{{instance}} {{syscall}}")], "ops", 18, 6)
 next_line()
 
 row("TCP connect", "Active opens: SYN sent until established, and failed connects.")
@@ -142,9 +144,9 @@ next_line()
 
 row("Network transmit", "Packets from being queued for a device to the driver taking them.")
 heatmap("Queue-to-transmit latency", "ebpf_net_xmit_queue_latency_seconds", 0, 8)
-timeseries("Queue-to-transmit latency p99 by interface", [
-    (f"instance_interface:ebpf_net_xmit_queue_latency_seconds:p99_rate5m{{{SEL}}}",
-     "{{instance}} {{interface}}")], "s", 8, 8)
+timeseries("Queue-to-transmit latency p50 / p99 by interface",
+           quantiles("instance_interface", "ebpf_net_xmit_queue_latency_seconds",
+                     "{{instance}} {{interface}}"), "s", 8, 8)
 timeseries("Transmitted bytes per second by interface", [
     (rate_by("ebpf_net_xmit_bytes_total", "instance, interface"),
      "{{instance}} {{interface}}")], "Bps", 16, 8)
@@ -156,9 +158,13 @@ timeseries("Run-queue latency p50 / p99",
            quantiles("instance", "ebpf_runqueue_latency_seconds", "{{instance}}"), "s", 6, 6,
            "p99 above 50 ms raises RunqueueLatencyHigh.")
 heatmap("Off-CPU time", "ebpf_offcpu_seconds", 12, 6)
+timeseries("Off-CPU time p50 / p99",
+           quantiles("instance", "ebpf_offcpu_seconds", "{{instance}}"), "s", 18, 6)
+next_line()
 timeseries("Context switches per second", [
     (rate_by("ebpf_context_switches_total", "instance, kind"),
-     "{{instance}} {{kind}}")], "ops", 18, 6)
+     "{{instance}} {{kind}}")], "ops", 0, 12,
+           "voluntary: the task blocked; involuntary: it was preempted while runnable.")
 next_line()
 
 row("Memory", "Page faults and kernel allocations.")
@@ -187,9 +193,9 @@ next_line()
 
 row("Block I/O", "Requests from issue to the device until completion, by device and op.")
 heatmap("Block I/O latency", "ebpf_block_io_latency_seconds", 0, 8)
-timeseries("Latency p99 by device and op", [
-    (f"instance_device_op:ebpf_block_io_latency_seconds:p99_rate5m{{{SEL}}}",
-     "{{instance}} {{device}} {{op}}")], "s", 8, 8)
+timeseries("Latency p50 / p99 by device and op",
+           quantiles("instance_device_op", "ebpf_block_io_latency_seconds",
+                     "{{instance}} {{device}} {{op}}"), "s", 8, 8)
 timeseries("IOPS and throughput by device and op", [
     (rate_by("ebpf_block_io_latency_seconds_count", "instance, device, op"),
      "IOPS {{instance}} {{device}} {{op}}"),

@@ -1,6 +1,9 @@
 // The shipped deployment files agree with each other and with the daemon.
 #include <yaml-cpp/yaml.h>
 
+#include <nlohmann/json.hpp>
+#include <regex>
+
 #include <catch2/catch.hpp>
 #include <fstream>
 #include <set>
@@ -97,4 +100,58 @@ TEST_CASE("the ConfigMap's config and the shipped config are valid configs") {
   std::stringstream ss;
   ss << in.rdbuf();
   CHECK_NOTHROW(parse_config(ss.str(), "ebpf-metricsd.yaml"));
+}
+
+TEST_CASE("the dashboard: data source variable, instance filter, rows, heatmaps, recorded series") {
+  using nlohmann::json;
+  std::ifstream in(SOURCE_DIR "/dashboards/ebpf-metricsd.json");
+  const json dash = json::parse(in);
+  CHECK(dash["schemaVersion"].get<int>() >= 36);
+  std::map<std::string, json> vars;
+  for (const auto& v : dash["templating"]["list"]) vars[v["name"]] = v;
+  REQUIRE(vars.count("datasource"));
+  CHECK(vars["datasource"]["type"] == "datasource");
+  CHECK(vars["datasource"]["query"] == "prometheus");
+  REQUIRE(vars.count("instance"));
+  CHECK(vars["instance"]["datasource"]["uid"] == "${datasource}");
+
+  // Recorded series the rules define.
+  std::set<std::string> recorded;
+  const YAML::Node rules = load("packaging/prometheus/rules.yml");
+  for (const auto& g : rules["groups"]) {
+    for (const auto& r : g["rules"]) {
+      if (r["record"]) recorded.insert(r["record"].as<std::string>());
+    }
+  }
+  std::set<std::string> rows, heatmapped;
+  const std::regex recorded_name(R"([a-z_]+:[a-z_]+:[a-z0-9_]+)");
+  for (const auto& p : dash["panels"]) {
+    if (p["type"] == "row") {
+      rows.insert(p["title"]);
+      continue;
+    }
+    INFO(p["title"]);
+    CHECK(p["datasource"]["uid"] == "${datasource}");  // never a hard-coded uid
+    for (const auto& t : p["targets"]) {
+      const std::string expr = t["expr"];
+      INFO(expr);
+      CHECK(t["datasource"]["uid"] == "${datasource}");
+      CHECK(expr.find("instance=~\"$instance\"") != std::string::npos);
+      for (std::sregex_iterator m(expr.begin(), expr.end(), recorded_name), end; m != end; ++m) {
+        CHECK(recorded.count(m->str()) == 1);
+      }
+      if (p["type"] == "heatmap") {
+        CHECK(t["format"] == "heatmap");
+        heatmapped.insert(
+            expr.substr(expr.find("(rate(") + 6, expr.find("_bucket") - expr.find("(rate(") - 6));
+      }
+    }
+  }
+  CHECK(rows == std::set<std::string>{"Status", "Syscalls", "TCP connect", "Network transmit",
+                                      "Scheduler", "Memory", "Page cache", "Block I/O"});
+  CHECK(heatmapped ==
+        std::set<std::string>{"ebpf_syscall_latency_seconds", "ebpf_tcp_connect_latency_seconds",
+                              "ebpf_net_xmit_queue_latency_seconds",
+                              "ebpf_runqueue_latency_seconds", "ebpf_offcpu_seconds",
+                              "ebpf_kmalloc_size_bytes", "ebpf_block_io_latency_seconds"});
 }
