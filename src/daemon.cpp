@@ -88,6 +88,7 @@ class Daemon {
   bool start_tracer(std::size_t index, const TracerConfig& tc);
   void reload();
   void notify_ready(const char* extra);
+  std::unique_ptr<WebServer> make_web(const WebSettings& settings);
 
   DaemonOptions options_;
   Config cfg_;
@@ -102,7 +103,8 @@ class Daemon {
   std::shared_ptr<States> states_ = std::make_shared<States>();
   std::unique_ptr<WebServer> web_;
   KernelHookProber prober_;
-  std::unique_ptr<DrainLoop> drain_;
+  // Shared with the web server's health check, which may outlive this object.
+  std::shared_ptr<DrainLoop> drain_;
   // Per tracer enabled in the applied config: its config and, when it started, the tracer.
   std::map<std::string, TracerConfig> applied_;
   std::map<std::string, std::unique_ptr<Tracer>> running_;
@@ -211,6 +213,19 @@ void Daemon::notify_ready(const char* extra) {
   sd_notifyf(0, "READY=1\n%sSTATUS=%s", extra, status.c_str());
 }
 
+std::unique_ptr<WebServer> Daemon::make_web(const WebSettings& settings) {
+  return std::make_unique<WebServer>(
+      settings, store_,
+      [states = states_] {
+        std::lock_guard lock(states->mutex);
+        return landing_page(states->list);
+      },
+      [drain = std::weak_ptr<DrainLoop>(drain_)] {
+        const auto d = drain.lock();
+        return d && d->healthy();
+      });
+}
+
 void Daemon::reload() {
   sd_notifyf(0, "RELOADING=1\nMONOTONIC_USEC=%llu\nSTATUS=reloading %s",
              static_cast<unsigned long long>(monotonic_usec()), options_.config_path.c_str());
@@ -232,20 +247,16 @@ void Daemon::reload() {
       wanted.max_requests != have.max_requests || wanted.request_timeout != have.request_timeout) {
     // One server at a time: the new one may need the same port.
     const WebSettings previous = have;
-    auto landing = [states = states_] {
-      std::lock_guard lock(states->mutex);
-      return landing_page(states->list);
-    };
     web_.reset();
     try {
-      web_ = std::make_unique<WebServer>(wanted, store_, landing);
+      web_ = make_web(wanted);
       spdlog::info("web server restarted on {}{}", wanted.listen_address,
                    wanted.security.tls ? " with TLS" : "");
     } catch (const std::exception& e) {
       spdlog::error("reload: {}; keeping the previous web settings", e.what());
       ok = false;
       try {
-        web_ = std::make_unique<WebServer>(previous, store_, landing);
+        web_ = make_web(previous);
       } catch (const std::exception& again) {
         spdlog::critical("cannot serve metrics any more: {}", again.what());
         std::exit(1);
@@ -313,11 +324,9 @@ int Daemon::run() {
   for (const auto& tc : cfg_.tracers) {
     states_->list.push_back({tc.name, find_tracer(tc.name)->summary, tc.enabled, false, "", ""});
   }
+  drain_ = std::make_shared<DrainLoop>(*store_, cfg_.drain_interval);
   try {
-    web_ = std::make_unique<WebServer>(web_settings(cfg_, web_cfg_), store_, [states = states_] {
-      std::lock_guard lock(states->mutex);
-      return landing_page(states->list);
-    });
+    web_ = make_web(web_settings(cfg_, web_cfg_));
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
     return 1;
@@ -325,7 +334,6 @@ int Daemon::run() {
   spdlog::info("ebpf-metricsd {} listening on {}{} (config {})", EBPF_METRICSD_VERSION,
                cfg_.listen_address, web_cfg_.tls ? " with TLS" : "", cfg_.file);
 
-  drain_ = std::make_unique<DrainLoop>(*store_, cfg_.drain_interval);
   if (!reconcile(cfg_)) return 1;
   notify_ready("");
   drain_->start();

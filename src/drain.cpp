@@ -65,11 +65,20 @@ bool DrainLoop::drain_once() {
 }
 
 void DrainLoop::start() {
+  // The first rounds get the same grace as any later ones.
+  last_success_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         std::chrono::steady_clock::now().time_since_epoch())
+                         .count();
   thread_ = std::thread([this] {
     std::unique_lock lock(mutex_);
     while (!stopping_) {
       lock.unlock();
-      if (drain_once()) sd_notify(0, "WATCHDOG=1");
+      if (drain_once()) {
+        last_success_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                               std::chrono::steady_clock::now().time_since_epoch())
+                               .count();
+        sd_notify(0, "WATCHDOG=1");
+      }
       lock.lock();
       // Under a systemd watchdog, rounds come at least three times per watchdog period.
       auto wait = interval_;
@@ -82,6 +91,19 @@ void DrainLoop::start() {
       wake_.wait_until(lock, deadline, [this] { return stopping_; });
     }
   });
+}
+
+bool DrainLoop::healthy() const {
+  const std::int64_t last = last_success_ns_;
+  if (last == 0) return false;
+  std::chrono::milliseconds interval;
+  {
+    std::lock_guard lock(mutex_);
+    interval = interval_;
+  }
+  const auto allowed = std::max<std::chrono::nanoseconds>(3 * interval, std::chrono::seconds(30));
+  const auto now = std::chrono::steady_clock::now().time_since_epoch();
+  return now - std::chrono::nanoseconds(last) <= allowed;
 }
 
 void DrainLoop::stop() {

@@ -313,6 +313,7 @@ struct WebServer::Shared {
   WebSettings settings;
   std::shared_ptr<prometheus::Collectable> metrics;
   std::function<std::string()> landing;
+  std::function<bool()> healthy;
   std::mutex tls_mutex;  // guards tls, which reload_tls replaces
   std::shared_ptr<SSL_CTX> tls;
 
@@ -399,6 +400,10 @@ std::string WebServer::Shared::handle(const Request& req) {
   if (req.path == "/") {
     return response(200, "text/html; charset=utf-8", landing ? landing() : "", head);
   }
+  if (req.path == "/-/healthy") {
+    if (!healthy || healthy()) return text_response(200, "OK", head);
+    return text_response(503, "unhealthy: the tracers' maps have not been drained lately", head);
+  }
   return text_response(404, "404 page not found", head);
 }
 
@@ -452,11 +457,12 @@ std::string html_escape(const std::string& text) {
 }
 
 WebServer::WebServer(WebSettings settings, std::shared_ptr<prometheus::Collectable> metrics,
-                     std::function<std::string()> landing_html)
+                     std::function<std::string()> landing_html, std::function<bool()> healthy)
     : settings_(std::move(settings)), shared_(std::make_shared<Shared>()) {
   shared_->settings = settings_;
   shared_->metrics = std::move(metrics);
   shared_->landing = std::move(landing_html);
+  shared_->healthy = std::move(healthy);
   if (settings_.security.tls) {
     try {
       shared_->tls = make_tls_context(*settings_.security.tls);

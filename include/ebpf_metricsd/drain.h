@@ -1,7 +1,9 @@
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -29,6 +31,9 @@ class DrainLoop {
   bool drain_once();
   void start();
   void stop();
+  // Whether a round in which every drain succeeded ended within the last three intervals
+  // (at least 30 s): what the systemd watchdog sees, for health checks elsewhere.
+  bool healthy() const;
 
  private:
   struct Entry {
@@ -42,9 +47,10 @@ class DrainLoop {
   void drain_entry(Entry& e, bool& all_ok);
   std::mutex tracers_mutex_;  // held while draining
   std::vector<Entry> tracers_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable wake_;
   bool stopping_ = false;
+  std::atomic<std::int64_t> last_success_ns_{0};  // steady clock
   std::thread thread_;
 };
 

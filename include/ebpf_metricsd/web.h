@@ -37,14 +37,15 @@ struct WebSettings {
 };
 
 // A small HTTP/1.1 server: /metrics from the collectable in the Prometheus text format
-// (gzip when asked), / a landing page rendered by `landing_html`, 404 elsewhere. With
+// (gzip when asked), / a landing page rendered by `landing_html`, /-/healthy 200 while
+// `healthy` says so (503 otherwise; always 200 without one), 404 elsewhere. With
 // basic_auth_users every path asks for credentials (401); scrapes past max_requests get 503
 // at once. A client has request_timeout for its TLS handshake and whole request, so a
 // stalled client holds a worker at most that long; one response per connection.
 class WebServer {
  public:
   WebServer(WebSettings settings, std::shared_ptr<prometheus::Collectable> metrics,
-            std::function<std::string()> landing_html);
+            std::function<std::string()> landing_html, std::function<bool()> healthy = {});
   ~WebServer();
   WebServer(const WebServer&) = delete;
   WebServer& operator=(const WebServer&) = delete;

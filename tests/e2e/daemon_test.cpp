@@ -66,6 +66,8 @@ TEST_CASE("daemon serves real syscall latencies, passes promtool, exits cleanly"
   CHECK_THAT(landing.body,
              Contains("href=\"/metrics\"") && Contains("syscall_latency") && Contains("tp_btf"));
   CHECK(http_get(s.port, "/nope").status == 404);
+  // Drains succeed, so the health check (the Kubernetes liveness probe) passes.
+  CHECK(http_get(s.port, "/-/healthy").status == 200);
   CHECK(http_get(s.port, "/metrics/extra").status == 404);
 
   const auto t0 = std::chrono::steady_clock::now();

@@ -4,6 +4,7 @@
 #include <prometheus/collectable.h>
 #include <prometheus/metric_family.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <condition_variable>
 #include <filesystem>
@@ -326,4 +327,18 @@ TEST_CASE("malformed and oversized requests get 4xx and the server serves on") {
   CHECK(gz.status == 200);
   CHECK_THAT(gz.headers, Catch::Matchers::Contains("Content-Encoding: gzip"));
   CHECK(http_get(port, "/metrics").body.find("test_gauge 42") != std::string::npos);
+}
+
+TEST_CASE("/-/healthy follows the health callback") {
+  auto metrics = std::make_shared<GateCollectable>();
+  std::atomic<bool> healthy{false};
+  const int port = free_port();
+  WebServer server(
+      local(port), metrics, [] { return std::string(); }, [&] { return healthy.load(); });
+  CHECK(http_get(port, "/-/healthy").status == 503);
+  healthy = true;
+  CHECK(http_get(port, "/-/healthy").status == 200);
+  const int other = free_port();
+  WebServer without(local(other), metrics, [] { return std::string(); });
+  CHECK(http_get(other, "/-/healthy").status == 200);
 }
