@@ -1,5 +1,6 @@
 // The daemon as a service: systemd notifications, reload, journald priorities, least
 // privilege, the unit file, and bounded memory and series under process churn.
+#include <crypt.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -392,6 +393,67 @@ TEST_CASE("Ten thousand short-lived processes leave memory, series and maps boun
       CHECK(entries < 100);
     }
   }
+  kill(d.pid(), SIGTERM);
+  CHECK(d.wait_exit(5s) == 0);
+}
+
+TEST_CASE("reload: web settings change the server; one that cannot start keeps the old") {
+  Setup s("  page_faults:\n    enabled: true\n");
+  const std::string web = s.dir + "/web.yml";
+  std::ofstream(web) << "# no TLS, no users yet\n";
+  auto args = s.args();
+  args.push_back("--web.config.file=" + web);
+  DaemonProcess d(DAEMON_PATH, s.log, {args, false, {}, {}});
+  REQUIRE(wait_until([&] { return http_get(s.port, "/metrics").status == 200; }, 10s));
+  auto reload_ok = [&](int port, const std::string& auth) {
+    return sample(http_get(port, "/metrics", auth).body,
+                  "ebpf_metricsd_config_last_reload_successful");
+  };
+
+  // Basic auth switched on by a reload.
+  char setting[CRYPT_GENSALT_OUTPUT_SIZE];
+  REQUIRE(crypt_gensalt_rn("$2y$", 5, nullptr, 0, setting, sizeof setting) != nullptr);
+  crypt_data data{};
+  std::ofstream(web) << "basic_auth_users:\n  scraper: " << crypt_r("pw", setting, &data) << "\n";
+  kill(d.pid(), SIGHUP);
+  const std::string auth = "Authorization: Basic c2NyYXBlcjpwdw==\r\n";  // scraper:pw
+  REQUIRE(wait_until([&] { return http_get(s.port, "/metrics").status == 401; }, 5s));
+  CHECK(http_get(s.port, "/metrics", auth).status == 200);
+  CHECK(reload_ok(s.port, auth) == 1.0);
+
+  // A new listen address moves the server.
+  const int moved = free_port();
+  {
+    std::string cfg = read_file(s.config);
+    cfg.replace(cfg.find(std::to_string(s.port)), std::to_string(s.port).size(),
+                std::to_string(moved));
+    std::ofstream(s.config) << cfg;
+  }
+  kill(d.pid(), SIGHUP);
+  REQUIRE(wait_until([&] { return http_get(moved, "/metrics", auth).status == 200; }, 5s));
+  CHECK(http_get(s.port, "/metrics", auth).status == 0);  // nothing listens there now
+
+  // An address that is taken: the reload fails and the server stays where it was.
+  const int taken_fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(taken_fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(listen(taken_fd, 1) == 0);
+  socklen_t len = sizeof a;
+  getsockname(taken_fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const int taken = ntohs(a.sin_port);
+  {
+    std::string cfg = read_file(s.config);
+    cfg.replace(cfg.find(std::to_string(moved)), std::to_string(moved).size(),
+                std::to_string(taken));
+    std::ofstream(s.config) << cfg;
+  }
+  kill(d.pid(), SIGHUP);
+  REQUIRE(wait_until([&] { return reload_ok(moved, auth) == 0.0; }, 5s));
+  CHECK(http_get(moved, "/metrics", auth).status == 200);
+  CHECK_THAT(d.log(), Contains("keeping the previous web settings"));
+  close(taken_fd);
   kill(d.pid(), SIGTERM);
   CHECK(d.wait_exit(5s) == 0);
 }
