@@ -72,7 +72,8 @@ SplitAddress split(const std::string& address) {
 constexpr std::size_t kMaxRequestBytes = 16 * 1024;
 constexpr std::size_t kQueueLimit = 128;
 
-// A plain or TLS connection on a non-blocking socket; every operation ends by a deadline.
+// A plain or TLS connection on a non-blocking socket (which the caller closes); every
+// operation ends by a deadline.
 class Connection {
  public:
   Connection(int fd, SSL_CTX* tls) : fd_(fd), tls_(tls != nullptr) {
@@ -86,7 +87,6 @@ class Connection {
       if (handshaken_) SSL_shutdown(ssl_);  // best effort, non-blocking
       SSL_free(ssl_);
     }
-    close(fd_);
   }
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
@@ -509,6 +509,9 @@ WebServer::~WebServer() {
   {
     std::lock_guard lock(queue_mutex_);
     stopping_ = true;
+    // Connections being served end now, not at their deadline: a stalled client must not
+    // hold up a restart of the server.
+    for (int fd : active_) shutdown(fd, SHUT_RDWR);
   }
   queue_cv_.notify_all();
   const std::uint64_t one = 1;
@@ -571,51 +574,61 @@ void WebServer::worker_loop() {
       if (stopping_) return;
       fd = queue_.front();
       queue_.pop_front();
+      active_.insert(fd);
     }
-    const auto tls = shared_->tls_context();  // kept alive for this connection
-    Connection conn(fd, tls.get());
-    const auto deadline = Clock::now() + settings_.request_timeout;
-    if (!conn.handshake(deadline)) continue;
-    std::string head;
-    char buf[4096];
-    bool complete = false, too_large = false;
-    while (!complete) {
-      const ssize_t n = conn.read_some(buf, sizeof buf, deadline);
-      if (n <= 0) break;
-      head.append(buf, static_cast<std::size_t>(n));
-      complete = head.find("\r\n\r\n") != std::string::npos;
-      if (!complete && head.size() > kMaxRequestBytes) {
-        too_large = true;
-        break;
-      }
+    serve(fd);
+    {
+      std::lock_guard lock(queue_mutex_);
+      active_.erase(fd);
     }
-    // A response gets as long again as the request had.
-    const auto write_deadline = Clock::now() + settings_.request_timeout;
-    if (too_large) {
-      conn.write_all(text_response(431, "431 request header too large", false), write_deadline);
-      continue;
-    }
-    if (!complete) {
-      if (!head.empty() && Clock::now() >= deadline) {
-        conn.write_all(text_response(408, "408 request timeout", false), write_deadline);
-      }
-      continue;
-    }
-    Request req;
-    if (const auto bad = parse_request(head.substr(0, head.find("\r\n\r\n") + 2), req)) {
-      conn.write_all(text_response(*bad, std::to_string(*bad) + " bad request", false),
-                     write_deadline);
-      continue;
-    }
-    std::string out;
-    try {
-      out = shared_->handle(req);
-    } catch (const std::exception& e) {
-      spdlog::error("web server: {} {}: {}", req.method, req.path, e.what());
-      out = text_response(500, "500 internal error", req.method == "HEAD");
-    }
-    conn.write_all(out, write_deadline);
+    close(fd);
   }
+}
+
+void WebServer::serve(int fd) {
+  const auto tls = shared_->tls_context();  // kept alive for this connection
+  Connection conn(fd, tls.get());
+  const auto deadline = Clock::now() + settings_.request_timeout;
+  if (!conn.handshake(deadline)) return;
+  std::string head;
+  char buf[4096];
+  bool complete = false, too_large = false;
+  while (!complete) {
+    const ssize_t n = conn.read_some(buf, sizeof buf, deadline);
+    if (n <= 0) break;
+    head.append(buf, static_cast<std::size_t>(n));
+    complete = head.find("\r\n\r\n") != std::string::npos;
+    if (!complete && head.size() > kMaxRequestBytes) {
+      too_large = true;
+      break;
+    }
+  }
+  // A response gets as long again as the request had.
+  const auto write_deadline = Clock::now() + settings_.request_timeout;
+  if (too_large) {
+    conn.write_all(text_response(431, "431 request header too large", false), write_deadline);
+    return;
+  }
+  if (!complete) {
+    if (!head.empty() && Clock::now() >= deadline) {
+      conn.write_all(text_response(408, "408 request timeout", false), write_deadline);
+    }
+    return;
+  }
+  Request req;
+  if (const auto bad = parse_request(head.substr(0, head.find("\r\n\r\n") + 2), req)) {
+    conn.write_all(text_response(*bad, std::to_string(*bad) + " bad request", false),
+                   write_deadline);
+    return;
+  }
+  std::string out;
+  try {
+    out = shared_->handle(req);
+  } catch (const std::exception& e) {
+    spdlog::error("web server: {} {}: {}", req.method, req.path, e.what());
+    out = text_response(500, "500 internal error", req.method == "HEAD");
+  }
+  conn.write_all(out, write_deadline);
 }
 
 }  // namespace ebpf_metricsd

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -60,6 +61,7 @@ class WebServer {
   struct Shared;
   void accept_loop();
   void worker_loop();
+  void serve(int fd);
 
   WebSettings settings_;
   std::shared_ptr<Shared> shared_;
@@ -69,6 +71,7 @@ class WebServer {
   std::mutex queue_mutex_;
   std::condition_variable queue_cv_;
   std::deque<int> queue_;  // accepted connections waiting for a worker
+  std::set<int> active_;   // connections being served
   bool stopping_ = false;
   std::vector<std::thread> threads_;
 };

@@ -342,3 +342,27 @@ TEST_CASE("/-/healthy follows the health callback") {
   WebServer without(local(other), metrics, [] { return std::string(); });
   CHECK(http_get(other, "/-/healthy").status == 200);
 }
+
+TEST_CASE("stopping the server does not wait for stalled clients") {
+  auto metrics = std::make_shared<GateCollectable>();
+  const int port = free_port();
+  WebSettings s = local(port);
+  s.request_timeout = 20s;
+  auto server = std::make_unique<WebServer>(s, metrics, [] { return std::string(); });
+  // A client that sends half a request and then nothing.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(send(fd, "GET /met", 8, 0) == 8);
+  std::this_thread::sleep_for(300ms);  // a worker is now waiting for the rest
+  const auto t0 = std::chrono::steady_clock::now();
+  server.reset();
+  const auto took = std::chrono::steady_clock::now() - t0;
+  CHECK(took < 3s);  // far below the 20 s the client would be allowed
+  char c;
+  CHECK(recv(fd, &c, 1, 0) == 0);  // and the client sees the connection closed
+  close(fd);
+}
