@@ -11,6 +11,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <random>
 
 #include "../test_support.h"
 #include "ebpf_metricsd/config_error.h"
@@ -365,4 +366,59 @@ TEST_CASE("stopping the server does not wait for stalled clients") {
   char c;
   CHECK(recv(fd, &c, 1, 0) == 0);  // and the client sees the connection closed
   close(fd);
+}
+
+TEST_CASE("Two thousand mutated requests: each answered with a status or closed; the server serves on") {
+  auto metrics = std::make_shared<GateCollectable>();
+  const int port = free_port();
+  WebSettings s = local(port);
+  s.request_timeout = 500ms;
+  s.security.basic_auth_users["u"] = bcrypt_hash("p");
+  WebServer server(s, metrics, [] { return std::string("<html></html>"); });
+  const std::string valid =
+      "GET /metrics?x=1 HTTP/1.1\r\nHost: localhost\r\nAuthorization: Basic dTpw\r\n"
+      "Accept-Encoding: gzip, deflate\r\nConnection: close\r\n\r\n";
+  std::mt19937 rng(20261122);
+  int answered = 0;
+  for (int i = 0; i < 2000; ++i) {
+    std::string req = valid;
+    const int edits = 1 + static_cast<int>(rng() % 8);
+    for (int e = 0; e < edits; ++e) {
+      const std::size_t pos = rng() % req.size();
+      switch (rng() % 4) {
+        case 0:
+          req[pos] = static_cast<char>(rng());
+          break;
+        case 1:
+          req.erase(pos, 1 + rng() % 8);
+          break;
+        case 2:
+          req.insert(pos, std::string(1 + rng() % 16, static_cast<char>(rng())));
+          break;
+        default:
+          req.insert(pos, req.substr(rng() % req.size(), rng() % 32));
+      }
+      if (req.empty()) req = "\r\n\r\n";
+    }
+    if (req.find("\r\n\r\n") == std::string::npos) req += "\r\n\r\n";
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    timeval tv{2, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    (void)send(fd, req.data(), req.size(), MSG_NOSIGNAL);
+    char buf[16] = {};
+    const ssize_t n = recv(fd, buf, sizeof buf - 1, 0);
+    close(fd);
+    if (n > 0) {
+      INFO(req);
+      CHECK(std::string(buf).rfind("HTTP/1.1 ", 0) == 0);
+      ++answered;
+    }
+  }
+  CHECK(answered > 1000);
+  CHECK(http_get(port, "/metrics", "Authorization: Basic dTpw\r\n").status == 200);
 }
