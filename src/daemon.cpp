@@ -87,7 +87,7 @@ class Daemon {
   void stop_tracer(const std::string& name, bool keep_series);
   bool start_tracer(std::size_t index, const TracerConfig& tc);
   void reload();
-  void notify_ready(const char* extra);
+  void notify_ready();
   std::unique_ptr<WebServer> make_web(const WebSettings& settings);
 
   DaemonOptions options_;
@@ -95,7 +95,7 @@ class Daemon {
   WebConfig web_cfg_;
   std::shared_ptr<MetricStore> store_ = std::make_shared<MetricStore>();
   MetricStore::MetricId tracer_up_ = 0, reload_ok_ = 0, reload_time_ = 0;
-  // Shared with the web server's threads, which may outlive this frame (see shutdown).
+  // Read by the web server's threads for the landing page.
   struct States {
     std::mutex mutex;
     std::vector<TracerState> list;
@@ -103,7 +103,8 @@ class Daemon {
   std::shared_ptr<States> states_ = std::make_shared<States>();
   std::unique_ptr<WebServer> web_;
   KernelHookProber prober_;
-  // Shared with the web server's health check, which may outlive this object.
+  // The web server's health check holds it weakly: web_, declared earlier, is destroyed
+  // after it when run() returns early.
   std::shared_ptr<DrainLoop> drain_;
   // Per tracer enabled in the applied config: its config and, when it started, the tracer.
   std::map<std::string, TracerConfig> applied_;
@@ -208,9 +209,9 @@ bool Daemon::reconcile(const Config& cfg) {
   return true;
 }
 
-void Daemon::notify_ready(const char* extra) {
+void Daemon::notify_ready() {
   const std::string status = status_line(running_.size(), applied_.size(), store_->series_count());
-  sd_notifyf(0, "READY=1\n%sSTATUS=%s", extra, status.c_str());
+  sd_notifyf(0, "READY=1\nSTATUS=%s", status.c_str());
 }
 
 std::unique_ptr<WebServer> Daemon::make_web(const WebSettings& settings) {
@@ -237,7 +238,7 @@ void Daemon::reload() {
   } catch (const ConfigError& e) {
     spdlog::error("reload failed, keeping the running configuration: {}", e.what());
     store_->set(reload_ok_, {}, 0);
-    notify_ready("");
+    notify_ready();
     return;
   }
   bool ok = true;
@@ -282,7 +283,7 @@ void Daemon::reload() {
     spdlog::info("reload done: {}",
                  status_line(running_.size(), applied_.size(), store_->series_count()));
   }
-  notify_ready("");
+  notify_ready();
 }
 
 int Daemon::run() {
@@ -335,7 +336,7 @@ int Daemon::run() {
                cfg_.listen_address, web_cfg_.tls ? " with TLS" : "", cfg_.file);
 
   if (!reconcile(cfg_)) return 1;
-  notify_ready("");
+  notify_ready();
   drain_->start();
   spdlog::info("{}, draining every {} ms",
                status_line(running_.size(), applied_.size(), store_->series_count()),
@@ -354,10 +355,7 @@ int Daemon::run() {
   sd_notify(0, "STOPPING=1\nSTATUS=stopping");
   drain_->stop();
   running_.clear();  // detach and unload every BPF object
-  // civetweb's orderly stop waits up to a second for its listener's poll to time out. The
-  // kernel objects are gone and the process is about to exit, which closes the sockets, so
-  // the server is left to the exit instead of making shutdown slow.
-  (void)web_.release();
+  web_.reset();      // ends the connections in progress at once
   spdlog::info("stopped: all tracers detached");
   spdlog::shutdown();
   return 0;

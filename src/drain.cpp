@@ -7,6 +7,14 @@
 
 namespace ebpf_metricsd {
 
+namespace {
+std::int64_t steady_now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
 DrainLoop::DrainLoop(MetricStore& store, std::chrono::milliseconds interval)
     : store_(store),
       duration_metric_(store.declare({"ebpf_metricsd_drain_duration_seconds",
@@ -66,17 +74,13 @@ bool DrainLoop::drain_once() {
 
 void DrainLoop::start() {
   // The first rounds get the same grace as any later ones.
-  last_success_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                         std::chrono::steady_clock::now().time_since_epoch())
-                         .count();
+  last_success_ns_ = steady_now_ns();
   thread_ = std::thread([this] {
     std::unique_lock lock(mutex_);
     while (!stopping_) {
       lock.unlock();
       if (drain_once()) {
-        last_success_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                               std::chrono::steady_clock::now().time_since_epoch())
-                               .count();
+        last_success_ns_ = steady_now_ns();
         sd_notify(0, "WATCHDOG=1");
       }
       lock.lock();
@@ -102,8 +106,7 @@ bool DrainLoop::healthy() const {
     interval = interval_;
   }
   const auto allowed = std::max<std::chrono::nanoseconds>(3 * interval, std::chrono::seconds(30));
-  const auto now = std::chrono::steady_clock::now().time_since_epoch();
-  return now - std::chrono::nanoseconds(last) <= allowed;
+  return std::chrono::nanoseconds(steady_now_ns() - last) <= allowed;
 }
 
 void DrainLoop::stop() {
