@@ -1,7 +1,6 @@
 #include "ebpf_metricsd/web.h"
 
 #include <arpa/inet.h>
-#include <crypt.h>
 #include <fcntl.h>
 #include <openssl/crypto.h>
 #include <openssl/err.h>
@@ -297,13 +296,7 @@ std::optional<std::string> base64_decode(std::string_view in) {
 // A valid hash no real password is checked against: an unknown user costs one bcrypt like a
 // known one, so timing does not tell which user names exist.
 const std::string& decoy_hash() {
-  static const std::string hash = [] {
-    char setting[CRYPT_GENSALT_OUTPUT_SIZE];
-    if (!crypt_gensalt_rn("$2b$", 10, nullptr, 0, setting, sizeof setting)) return std::string();
-    auto data = std::make_unique<crypt_data>();
-    const char* out = crypt_r("decoy", setting, data.get());
-    return out ? std::string(out) : std::string();
-  }();
+  static const std::string hash = bcrypt_hash("decoy", 10);
   return hash;
 }
 

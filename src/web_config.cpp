@@ -174,6 +174,14 @@ WebConfig load_web_config(const std::string& path) {
   return parse_web_config(read_config_file(path), path);
 }
 
+std::string bcrypt_hash(const std::string& password, unsigned long cost, const char* prefix) {
+  char setting[CRYPT_GENSALT_OUTPUT_SIZE];
+  if (!crypt_gensalt_rn(prefix, cost, nullptr, 0, setting, sizeof setting)) return {};
+  auto data = std::make_unique<crypt_data>();
+  const char* out = crypt_r(password.c_str(), setting, data.get());
+  return out && out[0] != '*' ? std::string(out) : std::string();
+}
+
 bool bcrypt_matches(const std::string& password, const std::string& hash) {
   if (!is_bcrypt_hash(hash)) return false;
   auto data = std::make_unique<crypt_data>();

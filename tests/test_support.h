@@ -37,21 +37,30 @@ struct HttpResponse {
   std::string body;
 };
 
-// One HTTP/1.1 request over plain TCP to 127.0.0.1; `headers` are extra header lines, each
-// ending in \r\n.
-inline HttpResponse http_get(int port, const std::string& path, const std::string& headers = {}) {
-  HttpResponse r;
+// A TCP connection to 127.0.0.1:port (a receive timeout when seconds > 0), or -1.
+inline int connect_loopback(int port, long recv_timeout_seconds = 0) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  timeval tv{5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  if (recv_timeout_seconds > 0) {
+    timeval tv{recv_timeout_seconds, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  }
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<uint16_t>(port));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
     close(fd);
-    return r;
+    return -1;
   }
+  return fd;
+}
+
+// One HTTP/1.1 request over plain TCP to 127.0.0.1; `headers` are extra header lines, each
+// ending in \r\n.
+inline HttpResponse http_get(int port, const std::string& path, const std::string& headers = {}) {
+  HttpResponse r;
+  const int fd = connect_loopback(port, 5);
+  if (fd < 0) return r;
   const std::string req =
       "GET " + path + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n" + headers + "\r\n";
   if (send(fd, req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) {

@@ -57,6 +57,11 @@ class TlsSetupError : public std::runtime_error {
 // versions, client certificate policy and CAs. Throws TlsSetupError.
 std::shared_ptr<ssl_ctx_st> make_tls_context(const TlsServerConfig& tls);
 
+// A bcrypt hash of `password` with a fresh salt ("" if the system cannot make one); `prefix`
+// "$2b$" or "$2y$" (htpasswd's).
+std::string bcrypt_hash(const std::string& password, unsigned long cost,
+                        const char* prefix = "$2b$");
+
 // Checks a password against a bcrypt hash ($2a$, $2b$, $2y$) in constant time.
 bool bcrypt_matches(const std::string& password, const std::string& hash);
 

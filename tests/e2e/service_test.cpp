@@ -1,6 +1,5 @@
 // The daemon as a service: systemd notifications, reload, journald priorities, least
 // privilege, the unit file, and bounded memory and series under process churn.
-#include <crypt.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -12,6 +11,7 @@
 #include <regex>
 
 #include "daemon_process.h"
+#include "ebpf_metricsd/web_config.h"
 
 using namespace ebpf_metricsd::test;
 using namespace std::chrono_literals;
@@ -411,10 +411,9 @@ TEST_CASE("reload: web settings change the server; one that cannot start keeps t
   };
 
   // Basic auth switched on by a reload.
-  char setting[CRYPT_GENSALT_OUTPUT_SIZE];
-  REQUIRE(crypt_gensalt_rn("$2y$", 5, nullptr, 0, setting, sizeof setting) != nullptr);
-  crypt_data data{};
-  std::ofstream(web) << "basic_auth_users:\n  scraper: " << crypt_r("pw", setting, &data) << "\n";
+  const std::string hash = ebpf_metricsd::bcrypt_hash("pw", 5);
+  REQUIRE_FALSE(hash.empty());
+  std::ofstream(web) << "basic_auth_users:\n  scraper: " << hash << "\n";
   kill(d.pid(), SIGHUP);
   const std::string auth = "Authorization: Basic c2NyYXBlcjpwdw==\r\n";  // scraper:pw
   REQUIRE(wait_until([&] { return http_get(s.port, "/metrics").status == 401; }, 5s));
