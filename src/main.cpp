@@ -13,6 +13,7 @@
 
 #include "ebpf_metricsd/config.h"
 #include "ebpf_metricsd/daemon.h"
+#include "ebpf_metricsd/tracer.h"
 #include "ebpf_metricsd/web_config.h"
 
 namespace {
@@ -29,6 +30,7 @@ Flags:
                               format (tls_server_config, basic_auth_users)
   --log.level LEVEL           debug, info, warn or error (default info)
   --strict                    exit when any enabled tracer fails to attach
+  --list-tracers              print the tracers this build ships, one per line, and exit
   --version                   print the version and exit
   --help                      print this help and exit
 )";
@@ -101,6 +103,9 @@ int main(int argc, char** argv) {
       return 0;
     } else if (arg == "--version") {
       std::cout << "ebpf-metricsd " EBPF_METRICSD_VERSION "\n";
+      return 0;
+    } else if (arg == "--list-tracers") {
+      for (const auto& d : ebpf_metricsd::tracer_registry()) std::cout << d.name << "\n";
       return 0;
     } else if (arg == "--check-config") {
       check_config = true;

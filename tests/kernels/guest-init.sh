@@ -1,0 +1,60 @@
+#!/bin/busybox sh
+# PID 1 of a kernel-matrix guest. Loads the modules that reach the host's root (9p over
+# virtio), mounts it read-only at /host with the guest's own /proc, /sys, /dev, a tmpfs /tmp
+# and /run and an ext4 scratch disk at /var/tmp (page cache and loop devices need a real
+# disk), then runs /job.sh chrooted there. The job reports on the second serial port;
+# the first one carries the kernel's console. Settings come from /matrix.env.
+/bin/busybox --install -s /bin
+export PATH=/bin:/sbin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+. /matrix.env
+
+fail() {
+  echo "EMD-GUEST-ERROR $*" >/dev/ttyS1
+  poweroff -f
+}
+
+for m in $(cat /modules/order); do
+  insmod "/modules/$m" || fail "insmod $m"
+done
+
+mkdir -p /host
+mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=262144 hostroot /host ||
+  fail "mount 9p host root"
+mount -t proc proc /host/proc
+mount -t sysfs sysfs /host/sys
+mount -t devtmpfs devtmpfs /host/dev
+mkdir -p /host/dev/pts /host/dev/shm 2>/dev/null
+mount -t devpts devpts /host/dev/pts
+mount -t tmpfs tmpfs /host/dev/shm
+mount -t tmpfs tmpfs /host/tmp
+mount -t tmpfs tmpfs /host/run
+mount -t bpf bpf /host/sys/fs/bpf
+mount -t cgroup2 cgroup2 /host/sys/fs/cgroup
+mount -t debugfs debugfs /host/sys/kernel/debug 2>/dev/null
+mount -t tracefs tracefs /host/sys/kernel/tracing 2>/dev/null
+
+# Modules the kernel asks for later (loop, veth, qdiscs) come from the kernel's own package,
+# through the host's modprobe.
+cat >/sbin/emd-modprobe <<EOF
+#!/bin/sh
+exec chroot /host /sbin/modprobe -d "$KERNEL_ROOT" "\$@"
+EOF
+chmod +x /sbin/emd-modprobe
+echo /sbin/emd-modprobe >/proc/sys/kernel/modprobe
+chroot /host /sbin/modprobe -d "$KERNEL_ROOT" -a virtio_blk ext4 loop ||
+  fail "modprobe virtio_blk ext4 loop"
+mdev -s 2>/dev/null
+i=0
+while [ ! -b /host/dev/vda ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+mount -t ext4 /host/dev/vda /host/var/tmp || fail "mount scratch disk"
+
+ip link set lo up
+cp /job.sh /host/tmp/emd-job.sh
+cp /matrix.env /host/tmp/emd-matrix.env
+chroot /host /bin/bash /tmp/emd-job.sh
+echo "EMD-GUEST-DONE" >/dev/ttyS1
+sync
+poweroff -f

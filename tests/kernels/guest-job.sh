@@ -1,0 +1,48 @@
+#!/bin/bash
+# Runs inside a kernel-matrix guest, chrooted in the host's root (read-only, with the
+# guest's /proc, /sys, /dev, /tmp, /run and a scratch disk at /var/tmp): a short run of the
+# daemon with every tracer enabled, then the privileged BPF tests. Everything the host reads
+# goes to the second serial port between EMD-* markers.
+set -u
+. /tmp/emd-matrix.env
+exec 3>/dev/ttyS1
+say() { echo "$*" >&3; }
+say "EMD-KERNEL $(uname -r)"
+
+# The daemon with the shipped config, every tracer enabled, draining every second.
+sed -e 's/enabled: false/enabled: true/' -e 's/^drain_interval:.*/drain_interval: 1s/' \
+  "$SOURCE_DIR/config/ebpf-metricsd.yaml" >/tmp/all-tracers.yaml
+"$BUILD_DIR/ebpf-metricsd" --config /tmp/all-tracers.yaml --web.listen-address 127.0.0.1:9810 \
+  >/tmp/daemon.log 2>&1 &
+daemon=$!
+up_lines=""
+for _ in $(seq 1 120); do
+  sleep 1
+  kill -0 $daemon 2>/dev/null || break
+  up_lines=$(curl -sf http://127.0.0.1:9810/metrics | grep '^ebpf_metricsd_tracer_up{')
+  # Two drains after every tracer reported: the drains work, not only the attach.
+  if [[ $(grep -c . <<<"$up_lines") -ge $TRACER_COUNT ]]; then
+    sleep 2
+    up_lines=$(curl -sf http://127.0.0.1:9810/metrics | grep -E '^ebpf_metricsd_(tracer_up|drain_errors_total)\{')
+    break
+  fi
+done
+kill -TERM $daemon 2>/dev/null
+wait $daemon
+say "EMD-DAEMON-EXIT $?"
+say "EMD-BEGIN metrics"
+[[ -n $up_lines ]] && echo "$up_lines" >&3
+say "EMD-END metrics"
+say "EMD-BEGIN daemon-log"
+grep -v ' debug' /tmp/daemon.log | tail -n 60 >&3
+say "EMD-END daemon-log"
+
+cd /tmp
+"$BUILD_DIR/tests/bpf_tests" -r xml -o /tmp/bpf.xml $BPF_TEST_ARGS >/tmp/bpf.out 2>&1
+say "EMD-BPF-EXIT $?"
+say "EMD-BEGIN bpf-xml"
+cat /tmp/bpf.xml >&3
+say "EMD-END bpf-xml"
+say "EMD-BEGIN bpf-out"
+tail -n 200 /tmp/bpf.out >&3
+say "EMD-END bpf-out"

@@ -1,0 +1,351 @@
+#!/usr/bin/env python3
+"""The kernel matrix: boots Debian's kernel packages under qemu and, in each, runs the built
+daemon with every tracer enabled and the privileged BPF tests (every tracer against its
+oracle) from the host's root, shared read-only over 9p. Prints a table kernel x tracer:
+the hook the daemon chose, whether it is up, whether its oracle tests passed.
+
+    matrix.py --build BUILD_DIR [--kernels 5.10,6.1,6.12,newest] [--cache DIR]
+              [--tests CATCH_SPEC] [--keep DIR]
+
+Exit status: 0 every tracer up and every test passed on every kernel, 1 otherwise, 77 when
+qemu or the kernel packages cannot be had here (reported as skipped by ctest).
+"""
+
+import argparse
+import gzip
+import lzma
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE_DIR = os.path.dirname(os.path.dirname(HERE))
+SKIP = 77
+
+# The modules a guest loads from its initramfs to reach the host's root; the rest come
+# from the chrooted modprobe.
+BOOT_MODULES = ["virtio_pci", "9pnet_virtio", "9p"]
+
+# Which tracers each BPF test file proves.
+TEST_FILE_TRACERS = {
+    "syscall_latency_test.cpp": ["syscall_latency"],
+    "scheduler_test.cpp": ["runqueue_latency", "offcpu_time"],
+    "page_faults_test.cpp": ["page_faults"],
+    "kmalloc_test.cpp": ["kmalloc"],
+    "tcp_connect_latency_test.cpp": ["tcp_connect_latency"],
+    "net_xmit_latency_test.cpp": ["net_xmit_latency"],
+    "block_io_test.cpp": ["block_io"],
+    "page_cache_test.cpp": ["page_cache"],
+}
+
+
+def tracer_names(build_dir):
+    """The registry's tracer names, as the daemon lists them."""
+    out = subprocess.run([os.path.join(build_dir, "ebpf-metricsd"), "--list-tracers"],
+                         capture_output=True, text=True, check=True).stdout
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def skip(reason):
+    print(f"SKIP: kernel matrix: {reason}")
+    if os.environ.get("EBPF_METRICSD_REQUIRE_PRIVILEGED") == "1":
+        print("FAIL: the kernel matrix is required here (EBPF_METRICSD_REQUIRE_PRIVILEGED=1)")
+        sys.exit(1)
+    sys.exit(SKIP)
+
+
+def fetch_kernels(cache, wanted):
+    proc = subprocess.run(["bash", os.path.join(HERE, "fetch-kernels.sh"), cache],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        skip("Debian's kernel packages could not be fetched: " + proc.stderr.strip()[-400:])
+    kernels = {}
+    for line in proc.stdout.splitlines():
+        name, root = line.split("\t")
+        kernels[name] = root
+    missing = [k for k in wanted if k not in kernels]
+    if missing:
+        sys.exit(f"unknown kernels {missing}; fetch-kernels.sh knows {sorted(kernels)}")
+    return [(k, kernels[k]) for k in wanted]
+
+
+def module_files(root, version, names):
+    """insmod order (dependencies first) of the modules `names`, skipping built-in ones."""
+    order = []
+    for name in names:
+        out = subprocess.run(["modprobe", "-d", root, "-S", version, "--show-depends", name],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RuntimeError(f"{name}: {out.stderr.strip()}")
+        for line in out.stdout.splitlines():
+            parts = line.split()
+            if parts and parts[0] == "insmod" and parts[1] not in order:
+                order.append(parts[1])
+    return order
+
+
+def read_module(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    if path.endswith(".xz"):
+        return lzma.decompress(data)
+    if path.endswith(".zst"):
+        return subprocess.run(["zstd", "-dc", path], capture_output=True, check=True).stdout
+    if path.endswith(".gz"):
+        return gzip.decompress(data)
+    return data
+
+
+def make_initramfs(workdir, kernel_root, version, env):
+    tree = os.path.join(workdir, "initramfs")
+    for d in ("bin", "sbin", "proc", "sys", "dev", "modules", "host"):
+        os.makedirs(os.path.join(tree, d), exist_ok=True)
+    shutil.copy("/bin/busybox", os.path.join(tree, "bin/busybox"))
+    shutil.copy(os.path.join(HERE, "guest-init.sh"), os.path.join(tree, "init"))
+    os.chmod(os.path.join(tree, "init"), 0o755)
+    shutil.copy(os.path.join(HERE, "guest-job.sh"), os.path.join(tree, "job.sh"))
+    with open(os.path.join(tree, "matrix.env"), "w") as f:
+        for k, v in env.items():
+            f.write(f"{k}='{v}'\n")
+    names = []
+    for i, path in enumerate(module_files(kernel_root, version, BOOT_MODULES)):
+        name = f"{i:02d}-" + re.sub(r"\.ko.*$", ".ko", os.path.basename(path))
+        with open(os.path.join(tree, "modules", name), "wb") as f:
+            f.write(read_module(path))
+        names.append(name)
+    with open(os.path.join(tree, "modules/order"), "w") as f:
+        f.write("\n".join(names) + "\n")
+    image = os.path.join(workdir, "initramfs.cpio.gz")
+    files = subprocess.run(["find", "."], cwd=tree, capture_output=True, check=True).stdout
+    cpio = subprocess.run(["cpio", "-o", "-H", "newc", "--quiet"], cwd=tree, input=files,
+                          capture_output=True, check=True).stdout
+    with open(image, "wb") as f:
+        f.write(gzip.compress(cpio, 1))
+    return image
+
+
+def make_scratch_disk(workdir):
+    path = os.path.join(workdir, "scratch.img")
+    with open(path, "wb") as f:
+        f.truncate(1 << 30)
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-E", "root_owner=0:0", path], check=True)
+    return path
+
+
+def sections(text):
+    """EMD-BEGIN name ... EMD-END name blocks and EMD-KEY value lines of the report."""
+    blocks, values = {}, {}
+    current = None
+    for line in text.splitlines():
+        line = line.rstrip("\r")
+        m = re.match(r"^EMD-BEGIN (\S+)$", line)
+        if m:
+            current = m.group(1)
+            blocks[current] = []
+            continue
+        if current and line == f"EMD-END {current}":
+            current = None
+            continue
+        if current:
+            blocks[current].append(line)
+            continue
+        m = re.match(r"^(EMD-[A-Z-]+)\s*(.*)$", line)
+        if m:
+            values[m.group(1)] = m.group(2)
+    return {k: "\n".join(v) for k, v in blocks.items()}, values
+
+
+def boot(name, kernel_root, build_dir, tracers, tests, keep, timeout):
+    version = open(os.path.join(kernel_root, ".version")).read().strip()
+    workdir = tempfile.mkdtemp(prefix=f"emd-kernel-{name}-")
+    try:
+        env = {
+            "KERNEL_ROOT": kernel_root,
+            "BUILD_DIR": os.path.abspath(build_dir),
+            "SOURCE_DIR": SOURCE_DIR,
+            "TRACER_COUNT": str(len(tracers)),
+            "BPF_TEST_ARGS": tests,
+        }
+        initrd = make_initramfs(workdir, kernel_root, version, env)
+        disk = make_scratch_disk(workdir)
+        console = os.path.join(workdir, "console.log")
+        report = os.path.join(workdir, "report.log")
+        accel = os.environ.get("EBPF_METRICSD_KERNEL_ACCEL", "tcg,thread=multi")
+        cmd = [
+            "qemu-system-x86_64", "-accel", accel, "-cpu", "max", "-smp", "2", "-m", "2G",
+            "-nodefaults", "-no-reboot", "-display", "none",
+            "-kernel", os.path.join(kernel_root, "boot", f"vmlinuz-{version}"),
+            "-initrd", initrd,
+            "-append", "console=ttyS0 panic=-1 loglevel=4 mitigations=off",
+            "-serial", f"file:{console}", "-serial", f"file:{report}",
+            "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,"
+                       "multidevs=remap",
+            "-drive", f"file={disk},if=virtio,format=raw,cache=unsafe",
+        ]
+        start = time.monotonic()
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            qemu_error = proc.stderr.strip() if proc.returncode != 0 else ""
+        except subprocess.TimeoutExpired:
+            qemu_error = f"timed out after {timeout} s"
+        seconds = time.monotonic() - start
+        text = open(report, errors="replace").read() if os.path.exists(report) else ""
+        console_text = open(console, errors="replace").read() if os.path.exists(console) else ""
+        if keep:
+            dest = os.path.join(keep, name)
+            os.makedirs(dest, exist_ok=True)
+            for f in (console, report):
+                if os.path.exists(f):
+                    shutil.copy(f, dest)
+        return version, seconds, qemu_error, text, console_text
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def failure_text(case):
+    """The failed assertions and exceptions of a Catch2 XML test case, indented."""
+    lines = []
+    for e in case.iter():
+        if e.tag == "Expression" and e.get("success") == "false":
+            orig = (e.findtext("Original") or "").strip()
+            expanded = (e.findtext("Expanded") or "").strip()
+            where = f"{os.path.basename(e.get('filename', ''))}:{e.get('line', '')}"
+            lines.append(f"{where}: {orig}  with  {expanded}")
+            for info in e.iter("Info"):
+                lines.append("  info: " + (info.text or "").strip())
+        elif e.tag in ("Exception", "FatalErrorCondition", "Failure"):
+            where = f"{os.path.basename(e.get('filename', ''))}:{e.get('line', '')}"
+            lines.append(f"{where}: {e.tag}: {(e.text or '').strip()}")
+    return "\n".join("        " + l for l in lines[:12])
+
+
+def parse_result(tracers, text):
+    blocks, values = sections(text)
+    result = {t: {"hook": "-", "up": False, "tests": [], "failed": []} for t in tracers}
+    for line in blocks.get("metrics", "").splitlines():
+        m = re.match(r'^ebpf_metricsd_tracer_up\{(.*)\} (\S+)$', line)
+        if not m:
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        t = labels.get("tracer")
+        if t in result:
+            result[t]["hook"] = labels.get("hook", "-")
+            result[t]["up"] = float(m.group(2)) == 1
+    drain_errors = {}
+    for line in blocks.get("metrics", "").splitlines():
+        m = re.match(r'^ebpf_metricsd_drain_errors_total\{tracer="([^"]*)"\} (\S+)$', line)
+        if m and float(m.group(2)) > 0:
+            drain_errors[m.group(1)] = float(m.group(2))
+    xml = blocks.get("bpf-xml", "")
+    if xml:
+        try:
+            root = ET.fromstring(xml)
+            for case in root.iter("TestCase"):
+                fname = os.path.basename(case.get("filename", ""))
+                outcome = case.find("OverallResult")
+                ok = outcome is not None and outcome.get("success") == "true"
+                why = "" if ok else failure_text(case)
+                for t in TEST_FILE_TRACERS.get(fname, []):
+                    if t in result:
+                        result[t]["tests"].append(case.get("name"))
+                        if not ok:
+                            result[t]["failed"].append(f"{case.get('name')}\n{why}")
+        except ET.ParseError as e:
+            values["EMD-XML-ERROR"] = str(e)
+    return result, drain_errors, blocks, values
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--kernels", default="5.10,6.1,6.12,newest")
+    ap.add_argument("--cache", default=os.environ.get("EBPF_METRICSD_KERNEL_CACHE",
+                                                      "/var/cache/ebpf-metricsd/kernels"))
+    ap.add_argument("--tests", default="", help="Catch2 test spec for bpf_tests")
+    ap.add_argument("--keep", default="", help="copy each guest's console and report here")
+    ap.add_argument("--timeout", type=int, default=600, help="seconds per kernel")
+    args = ap.parse_args()
+
+    if os.geteuid() != 0:
+        skip("needs root (9p export of the host's root, loop devices in the guest)")
+    for tool in ("qemu-system-x86_64", "busybox", "cpio", "modprobe", "mkfs.ext4", "curl"):
+        if not shutil.which(tool):
+            skip(f"{tool} is not installed (packaging/install-deps.sh --with-tests)")
+    tracers = tracer_names(args.build)
+    wanted = [k for k in args.kernels.split(",") if k]
+    t0 = time.monotonic()
+    kernels = fetch_kernels(args.cache, wanted)
+    fetch_seconds = time.monotonic() - t0
+
+    rows, ok = [], True
+    for name, root in kernels:
+        version, seconds, qemu_error, text, console = boot(
+            name, root, args.build, tracers, args.tests, args.keep, args.timeout)
+        result, drain_errors, blocks, values = parse_result(tracers, text)
+        rows.append((name, version, seconds, result))
+        problems = []
+        if qemu_error:
+            problems.append(f"qemu: {qemu_error[-300:]}")
+        if "EMD-GUEST-ERROR" in values:
+            problems.append("guest: " + values["EMD-GUEST-ERROR"])
+        if "EMD-GUEST-DONE" not in text:
+            problems.append("the guest did not finish its job")
+        if values.get("EMD-DAEMON-EXIT") not in ("0",):
+            problems.append(f"daemon exit status {values.get('EMD-DAEMON-EXIT', '?')}")
+        if values.get("EMD-BPF-EXIT") != "0":
+            problems.append(f"bpf_tests exit status {values.get('EMD-BPF-EXIT', '?')}")
+        for t, n in drain_errors.items():
+            problems.append(f"{t}: {n:.0f} failed drains")
+        for t, r in result.items():
+            if not r["up"]:
+                problems.append(f"{t}: not up")
+            if not r["tests"]:
+                problems.append(f"{t}: no oracle test ran")
+            for f in r["failed"]:
+                problems.append(f"{t}: failed test: {f}")
+        print(f"== {name} ({version}): {seconds:.0f} s", flush=True)
+        if problems:
+            ok = False
+            for p in problems:
+                print(f"   problem: {p}")
+            log = blocks.get("daemon-log", "").strip()
+            if log:
+                print("   daemon log:\n      " + log.replace("\n", "\n      "))
+            out = blocks.get("bpf-out", "").strip()
+            if out and values.get("EMD-BPF-EXIT") != "0":
+                print("   bpf_tests:\n      " + out.replace("\n", "\n      "))
+            if "EMD-GUEST-DONE" not in text:
+                print("   console tail:\n      " +
+                      "\n      ".join(console.strip().splitlines()[-30:]))
+
+    def cell(r):
+        if not r["up"] and r["hook"] == "-":
+            status = "DOWN"
+        else:
+            status = "up" if r["up"] else "DOWN"
+        oracle = "-" if not r["tests"] else ("FAIL" if r["failed"] else "pass")
+        return f"{r['hook']} {status} {oracle}"
+
+    print()
+    print("kernel matrix: hook chosen, up, oracle tests")
+    header = ["tracer"] + [f"{n} ({v})" for n, v, _, _ in rows]
+    table = [header] + [[t] + [cell(r[t]) for _, _, _, r in rows] for t in tracers]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for i, row in enumerate(table):
+        print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |")
+        if i == 0:
+            print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    total = time.monotonic() - t0
+    print(f"\nwall time {total:.0f} s (fetch {fetch_seconds:.0f} s, "
+          + ", ".join(f"{n} {s:.0f} s" for n, _, s, _ in rows) + ")")
+    print("kernel matrix: " + ("PASS" if ok else "FAIL"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
