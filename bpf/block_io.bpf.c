@@ -56,6 +56,31 @@ struct {
 	__type(value, struct blockio_queue);
 } queues SEC(".maps");
 
+/* Before Linux 5.18 the request named its disk; since 5.15 the queue does. */
+struct request___rq_disk {
+	struct gendisk *rq_disk;
+} __attribute__((preserve_access_index));
+
+static __always_inline struct gendisk *request_disk(struct request *rq,
+						    bool raw)
+{
+	struct request___rq_disk *old = (void *)rq;
+
+	if (bpf_core_field_exists(old->rq_disk))
+		return BPF_CORE_READ(old, rq_disk);
+	return EMD_READ(raw, rq, q, disk);
+}
+
+/* tag as an index of q->ts. The mask is applied here, where the verifier sees
+ * it on the register it indexes with: the compiler would otherwise drop it
+ * after the tag < BLOCKIO_TAGS test, and older verifiers lose that bound when
+ * the tag is spilled to the stack (6.1 rejects raw_tp/block_rq_complete). */
+static __always_inline __u32 tag_index(__u32 tag)
+{
+	asm volatile("" : "+r"(tag));
+	return tag & (BLOCKIO_TAGS - 1);
+}
+
 static __always_inline void read_disk_name(struct gendisk *disk, char *name)
 {
 	bpf_probe_read_kernel_str(name, BLOCKIO_DISK_NAME_LEN, &disk->disk_name);
@@ -105,7 +130,7 @@ queue_of(struct request *rq, bool raw, bool issue, __u32 *slot)
 	if (!q)
 		return NULL;
 	if (issue) {
-		disk = EMD_READ(raw, rq, q, disk);
+		disk = request_disk(rq, raw);
 		if (q->disk_ptr != (__u64)disk) {
 			read_disk_name(disk, q->disk);
 			q->disk_ptr = (__u64)disk;
@@ -123,7 +148,7 @@ static __always_inline int on_issue(struct request *rq, bool raw)
 	if (tag < BLOCKIO_TAGS) {
 		q = queue_of(rq, raw, true, &slot);
 		if (q) {
-			q->ts[tag & (BLOCKIO_TAGS - 1)] = now;
+			q->ts[tag_index(tag)] = now;
 			return 0;
 		}
 	}
@@ -146,7 +171,7 @@ static __always_inline int on_complete(struct request *rq,
 	tag = EMD_READ(raw, rq, tag);
 	q = tag < BLOCKIO_TAGS ? queue_of(rq, raw, false, &slot) : NULL;
 	if (q) {
-		ts = &q->ts[tag & (BLOCKIO_TAGS - 1)];
+		ts = &q->ts[tag_index(tag)];
 		if (!*ts)
 			return 0; /* issued before we attached */
 		delta = bpf_ktime_get_ns() - *ts;
@@ -159,7 +184,7 @@ static __always_inline int on_complete(struct request *rq,
 			return 0;
 		delta = bpf_ktime_get_ns() - *ts;
 		bpf_map_delete_elem(&issued, &rqkey);
-		read_disk_name(EMD_READ(raw, rq, q, disk), key.disk);
+		read_disk_name(request_disk(rq, raw), key.disk);
 		key.op = op;
 		v = emd_lookup_or_init(&series, &key, &zero_value, &drops,
 				       BLOCKIO_DROP_SERIES_FULL);

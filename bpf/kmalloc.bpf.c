@@ -2,7 +2,10 @@
 /*
  * kmalloc/kfree calls, requested and allocated bytes, a log2 histogram of
  * requested sizes; optionally kmem_cache_alloc/free per cache. Each hook as
- * tp_btf and raw_tp; user space autoloads one kind.
+ * tp_btf and raw_tp; user space autoloads one kind. The per-cache programs
+ * read the cache from the third argument, which kmem_cache_free has had since
+ * Linux 5.12 and kmem_cache_alloc since 6.1: user space checks the kernel's
+ * BTF before loading them.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_core_read.h>
@@ -104,6 +107,10 @@ static __always_inline int on_cache_free(const struct kmem_cache *s)
 
 EMD_TP_PROGS(kmalloc, kmalloc, KMALLOC, unsigned long call_site, const void *ptr,
 	     size_t bytes_req, size_t bytes_alloc)
+/* Before Linux 6.1 kmalloc_node() had its own tracepoint; user space loads
+ * these where the kernel has it. */
+EMD_TP_PROGS(kmalloc_node, kmalloc_node, KMALLOC, unsigned long call_site,
+	     const void *ptr, size_t bytes_req, size_t bytes_alloc)
 EMD_TP_PROGS(kfree, kfree, KFREE, unsigned long call_site, const void *ptr)
 EMD_TP_PROGS(kmem_cache_alloc, cache_alloc, CACHE_ALLOC, unsigned long call_site,
 	     const void *ptr, struct kmem_cache *s)

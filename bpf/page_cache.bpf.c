@@ -2,11 +2,15 @@
 /*
  * Page cache accesses, misses and dirtied pages:
  *  - accesses: where fentry works, every folio_mark_accessed() (as
- *    libbpf-tools' cachestat); else, from tracepoints, the page range each
- *    read asks filemap_get_pages for, plus mmap faults (mm_filemap_fault) and
- *    fault-around (mm_filemap_map_pages);
- *  - misses: pages added to the page cache (mm_filemap_add_to_page_cache);
- *  - dirtied: pages marked dirty (writeback_dirty_folio).
+ *    libbpf-tools' cachestat), or mark_page_accessed() before folios (5.16);
+ *    else, from tracepoints, the page range each read asks filemap_get_pages
+ *    for, plus mmap faults (mm_filemap_fault) and fault-around
+ *    (mm_filemap_map_pages);
+ *  - misses: pages added to the page cache (mm_filemap_add_to_page_cache,
+ *    which passes a folio since 5.16 and a page before);
+ *  - dirtied: pages marked dirty (writeback_dirty_folio, or
+ *    writeback_dirty_page before 5.17).
+ * User space loads one program per event from what the kernel has.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_core_read.h>
@@ -54,18 +58,62 @@ static __always_inline struct page_cache_totals *get_totals(void)
 	return bpf_map_lookup_elem(&totals, &zero);
 }
 
+/* folio.flags and page.flags are a plain unsigned long before 6.18 and a
+ * memdesc_flags_t since: CO-RE matches a field only of a compatible type. */
+struct folio___flags_ulong {
+	unsigned long flags;
+} __attribute__((preserve_access_index));
+
+struct page___flags_ulong {
+	unsigned long flags;
+} __attribute__((preserve_access_index));
+
+/* The order of a compound page, kept in its first tail page before 6.3. */
+struct page___compound_order {
+	unsigned char compound_order;
+} __attribute__((preserve_access_index));
+
+static __always_inline __u64 pg_head_bit(void)
+{
+	return 1ULL << bpf_core_enum_value(enum pageflags, PG_head);
+}
+
 static __always_inline __u64 folio_pages(struct folio *folio)
 {
+	struct folio___flags_ulong *old = (void *)folio;
 	__u64 flags = 0;
 
-	bpf_core_read(&flags, sizeof(flags), &folio->flags);
-	if (!(flags & (1ULL << bpf_core_enum_value(enum pageflags, PG_head))))
+	if (bpf_core_field_exists(old->flags))
+		bpf_core_read(&flags, sizeof(flags), &old->flags);
+	else
+		bpf_core_read(&flags, sizeof(flags), &folio->flags);
+	if (!(flags & pg_head_bit()))
 		return 1;
 	if (bpf_core_field_exists(folio->_nr_pages))
 		return BPF_CORE_READ(folio, _nr_pages);
 	if (bpf_core_field_exists(((struct folio___old *)folio)->_folio_nr_pages))
 		return BPF_CORE_READ((struct folio___old *)folio,
 				     _folio_nr_pages);
+	return 1;
+}
+
+/* Pages of a page as the pre-folio kernels pass it: 1, or a compound page's
+ * 2^order for its head page. */
+static __always_inline __u64 page_pages(struct page *page)
+{
+	struct page___flags_ulong *old = (void *)page;
+	struct page___compound_order *tail;
+	__u64 flags = 0;
+
+	if (bpf_core_field_exists(old->flags))
+		bpf_core_read(&flags, sizeof(flags), &old->flags);
+	else
+		bpf_core_read(&flags, sizeof(flags), &page->flags);
+	if (!(flags & pg_head_bit()))
+		return 1;
+	tail = (void *)((char *)page + bpf_core_type_size(struct page));
+	if (bpf_core_field_exists(tail->compound_order))
+		return 1ULL << (BPF_CORE_READ(tail, compound_order) & 31);
 	return 1;
 }
 
@@ -102,21 +150,21 @@ static __always_inline int add_accesses(__u64 n)
 	return 0;
 }
 
-static __always_inline int add_misses(struct folio *folio)
+static __always_inline int add_misses(__u64 pages)
 {
 	struct page_cache_totals *t = get_totals();
 
 	if (t)
-		t->misses += folio_pages(folio);
+		t->misses += pages;
 	return 0;
 }
 
-static __always_inline int add_dirtied(struct folio *folio)
+static __always_inline int add_dirtied(__u64 pages)
 {
 	struct page_cache_totals *t = get_totals();
 
 	if (t)
-		t->dirtied += folio_pages(folio);
+		t->dirtied += pages;
 	return 0;
 }
 
@@ -126,11 +174,19 @@ int BPF_PROG(mark_accessed_fentry, struct folio *folio)
 	return add_accesses(folio_pages(folio));
 }
 
+SEC("fentry/mark_page_accessed")
+int BPF_PROG(mark_page_accessed_fentry, struct page *page)
+{
+	return add_accesses(page_pages(page));
+}
+
 #define GET_PAGES(raw) on_get_pages(mapping, index, last_index)
 #define MAP_PAGES(raw) add_accesses(end >= start ? end - start + 1 : 0)
 #define FAULT(raw) add_accesses(1)
-#define ADDED(raw) add_misses(folio)
-#define DIRTIED(raw) add_dirtied(folio)
+#define ADDED(raw) add_misses(folio_pages(folio))
+#define ADDED_PAGE(raw) add_misses(page_pages(page))
+#define DIRTIED(raw) add_dirtied(folio_pages(folio))
+#define DIRTIED_PAGE(raw) add_dirtied(page_pages(page))
 
 EMD_TP_PROGS(mm_filemap_get_pages, get_pages, GET_PAGES,
 	     struct address_space *mapping, unsigned long index,
@@ -141,6 +197,9 @@ EMD_TP_PROGS(mm_filemap_map_pages, map_pages, MAP_PAGES,
 EMD_TP_PROGS(mm_filemap_fault, fault, FAULT)
 EMD_TP_PROGS(mm_filemap_add_to_page_cache, add_to_page_cache, ADDED,
 	     struct folio *folio)
+EMD_TP_PROGS(mm_filemap_add_to_page_cache, add_page_to_page_cache, ADDED_PAGE,
+	     struct page *page)
 EMD_TP_PROGS(writeback_dirty_folio, dirty_folio, DIRTIED, struct folio *folio)
+EMD_TP_PROGS(writeback_dirty_page, dirty_page, DIRTIED_PAGE, struct page *page)
 
 char LICENSE[] SEC("license") = "GPL";

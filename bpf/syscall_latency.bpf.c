@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * Syscall latency: sys_enter stamps the time in task-local storage, sys_exit
- * adds the elapsed time to a per-CPU log2 histogram of that syscall number.
- * Each hook exists as tp_btf and raw_tp; user space probes which one the
- * kernel accepts and disables autoload of the other.
+ * Syscall latency: sys_enter stamps the time, sys_exit adds the elapsed time
+ * to a per-CPU log2 histogram of that syscall number. Each hook exists as
+ * tp_btf, stamping in task-local storage, and raw_tp, stamping in a hash keyed
+ * by thread id (for kernels whose tracing programs have no task storage,
+ * before 5.12, or no BTF-typed task): user space loads the first kind the
+ * kernel takes.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -28,6 +30,15 @@ struct {
 	__type(value, struct start);
 } start SEC(".maps");
 
+/* raw_tp only; user space sizes it (1 entry with tp_btf) and the thread's
+ * entry is removed when it exits. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct start);
+} start_by_tid SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, SYSLAT_MAX_SYSCALLS);
@@ -37,7 +48,28 @@ struct {
 
 EMD_DROPS_MAP(SYSLAT_DROP__COUNT);
 
-static __always_inline int on_enter(long id)
+static __always_inline struct start *thread_start(bool create, bool raw)
+{
+	static const struct start zero = {};
+	__u32 tid;
+
+	if (!raw) {
+		struct start *s = bpf_task_storage_get(
+			&start, bpf_get_current_task_btf(), 0,
+			create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+
+		if (!s && create)
+			emd_count_drop(&drops, SYSLAT_DROP_STORAGE);
+		return s;
+	}
+	tid = (__u32)bpf_get_current_pid_tgid();
+	if (!create)
+		return bpf_map_lookup_elem(&start_by_tid, &tid);
+	return emd_lookup_or_init(&start_by_tid, &tid, &zero, &drops,
+				  SYSLAT_DROP_STORAGE);
+}
+
+static __always_inline int on_enter(long id, bool raw)
 {
 	struct start *s;
 
@@ -47,25 +79,22 @@ static __always_inline int on_enter(long id)
 	}
 	if (!traced[id])
 		return 0;
-	s = bpf_task_storage_get(&start, bpf_get_current_task_btf(), 0,
-				 BPF_LOCAL_STORAGE_GET_F_CREATE);
-	if (!s) {
-		emd_count_drop(&drops, SYSLAT_DROP_STORAGE);
+	s = thread_start(true, raw);
+	if (!s)
 		return 0;
-	}
 	s->nr = id;
 	s->ts = bpf_ktime_get_ns();
 	return 0;
 }
 
-static __always_inline int on_exit(void)
+static __always_inline int on_exit(bool raw)
 {
 	struct syscall_latency_hist *h;
 	struct start *s;
 	__u64 delta;
 	__u32 nr;
 
-	s = bpf_task_storage_get(&start, bpf_get_current_task_btf(), 0, 0);
+	s = thread_start(false, raw);
 	/* No stamp: the syscall began before we attached, or is not traced. */
 	if (!s || !s->ts)
 		return 0;
@@ -79,10 +108,21 @@ static __always_inline int on_exit(void)
 	return 0;
 }
 
-#define ENTER(raw) on_enter(id)
-#define EXIT(raw) on_exit()
+#define ENTER(raw) on_enter(id, raw)
+#define EXIT(raw) on_exit(raw)
 
 EMD_TP_PROGS(sys_enter, sys_enter, ENTER, struct pt_regs *regs, long id)
 EMD_TP_PROGS(sys_exit, sys_exit, EXIT, struct pt_regs *regs, long ret)
+
+/* raw_tp: a thread's stamp goes with the thread (its last syscall, exit,
+ * never returns). */
+SEC("raw_tp/sched_process_exit")
+int BPF_PROG(thread_exit_raw)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+
+	bpf_map_delete_elem(&start_by_tid, &tid);
+	return 0;
+}
 
 char LICENSE[] SEC("license") = "GPL";

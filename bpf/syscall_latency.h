@@ -16,7 +16,7 @@ struct syscall_latency_hist {
 };
 
 enum syscall_latency_drop_reason {
-	SYSLAT_DROP_STORAGE = 0,     /* task storage could not be allocated */
+	SYSLAT_DROP_STORAGE = 0,     /* no room for the thread's stamp */
 	SYSLAT_DROP_UNKNOWN_NR = 1,  /* syscall number outside the table */
 	SYSLAT_DROP__COUNT,
 };

@@ -1,6 +1,7 @@
 #include "ebpf_metricsd/bpf_support.h"
 
 #include <bpf/bpf.h>
+#include <bpf/btf.h>
 #include <linux/perf_event.h>
 #include <spdlog/spdlog.h>
 #include <sys/syscall.h>
@@ -11,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 
 namespace ebpf_metricsd {
@@ -90,6 +92,33 @@ int libbpf_print(enum libbpf_print_level level, const char* fmt, va_list args) {
 
 }  // namespace
 
+namespace {
+std::mutex g_btf_mutex;
+std::string g_btf_path;
+}  // namespace
+
+void set_kernel_btf_path(std::string path) {
+  std::lock_guard lock(g_btf_mutex);
+  g_btf_path = std::move(path);
+}
+
+std::string kernel_btf_path() {
+  std::lock_guard lock(g_btf_mutex);
+  return g_btf_path;
+}
+
+struct btf* load_kernel_btf() {
+  const std::string path = kernel_btf_path();
+  return path.empty() ? btf__load_vmlinux_btf() : btf__parse(path.c_str(), nullptr);
+}
+
+bpf_object_open_opts skeleton_open_opts(std::string& storage) {
+  storage = kernel_btf_path();
+  LIBBPF_OPTS(bpf_object_open_opts, opts);
+  if (!storage.empty()) opts.btf_custom_path = storage.c_str();
+  return opts;
+}
+
 void route_libbpf_logs() { libbpf_set_print(libbpf_print); }
 
 int possible_cpus() {
@@ -115,24 +144,33 @@ std::vector<int> online_cpus() {
 }
 
 std::vector<std::uint8_t> read_percpu_array_bytes(int map_fd, std::uint32_t entries,
-                                                  std::size_t value_size) {
+                                                  std::size_t value_size, BatchReads& batch) {
   const std::size_t cpus = static_cast<std::size_t>(possible_cpus());
   const std::size_t stride = (value_size + 7) / 8 * 8;
   std::vector<std::uint8_t> values(entries * cpus * stride);
   std::vector<std::uint32_t> keys(entries);
 
-  // One syscall for the whole array where the kernel has batch ops (5.6+).
-  std::uint32_t out_batch = 0;
-  std::uint32_t count = entries;
-  LIBBPF_OPTS(bpf_map_batch_opts, opts);
-  int err =
-      bpf_map_lookup_batch(map_fd, nullptr, &out_batch, keys.data(), values.data(), &count, &opts);
-  if ((err == 0 || errno == ENOENT) && count == entries) {
-    // Array keys come back in order 0..entries-1.
-    return values;
-  }
-  if (err != 0 && errno != EINVAL && errno != ENOTSUP && errno != ENOENT) {
-    throw BpfError(bpf_error_text("bpf_map_lookup_batch", errno));
+  // One syscall for the whole array where the kernel has batch ops for the map type. Where
+  // it has none (5.10 for per-CPU arrays) it answers ENOTSUPP (524, its internal errno) or
+  // EINVAL, and the map is read key by key from then on.
+  if (batch != BatchReads::Unsupported) {
+    std::uint32_t out_batch = 0;
+    std::uint32_t count = entries;
+    LIBBPF_OPTS(bpf_map_batch_opts, opts);
+    const int err = bpf_map_lookup_batch(map_fd, nullptr, &out_batch, keys.data(),
+                                         values.data(), &count, &opts);
+    if ((err == 0 || errno == ENOENT) && count == entries) {
+      batch = BatchReads::Supported;
+      return values;  // array keys come back in order 0..entries-1
+    }
+    constexpr int kKernelEnotsupp = 524;
+    if (err != 0 && (errno == EINVAL || errno == ENOTSUP || errno == kKernelEnotsupp)) {
+      if (batch == BatchReads::Supported)
+        throw BpfError(bpf_error_text("bpf_map_lookup_batch", errno));
+      batch = BatchReads::Unsupported;
+    } else if (err != 0 && errno != ENOENT) {
+      throw BpfError(bpf_error_text("bpf_map_lookup_batch", errno));
+    }
   }
   for (std::uint32_t k = 0; k < entries; ++k) {
     if (bpf_map_lookup_elem(map_fd, &k, values.data() + k * cpus * stride) != 0) {

@@ -6,6 +6,8 @@
 #include <linux/bpf.h>
 #include <unistd.h>
 
+#include <spdlog/spdlog.h>
+
 #include <cerrno>
 #include <memory>
 #include <vector>
@@ -86,8 +88,28 @@ std::string probe(HookKind kind, const std::string& tracepoint) {
 
 }  // namespace
 
-std::optional<int> tracepoint_arg_count(const std::string& tracepoint) {
-  std::unique_ptr<btf, void (*)(btf*)> vmlinux(btf__load_vmlinux_btf(), btf__free);
+namespace {
+
+// The C spelling of a BTF type as far as telling arguments apart needs: "struct folio *",
+// "size_t", "unsigned long". Qualifiers are dropped.
+std::string type_spelling(const btf* b, __u32 id) {
+  const btf_type* t = btf__type_by_id(b, id);
+  while (t && (btf_is_const(t) || btf_is_volatile(t) || btf_is_restrict(t)))
+    t = btf__type_by_id(b, t->type);
+  if (!t) return "?";
+  if (btf_is_ptr(t)) return type_spelling(b, t->type) + " *";
+  const char* name = btf__name_by_offset(b, t->name_off);
+  const std::string n = name ? name : "";
+  if (btf_is_struct(t)) return "struct " + n;
+  if (btf_is_union(t)) return "union " + n;
+  if (btf_is_enum(t)) return "enum " + n;
+  return n.empty() ? "?" : n;
+}
+
+}  // namespace
+
+std::optional<std::vector<std::string>> tracepoint_arg_types(const std::string& tracepoint) {
+  std::unique_ptr<btf, void (*)(btf*)> vmlinux(load_kernel_btf(), btf__free);
   if (!vmlinux) return std::nullopt;
   const int id =
       btf__find_by_name_kind(vmlinux.get(), ("btf_trace_" + tracepoint).c_str(), BTF_KIND_TYPEDEF);
@@ -98,7 +120,16 @@ std::optional<int> tracepoint_arg_count(const std::string& tracepoint) {
   if (!t || !btf_is_ptr(t)) return std::nullopt;
   t = btf__type_by_id(vmlinux.get(), t->type);
   if (!t || !btf_is_func_proto(t)) return std::nullopt;
-  return static_cast<int>(btf_vlen(t)) - 1;
+  std::vector<std::string> types;
+  const btf_param* p = btf_params(t);
+  for (unsigned i = 1; i < btf_vlen(t); ++i) types.push_back(type_spelling(vmlinux.get(), p[i].type));
+  return types;
+}
+
+std::optional<int> tracepoint_arg_count(const std::string& tracepoint) {
+  auto types = tracepoint_arg_types(tracepoint);
+  if (!types) return std::nullopt;
+  return static_cast<int>(types->size());
 }
 
 bool KernelHookProber::can_attach(HookKind kind, const std::string& tracepoint) {
@@ -140,6 +171,38 @@ std::optional<HookKind> choose_hook(HookProber& prober, std::span<const std::str
     if (all) return kind;
   }
   return std::nullopt;
+}
+
+std::vector<HookKind> usable_hooks(HookProber& prober, std::span<const std::string> tracepoints,
+                                   HookPreference preference) {
+  std::vector<HookKind> kinds;
+  for (HookKind kind : {HookKind::TpBtf, HookKind::RawTp}) {
+    if (preference == HookPreference::TpBtf && kind != HookKind::TpBtf) continue;
+    if (preference == HookPreference::RawTp && kind != HookKind::RawTp) continue;
+    const HookPreference only =
+        kind == HookKind::TpBtf ? HookPreference::TpBtf : HookPreference::RawTp;
+    if (choose_hook(prober, tracepoints, only)) kinds.push_back(kind);
+  }
+  if (kinds.empty()) kinds.push_back(require_hook(prober, tracepoints, preference));
+  return kinds;
+}
+
+HookKind start_first_loadable(const std::vector<HookKind>& kinds, const std::string& name,
+                              const std::function<void(HookKind)>& start) {
+  std::string why;
+  for (std::size_t i = 0; i < kinds.size(); ++i) {
+    try {
+      start(kinds[i]);
+      return kinds[i];
+    } catch (const BpfError& e) {
+      why += (why.empty() ? "" : "; ") + std::string(hook_name(kinds[i])) + ": " + e.what();
+      if (i + 1 < kinds.size()) {
+        spdlog::info("tracer {}: {} does not load here ({}), trying {}", name,
+                     hook_name(kinds[i]), e.what(), hook_name(kinds[i + 1]));
+      }
+    }
+  }
+  throw BpfError(why);
 }
 
 HookKind require_hook(HookProber& prober, std::span<const std::string> tracepoints,

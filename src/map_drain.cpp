@@ -36,7 +36,7 @@ void PerCpuDeltas::account(const void* key, std::size_t key_size, const std::uin
 }
 
 void PerCpuDeltas::drain_array(int map_fd, std::uint32_t entries, const Visit& visit) {
-  const auto values = read_percpu_array_bytes(map_fd, entries, width_ * 8);
+  const auto values = read_percpu_array_bytes(map_fd, entries, width_ * 8, batch_);
   const std::size_t cpus = static_cast<std::size_t>(possible_cpus());
   std::vector<std::uint64_t> per_cpu(cpus * width_);
   for (std::uint32_t k = 0; k < entries; ++k) {

@@ -34,6 +34,18 @@ struct SkeletonDeleter {
 template <typename Skel, void (*Destroy)(Skel*)>
 using SkeletonPtr = std::unique_ptr<Skel, SkeletonDeleter<Skel, Destroy>>;
 
+// The kernel's BTF comes from /sys/kernel/btf/vmlinux, or, for kernels built without it,
+// from the file the config's `btf_path` names (a BTF or an ELF with a .BTF section, such
+// as one of the BTFHub files). Set once at start and on reload, before tracers start.
+void set_kernel_btf_path(std::string path);
+std::string kernel_btf_path();
+// The kernel's BTF as libbpf reads it (from kernel_btf_path() when set); nullptr with
+// errno set when there is none. The caller frees it with btf__free.
+struct btf* load_kernel_btf();
+// Options for opening a skeleton: CO-RE relocations against kernel_btf_path() when set.
+// `storage` keeps the path alive as long as the options.
+bpf_object_open_opts skeleton_open_opts(std::string& storage);
+
 // Attaches a program and returns the owning link; throws BpfError with the kernel's reason.
 BpfLink attach_program(bpf_program* prog);
 
@@ -66,9 +78,13 @@ int possible_cpus();
 // The CPUs online now, from /sys/devices/system/cpu/online.
 std::vector<int> online_cpus();
 
+// Whether a map can be read with one batch lookup: learned on its first read and kept, so
+// a kernel without batch ops for the map type costs one failed call per map, not per read.
+enum class BatchReads { Unknown, Supported, Unsupported };
+
 // Reads a whole BPF_MAP_TYPE_PERCPU_ARRAY as the kernel lays it out: for each key, one
-// value per possible CPU, each padded to 8 bytes.
+// value per possible CPU, each padded to 8 bytes. `batch` is the map's own state.
 std::vector<std::uint8_t> read_percpu_array_bytes(int map_fd, std::uint32_t entries,
-                                                  std::size_t value_size);
+                                                  std::size_t value_size, BatchReads& batch);
 
 }  // namespace ebpf_metricsd

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -7,6 +8,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace ebpf_metricsd {
 
@@ -47,11 +49,26 @@ class KernelHookProber : public HookProber {
 // the kernel's BTF), for tracepoints whose signature changed across kernels. nullopt when
 // the kernel has no BTF for it.
 std::optional<int> tracepoint_arg_count(const std::string& tracepoint);
+// The C types of the tracepoint's arguments ("struct kmem_cache *", "size_t"), from the same
+// BTF typedef, for tracepoints whose arguments changed type across kernels.
+std::optional<std::vector<std::string>> tracepoint_arg_types(const std::string& tracepoint);
 
 // The first kind, in preference order (tp_btf before raw_tp), that every tracepoint
 // accepts; nullopt when none does.
 std::optional<HookKind> choose_hook(HookProber& prober, std::span<const std::string> tracepoints,
                                     HookPreference preference);
+
+// Every kind, in preference order, that every tracepoint accepts; throws BpfError naming
+// every refusal when none does.
+std::vector<HookKind> usable_hooks(HookProber& prober, std::span<const std::string> tracepoints,
+                                   HookPreference preference);
+
+// Calls `start` with each kind in turn until one returns without throwing BpfError, and
+// returns that kind: a kind whose attach probe passed can still fail to load (a map type or
+// helper its programs need is missing on this kernel, as task storage before 5.12). Each
+// failure but the last is logged; when all fail, throws BpfError with every kind's reason.
+HookKind start_first_loadable(const std::vector<HookKind>& kinds, const std::string& name,
+                              const std::function<void(HookKind)>& start);
 
 // Like choose_hook, but throws BpfError naming every refusal when no kind fits.
 HookKind require_hook(HookProber& prober, std::span<const std::string> tracepoints,

@@ -6,6 +6,7 @@
 #include <map>
 #include <vector>
 
+#include "ebpf_metricsd/bpf_support.h"
 #include "ebpf_metricsd/metric_store.h"
 
 namespace ebpf_metricsd {
@@ -33,6 +34,7 @@ class PerCpuDeltas {
                const Visit& visit);
   std::size_t width_;
   bool rebase_ = false;
+  BatchReads batch_ = BatchReads::Unknown;
   std::map<std::vector<std::uint8_t>, std::vector<std::uint64_t>> last_;
 };
 

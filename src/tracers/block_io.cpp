@@ -53,11 +53,18 @@ class BlockIoTracer final : public Tracer {
 
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 2> tps = {"block_rq_issue", "block_rq_complete"};
-    const HookKind kind = require_hook(prober, tps, preference);
+    const HookKind kind = start_first_loadable(usable_hooks(prober, tps, preference), "block_io",
+                                               [&](HookKind k) { start_with(k); });
+    hook_ = std::string(hook_name(kind));
+  }
+
+  void start_with(HookKind kind) {
     // block_rq_issue(rq) since 5.11, block_rq_issue(q, rq) before: ask the kernel's BTF.
     const auto args = tracepoint_arg_count("block_rq_issue");
     const bool with_queue = args && *args == 2;
-    Skeleton skel(block_io__open());
+    std::string btf_path;
+    const auto open_opts = skeleton_open_opts(btf_path);
+    Skeleton skel(block_io__open_opts(&open_opts));
     if (!skel) throw BpfError(bpf_error_text("open block_io", errno));
     auto& p = skel->progs;
     const bool btf = kind == HookKind::TpBtf;
@@ -69,10 +76,10 @@ class BlockIoTracer final : public Tracer {
         {p.block_rq_issue_q_raw, !btf && with_queue},
         {p.block_rq_complete_raw, !btf},
     };
-    links_ = load_and_attach(
+    auto links = load_and_attach(
         programs, [&] { return block_io__load(skel.get()); }, "block_io");
     drops_.bind(bpf_map__fd(skel->maps.drops), programs);
-    hook_ = std::string(hook_name(kind));
+    links_ = std::move(links);
     skel_ = std::move(skel);
   }
 

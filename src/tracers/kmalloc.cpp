@@ -60,21 +60,30 @@ class KmallocTracer final : public Tracer {
   void start(HookProber& prober, HookPreference preference) override {
     std::vector<std::string> tps = {"kmalloc", "kfree"};
     if (options_.caches) {
+      require_cache_arguments();
       tps.push_back("kmem_cache_alloc");
       tps.push_back("kmem_cache_free");
     }
     const HookKind kind = require_hook(prober, tps, preference);
-    Skeleton skel(kmalloc__open());
+    // Before 6.1, kmalloc_node() fired a tracepoint of its own.
+    // (Its BTF answers for tp_btf without libbpf warning about a missing name.)
+    const bool node = kind == HookKind::TpBtf ? tracepoint_arg_count("kmalloc_node").has_value()
+                                              : prober.can_attach(kind, "kmalloc_node");
+    std::string btf_path;
+    const auto open_opts = skeleton_open_opts(btf_path);
+    Skeleton skel(kmalloc__open_opts(&open_opts));
     if (!skel) throw BpfError(bpf_error_text("open kmalloc", errno));
     auto& p = skel->progs;
     const bool btf = kind == HookKind::TpBtf;
     const bool caches = options_.caches;
     const std::vector<ProgramChoice> programs = {
         {p.kmalloc_btf, btf},
+        {p.kmalloc_node_btf, btf && node},
         {p.kfree_btf, btf},
         {p.cache_alloc_btf, btf && caches},
         {p.cache_free_btf, btf && caches},
         {p.kmalloc_raw, !btf},
+        {p.kmalloc_node_raw, !btf && node},
         {p.kfree_raw, !btf},
         {p.cache_alloc_raw, !btf && caches},
         {p.cache_free_raw, !btf && caches},
@@ -85,6 +94,20 @@ class KmallocTracer final : public Tracer {
     drops_.bind(bpf_map__fd(skel->maps.drops), programs);
     hook_ = std::string(hook_name(kind));
     skel_ = std::move(skel);
+  }
+
+  // The per-cache programs read the slab cache from the tracepoints' third argument, which
+  // kmem_cache_free has had since 5.12 and kmem_cache_alloc since 6.1 (before, its third
+  // argument is the requested size).
+  static void require_cache_arguments() {
+    for (const char* tp : {"kmem_cache_alloc", "kmem_cache_free"}) {
+      const auto types = tracepoint_arg_types(tp);
+      if (!types) throw BpfError(std::string("caches: no BTF for tracepoint ") + tp);
+      if (types->size() < 3 || (*types)[2] != "struct kmem_cache *") {
+        throw BpfError(std::string("caches: true needs the slab cache as the third argument of ") +
+                       tp + ", which this kernel does not pass");
+      }
+    }
   }
 
   std::string hook() const override { return hook_; }

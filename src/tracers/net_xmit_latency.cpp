@@ -44,7 +44,9 @@ class NetXmitLatencyTracer final : public Tracer {
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 2> tps = {"net_dev_queue", "net_dev_xmit"};
     const HookKind kind = require_hook(prober, tps, preference);
-    Skeleton skel(net_xmit_latency__open());
+    std::string btf_path;
+    const auto open_opts = skeleton_open_opts(btf_path);
+    Skeleton skel(net_xmit_latency__open_opts(&open_opts));
     if (!skel) throw BpfError(bpf_error_text("open net_xmit_latency", errno));
     auto& p = skel->progs;
     const bool btf = kind == HookKind::TpBtf;

@@ -1,4 +1,6 @@
 // page_cache: page cache accesses, misses (pages added) and pages dirtied.
+#include <spdlog/spdlog.h>
+
 #include <array>
 
 #include "ebpf_metricsd/bpf_support.h"
@@ -36,35 +38,99 @@ class PageCacheTracer final : public Tracer {
                                 {}})),
         drops_(store, "page_cache", {}) {}
 
+  // How accesses are counted: fentry on the kernel's mark-accessed function (exact, as
+  // cachestat), else the read and fault tracepoints (an estimate, see README).
+  enum class Access { FolioFentry, PageFentry, Tracepoints };
+
   void start(HookProber& prober, HookPreference preference) override {
-    static const std::array<std::string, 2> tps = {"mm_filemap_add_to_page_cache",
-                                                   "writeback_dirty_folio"};
-    static const std::array<std::string, 3> access_tps = {
-        "mm_filemap_get_pages", "mm_filemap_map_pages", "mm_filemap_fault"};
-    const HookKind kind = require_hook(prober, tps, preference);
-    // Accesses: folio_mark_accessed() where fentry attaches (exact, as cachestat), else the
-    // read and fault tracepoints (an estimate, see README).
-    const bool fentry = preference == HookPreference::Auto &&
-                        prober.can_attach(HookKind::Fentry, "folio_mark_accessed");
-    if (!fentry)
-      require_hook(prober, access_tps,
-                   kind == HookKind::TpBtf ? HookPreference::TpBtf : HookPreference::RawTp);
-    Skeleton skel(page_cache__open());
+    // Folios came in 5.16 (the tracepoints pass a page before) and writeback_dirty_folio in
+    // 5.17; which of each the kernel has, its BTF and the attach probes say.
+    const auto added = tracepoint_arg_types("mm_filemap_add_to_page_cache");
+    folio_added_ = !added || added->empty() || (*added)[0] != "struct page *";
+    dirty_tp_ = prober.can_attach(HookKind::RawTp, "writeback_dirty_folio") ? "writeback_dirty_folio"
+                                                                             : "writeback_dirty_page";
+    const std::array<std::string, 2> tps = {"mm_filemap_add_to_page_cache", dirty_tp_};
+    std::vector<Access> access;
+    if (prober.can_attach(HookKind::Fentry, "folio_mark_accessed"))
+      access.push_back(Access::FolioFentry);
+    if (prober.can_attach(HookKind::Fentry, "mark_page_accessed"))
+      access.push_back(Access::PageFentry);
+    access.push_back(Access::Tracepoints);
+
+    // Every pair of tracepoint kind and access method the probes allow, best first; the
+    // first that loads wins.
+    std::string why;
+    for (HookKind kind : usable_hooks(prober, tps, preference)) {
+      for (Access a : access) {
+        if (a == Access::Tracepoints) {
+          static const std::array<std::string, 3> access_tps = {
+              "mm_filemap_get_pages", "mm_filemap_map_pages", "mm_filemap_fault"};
+          const HookPreference only =
+              kind == HookKind::TpBtf ? HookPreference::TpBtf : HookPreference::RawTp;
+          if (!choose_hook(prober, access_tps, only)) {
+            why += (why.empty() ? "" : "; ") + std::string(hook_name(kind)) +
+                   ": no fentry and no read tracepoints for accesses";
+            continue;
+          }
+        }
+        try {
+          start_with(kind, a);
+          hook_ = (a == Access::Tracepoints ? "" : "fentry+") + std::string(hook_name(kind));
+          return;
+        } catch (const BpfError& e) {
+          why += (why.empty() ? "" : "; ") + std::string(hook_name(kind)) + " with " +
+                 access_name(a) + ": " + e.what();
+          spdlog::info("tracer page_cache: {} with {} does not load here ({}), trying the next",
+                       hook_name(kind), access_name(a), e.what());
+        }
+      }
+    }
+    throw BpfError(why);
+  }
+
+  static const char* access_name(Access a) {
+    switch (a) {
+      case Access::FolioFentry:
+        return "fentry/folio_mark_accessed";
+      case Access::PageFentry:
+        return "fentry/mark_page_accessed";
+      case Access::Tracepoints:
+        return "access tracepoints";
+    }
+    return "?";
+  }
+
+  void start_with(HookKind kind, Access access) {
+    std::string btf_path;
+    const auto open_opts = skeleton_open_opts(btf_path);
+    Skeleton skel(page_cache__open_opts(&open_opts));
     if (!skel) throw BpfError(bpf_error_text("open page_cache", errno));
     auto& p = skel->progs;
     const bool btf = kind == HookKind::TpBtf;
+    const bool tp_access = access == Access::Tracepoints;
+    const bool dirty_folio = dirty_tp_ == "writeback_dirty_folio";
     const std::vector<ProgramChoice> programs = {
-        {p.mark_accessed_fentry, fentry},   {p.get_pages_btf, btf && !fentry},
-        {p.map_pages_btf, btf && !fentry},  {p.fault_btf, btf && !fentry},
-        {p.add_to_page_cache_btf, btf},     {p.dirty_folio_btf, btf},
-        {p.get_pages_raw, !btf && !fentry}, {p.map_pages_raw, !btf && !fentry},
-        {p.fault_raw, !btf && !fentry},     {p.add_to_page_cache_raw, !btf},
-        {p.dirty_folio_raw, !btf},
+        {p.mark_accessed_fentry, access == Access::FolioFentry},
+        {p.mark_page_accessed_fentry, access == Access::PageFentry},
+        {p.get_pages_btf, btf && tp_access},
+        {p.map_pages_btf, btf && tp_access},
+        {p.fault_btf, btf && tp_access},
+        {p.add_to_page_cache_btf, btf && folio_added_},
+        {p.add_page_to_page_cache_btf, btf && !folio_added_},
+        {p.dirty_folio_btf, btf && dirty_folio},
+        {p.dirty_page_btf, btf && !dirty_folio},
+        {p.get_pages_raw, !btf && tp_access},
+        {p.map_pages_raw, !btf && tp_access},
+        {p.fault_raw, !btf && tp_access},
+        {p.add_to_page_cache_raw, !btf && folio_added_},
+        {p.add_page_to_page_cache_raw, !btf && !folio_added_},
+        {p.dirty_folio_raw, !btf && dirty_folio},
+        {p.dirty_page_raw, !btf && !dirty_folio},
     };
-    links_ = load_and_attach(
+    auto links = load_and_attach(
         programs, [&] { return page_cache__load(skel.get()); }, "page_cache");
     drops_.bind(-1, programs);
-    hook_ = fentry ? "fentry+" + std::string(hook_name(kind)) : std::string(hook_name(kind));
+    links_ = std::move(links);
     skel_ = std::move(skel);
   }
 
@@ -89,6 +155,8 @@ class PageCacheTracer final : public Tracer {
   Skeleton skel_;
   std::vector<BpfLink> links_;
   std::string hook_;
+  bool folio_added_ = true;  // mm_filemap_add_to_page_cache passes a folio (5.16+)
+  std::string dirty_tp_;
 };
 
 }  // namespace

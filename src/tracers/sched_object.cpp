@@ -24,30 +24,46 @@ std::shared_ptr<SchedObject> SchedObject::acquire(HookProber& prober, HookPrefer
   static const std::array<std::string, 4> tracepoints = {"sched_wakeup", "sched_wakeup_new",
                                                          "sched_switch", "sched_process_free"};
   std::shared_ptr<SchedObject> obj(new SchedObject());
-  obj->kind_ = require_hook(prober, tracepoints, preference);
-  obj->skel_.reset(scheduler__open());
-  if (!obj->skel_) throw BpfError(bpf_error_text("open scheduler", errno));
-  scheduler* s = obj->skel_.get();
-  const bool btf = !obj->raw();
-  bpf_program__set_autoload(s->progs.sched_wakeup_btf, btf);
-  bpf_program__set_autoload(s->progs.sched_wakeup_new_btf, btf);
-  bpf_program__set_autoload(s->progs.sched_switch_btf, btf);
-  bpf_program__set_autoload(s->progs.sched_wakeup_raw, !btf);
-  bpf_program__set_autoload(s->progs.sched_wakeup_new_raw, !btf);
-  bpf_program__set_autoload(s->progs.sched_switch_raw, !btf);
-  bpf_program__set_autoload(s->progs.sched_free_raw, !btf);
-  // The pid map only backs the raw_tp variant (tp_btf keeps state in task storage).
-  bpf_map__set_max_entries(s->maps.tstate_by_pid, btf ? 1 : kPidMapEntries);
-  if (int err = scheduler__load(s)) throw BpfError(bpf_error_text("load scheduler", err));
-  if (!btf) obj->links_.push_back(attach_program(s->progs.sched_free_raw));
-  obj->links_.push_back(attach_program(obj->switch_program()));
+  // sched_switch gained prev_state in 5.18: the 3-argument programs read it from the task.
+  obj->switch_3arg_ = tracepoint_arg_count("sched_switch").value_or(4) == 3;
+  obj->kind_ = start_first_loadable(usable_hooks(prober, tracepoints, preference), "scheduler",
+                                    [&](HookKind kind) { obj->load(kind); });
   g_live = obj;
   return obj;
+}
+
+void SchedObject::load(HookKind kind) {
+  kind_ = kind;
+  links_.clear();
+  std::string btf_path;
+  const auto open_opts = skeleton_open_opts(btf_path);
+  skel_.reset(scheduler__open_opts(&open_opts));
+  if (!skel_) throw BpfError(bpf_error_text("open scheduler", errno));
+  scheduler* s = skel_.get();
+  const bool btf = !raw();
+  for (bpf_program* p :
+       {s->progs.sched_wakeup_btf, s->progs.sched_wakeup_new_btf, s->progs.sched_switch_btf,
+        s->progs.sched_switch_3arg_btf, s->progs.sched_wakeup_raw, s->progs.sched_wakeup_new_raw,
+        s->progs.sched_switch_raw, s->progs.sched_switch_3arg_raw, s->progs.sched_free_raw}) {
+    bpf_program__set_autoload(p, false);
+  }
+  bpf_program__set_autoload(wakeup_program(), true);
+  bpf_program__set_autoload(wakeup_new_program(), true);
+  bpf_program__set_autoload(switch_program(), true);
+  bpf_program__set_autoload(s->progs.sched_free_raw, !btf);
+  // tp_btf keeps per-task state in task storage, raw_tp in the pid map: only one is made.
+  bpf_map__set_autocreate(s->maps.tstate, btf);
+  bpf_map__set_max_entries(s->maps.tstate_by_pid, btf ? 1 : kPidMapEntries);
+  if (int err = scheduler__load(s)) throw BpfError(bpf_error_text("load scheduler", err));
+  if (!btf) links_.push_back(attach_program(s->progs.sched_free_raw));
+  links_.push_back(attach_program(switch_program()));
 }
 
 SchedObject::~SchedObject() = default;
 
 bpf_program* SchedObject::switch_program() const {
+  if (switch_3arg_)
+    return raw() ? skel_->progs.sched_switch_3arg_raw : skel_->progs.sched_switch_3arg_btf;
   return raw() ? skel_->progs.sched_switch_raw : skel_->progs.sched_switch_btf;
 }
 bpf_program* SchedObject::wakeup_program() const {

@@ -39,10 +39,12 @@ class SchedObject {
 
  private:
   SchedObject() = default;
+  void load(HookKind kind);  // open, load and attach sched_switch with programs of `kind`
   // A plain function pointer: the skeleton's functions are static, so they cannot be
   // template arguments of a type in a header.
   std::unique_ptr<scheduler, void (*)(scheduler*)> skel_{nullptr, scheduler__destroy};
   HookKind kind_ = HookKind::TpBtf;
+  bool switch_3arg_ = false;  // sched_switch without prev_state (before 5.18)
   std::vector<BpfLink> links_;  // declared after skel_: detached first
 };
 

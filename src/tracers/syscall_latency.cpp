@@ -50,6 +50,9 @@ std::set<int> read_syscall_list(YamlMapReader& options, const std::string& key) 
 
 using Skeleton = SkeletonPtr<syscall_latency, syscall_latency__destroy>;
 
+// Threads with a stamp at once in the raw_tp variant's hash; more count as map_full.
+constexpr std::uint32_t kThreadMapEntries = 65536;
+
 class SyscallLatencyTracer final : public Tracer {
  public:
   SyscallLatencyTracer(MetricStore& store, SyscallLatencyOptions options)
@@ -58,28 +61,38 @@ class SyscallLatencyTracer final : public Tracer {
         drops_(store, "syscall_latency", {"map_full", "unknown_syscall"}) {}
 
   void start(HookProber& prober, HookPreference preference) override {
-    static const std::array<std::string, 2> tracepoints = {"sys_enter", "sys_exit"};
-    const HookKind kind = require_hook(prober, tracepoints, preference);
+    static const std::array<std::string, 3> tracepoints = {"sys_enter", "sys_exit",
+                                                           "sched_process_exit"};
+    const HookKind kind = start_first_loadable(usable_hooks(prober, tracepoints, preference),
+                                               "syscall_latency",
+                                               [&](HookKind k) { start_with(k); });
+    hook_ = std::string(hook_name(kind));
+    names_.resize(SYSLAT_MAX_SYSCALLS);
+  }
 
-    Skeleton skel(syscall_latency__open());
+  void start_with(HookKind kind) {
+    std::string btf_path;
+    const auto open_opts = skeleton_open_opts(btf_path);
+    Skeleton skel(syscall_latency__open_opts(&open_opts));
     if (!skel) throw BpfError(bpf_error_text("open syscall_latency", errno));
     for (int nr = 0; nr < SYSLAT_MAX_SYSCALLS; ++nr) {
       const bool wanted = options_.include.empty() || options_.include.count(nr);
       skel->rodata->traced[nr] = wanted && !options_.exclude.count(nr);
     }
     const bool btf = kind == HookKind::TpBtf;
+    // tp_btf stamps in task storage, raw_tp in a thread-id hash: only one of them is made.
+    bpf_map__set_autocreate(skel->maps.start, btf);
+    bpf_map__set_max_entries(skel->maps.start_by_tid, btf ? 1 : kThreadMapEntries);
     // Exits before enters: an enter without its exit attached would only leave stale stamps.
     const std::vector<ProgramChoice> programs = {
-        {skel->progs.sys_exit_btf, btf},
-        {skel->progs.sys_enter_btf, btf},
-        {skel->progs.sys_exit_raw, !btf},
+        {skel->progs.sys_exit_btf, btf},       {skel->progs.sys_enter_btf, btf},
+        {skel->progs.thread_exit_raw, !btf},   {skel->progs.sys_exit_raw, !btf},
         {skel->progs.sys_enter_raw, !btf},
     };
-    links_ = load_and_attach(
+    auto links = load_and_attach(
         programs, [&] { return syscall_latency__load(skel.get()); }, "syscall_latency");
     drops_.bind(bpf_map__fd(skel->maps.drops), programs);
-    hook_ = std::string(hook_name(kind));
-    names_.resize(SYSLAT_MAX_SYSCALLS);
+    links_ = std::move(links);
     skel_ = std::move(skel);
   }
 

@@ -42,7 +42,9 @@ class TcpConnectLatencyTracer final : public Tracer {
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 1> tps = {"inet_sock_set_state"};
     const HookKind kind = require_hook(prober, tps, preference);
-    Skeleton skel(tcp_connect_latency__open());
+    std::string btf_path;
+    const auto open_opts = skeleton_open_opts(btf_path);
+    Skeleton skel(tcp_connect_latency__open_opts(&open_opts));
     if (!skel) throw BpfError(bpf_error_text("open tcp_connect_latency", errno));
     const bool btf = kind == HookKind::TpBtf;
     const std::vector<ProgramChoice> programs = {

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "../kernel_fixtures.h"
@@ -31,9 +32,16 @@ TEST_CASE("direct 4 KiB reads and writes on a loop device are counted exactly", 
   REQUIRE(posix_memalign(&buf, 4096, 4096) == 0);
   std::memset(buf, 0xab, 4096);
 
-  // biolatency over the same I/O, for a second opinion.
-  test::OracleTool oracle("/usr/sbin/biolatency -d " + loop.name() + " 3 1",
-                          "Tracing block device I/O");
+  // biolatency over the same I/O, for a second opinion where it runs: Debian 12's build
+  // knows only the one-argument block_rq_issue of 5.11+. The disk's own counters in sysfs
+  // are the oracle on every kernel.
+  const bool biolatency_runs = tracepoint_arg_count("block_rq_issue").value_or(1) == 1;
+  std::optional<test::OracleTool> oracle;
+  if (biolatency_runs) {
+    oracle.emplace("/usr/sbin/biolatency -d " + loop.name() + " 3 1", "Tracing block device I/O");
+  } else {
+    WARN("biolatency cannot trace this kernel's block_rq_issue; sysfs counters only");
+  }
 
   const auto s0 = loop.stat();
   tracer->drain();
@@ -52,7 +60,7 @@ TEST_CASE("direct 4 KiB reads and writes on a loop device are counted exactly", 
   }
   tracer->drain();
   const auto s1 = loop.stat();
-  const std::string& out = oracle.finish();
+  const std::string out = oracle ? oracle->finish() : std::string();
   close(fd);
   free(buf);
 
@@ -63,7 +71,8 @@ TEST_CASE("direct 4 KiB reads and writes on a loop device are counted exactly", 
   const double rbytes = test::counter_value(store, "ebpf_block_io_bytes_total", rd) - rb0;
   const double wbytes = test::counter_value(store, "ebpf_block_io_bytes_total", wr) - wb0;
   INFO("reads " << reads << " writes " << writes << " | sysfs reads " << s1[0] - s0[0] << " writes "
-                << s1[2] - s0[2] << " | biolatency total " << oracle.histogram_total() << "\n"
+                << s1[2] - s0[2] << " | biolatency total "
+                << (oracle ? oracle->histogram_total() : 0) << "\n"
                 << out);
   CHECK(reads == kOps);
   CHECK(writes == kOps);
@@ -74,5 +83,5 @@ TEST_CASE("direct 4 KiB reads and writes on a loop device are counted exactly", 
   CHECK((s1[1] - s0[1]) * 512 == static_cast<std::uint64_t>(rbytes));
   CHECK((s1[3] - s0[3]) * 512 == static_cast<std::uint64_t>(wbytes));
   // biolatency's window (its 3 s interval) encloses ours; nothing else uses this device.
-  CHECK(oracle.histogram_total() == reads + writes);
+  if (oracle) CHECK(oracle->histogram_total() == reads + writes);
 }

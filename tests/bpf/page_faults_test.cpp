@@ -67,11 +67,16 @@ TEST_CASE("minor and major faults match what the test caused and /proc/vmstat", 
                 << vm_major);
   CHECK(minor >= kAnonPages);
   CHECK(major >= kFilePages);
-  // /proc/vmstat counts every fault attempt including retried ones, the perf events count
-  // completed faults; the vmstat window also encloses ours by a few microseconds. In trials
-  // they agree within 0.5%.
-  CHECK(minor + major <= vm_all);
-  CHECK(minor + major >= vm_all * 0.995 - 100);
+  // The perf events count completed faults. /proc/vmstat's pgfault counts attempts on kernels
+  // that count it on entry to handle_mm_fault (6.1 does, 6.18 does not): a fault that drops
+  // the mmap lock to wait for its page's I/O (VM_FAULT_RETRY) is counted there again when it
+  // retries, and completes as a major fault. So the difference is the retries: never
+  // negative, never more than the major faults, plus the few faults of the microseconds by
+  // which the vmstat window encloses ours.
+  const double retries = vm_all - (minor + major);
+  INFO("pgfault - (minor + major) = " << retries);
+  CHECK(retries >= 0);
+  CHECK(retries <= major + 100);
   CHECK(major <= vm_major);
   CHECK(major >= vm_major * 0.995 - 10);
 

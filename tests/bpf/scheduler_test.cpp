@@ -41,7 +41,7 @@ TEST_CASE("run-queue latency sees every wakeup of a pipe ping-pong", "[scheduler
   MetricStore store;
   auto runq = test::start_tracer(store, "runqueue_latency", "    hook: " + hook + "\n");
   auto offcpu = test::start_tracer(store, "offcpu_time");
-  CHECK(runq->hook() == (hook == "auto" ? "tp_btf" : "raw_tp"));
+  CHECK(runq->hook() == (hook == "auto" ? test::auto_hook_with_task_storage() : "raw_tp"));
   CHECK(offcpu->hook() == runq->hook());  // one shared object, loaded once
 
   const std::uint64_t ctxt0 = test::proc_counter("/proc/stat", "ctxt");
@@ -105,9 +105,13 @@ TEST_CASE("off-CPU time of a sleeping thread matches its sleeps", "[scheduler]")
   // The oracle counts the thread's switch-ins after a blocking switch-out. (The thread's
   // voluntary_ctxt_switches is no oracle: under load the kernel counts switches there that
   // show no switch-in at the sched_switch tracepoint.)
-  std::unique_ptr<sched_oracle, void (*)(sched_oracle*)> oracle(sched_oracle__open_and_load(),
+  std::unique_ptr<sched_oracle, void (*)(sched_oracle*)> oracle(sched_oracle__open(),
                                                                 sched_oracle__destroy);
   REQUIRE(oracle);
+  const bool has_prev_state = tracepoint_arg_count("sched_switch").value_or(4) == 4;
+  bpf_program__set_autoload(oracle->progs.oracle_switch, has_prev_state);
+  bpf_program__set_autoload(oracle->progs.oracle_switch_3arg, !has_prev_state);
+  REQUIRE(sched_oracle__load(oracle.get()) == 0);
   REQUIRE(sched_oracle__attach(oracle.get()) == 0);
   std::thread t([&] {
     prctl(PR_SET_NAME, "emd-sleeper");

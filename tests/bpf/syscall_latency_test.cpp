@@ -31,7 +31,7 @@ const std::string kMetric = "ebpf_syscall_latency_seconds";
 
 TEST_CASE("syscall_latency counts every getppid call", "[syscall_latency]") {
   const auto [hook_yaml, expected_hook] = GENERATE(table<std::string, std::string>({
-      {"    hook: auto\n", "tp_btf"},  // this kernel has tp_btf; auto must pick it
+      {"    hook: auto\n", test::auto_hook_with_task_storage()},
       {"    hook: raw_tp\n", "raw_tp"},
   }));
   INFO("hook option: " << hook_yaml);

@@ -1,6 +1,8 @@
 #pragma once
 // Building a tracer the way the daemon does (config text -> descriptor -> tracer).
 
+#include <bpf/libbpf.h>
+
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -10,6 +12,13 @@
 #include "ebpf_metricsd/tracer.h"
 
 namespace ebpf_metricsd::test {
+
+// The hook `auto` must choose for a tracer whose tp_btf programs keep per-thread state in
+// task storage: tp_btf where the kernel has that map type (5.11+), else raw_tp, whose
+// programs keep it in a pid-keyed hash.
+inline std::string auto_hook_with_task_storage() {
+  return libbpf_probe_bpf_map_type(BPF_MAP_TYPE_TASK_STORAGE, nullptr) == 1 ? "tp_btf" : "raw_tp";
+}
 
 // Creates and starts tracer `name` with the YAML option lines `options` (each indented by
 // four spaces, e.g. "    hook: raw_tp\n").

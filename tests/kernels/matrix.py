@@ -81,6 +81,11 @@ def module_files(root, version, names):
         out = subprocess.run(["modprobe", "-d", root, "-S", version, "--show-depends", name],
                              capture_output=True, text=True)
         if out.returncode != 0:
+            # Packages without modules.builtin (7.x) cannot say a module is built in; one
+            # that is neither a file nor listed is taken as built in, and the guest's mount
+            # of the host's root fails loudly if it is not.
+            if "not found" in out.stderr:
+                continue
             raise RuntimeError(f"{name}: {out.stderr.strip()}")
         for line in out.stdout.splitlines():
             parts = line.split()
@@ -175,7 +180,10 @@ def boot(name, kernel_root, build_dir, tracers, tests, keep, timeout):
         disk = make_scratch_disk(workdir)
         console = os.path.join(workdir, "console.log")
         report = os.path.join(workdir, "report.log")
-        accel = os.environ.get("EBPF_METRICSD_KERNEL_ACCEL", "tcg,thread=multi")
+        # One host thread for both vCPUs: multi-threaded TCG has crashed newer guests
+        # (an int3 oops in __schedule while a tracepoint's static key is patched), and the
+        # jobs mostly wait, so it costs no time.
+        accel = os.environ.get("EBPF_METRICSD_KERNEL_ACCEL", "tcg,thread=single")
         cmd = [
             "qemu-system-x86_64", "-accel", accel, "-cpu", "max", "-smp", "2", "-m", "2G",
             "-nodefaults", "-no-reboot", "-display", "none",
@@ -295,6 +303,9 @@ def main():
             problems.append("guest: " + values["EMD-GUEST-ERROR"])
         if "EMD-GUEST-DONE" not in text:
             problems.append("the guest did not finish its job")
+            crash = re.search(r"^.*(Kernel panic|Oops|BUG:).*$", console, re.M)
+            if crash:
+                problems.append("guest kernel: " + crash.group(0).strip())
         if values.get("EMD-DAEMON-EXIT") not in ("0",):
             problems.append(f"daemon exit status {values.get('EMD-DAEMON-EXIT', '?')}")
         if values.get("EMD-BPF-EXIT") != "0":

@@ -18,6 +18,16 @@ int BPF_PROG(oracle_kmalloc, unsigned long call_site, const void *ptr,
 	return 0;
 }
 
+/* Loaded where the kernel has it (before 6.1). */
+SEC("tp_btf/kmalloc_node")
+int BPF_PROG(oracle_kmalloc_node, unsigned long call_site, const void *ptr,
+	     size_t bytes_req)
+{
+	__sync_fetch_and_add(&kmallocs, 1);
+	__sync_fetch_and_add(&requested, bytes_req);
+	return 0;
+}
+
 SEC("tp_btf/kfree")
 int BPF_PROG(oracle_kfree)
 {
