@@ -12,7 +12,6 @@
 #include <bpf/bpf_tracing.h>
 
 #include "common/maps.bpf.h"
-#include "common/stamps.bpf.h"
 #include "common/read.bpf.h"
 #include "tcp_connect_latency.h"
 
@@ -20,7 +19,19 @@
 #define AF_INET6 10
 #define IPPROTO_TCP 6
 
-EMD_STAMP_MAPS(start, TCPCONN_MAX_IN_FLIGHT);
+/*
+ * SYN_SENT stamps by socket. A connect can leave SYN_SENT on another CPU than
+ * the one it entered it on (the SYN-ACK is processed at release_sock() after a
+ * migration, or in another CPU's softirq), so the stamp is in a hash that
+ * every CPU sees, not in a per-CPU slot. Connects are rare next to packets;
+ * the hash costs little here.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, TCPCONN_MAX_IN_FLIGHT);
+	__type(key, __u64);
+	__type(value, __u64);
+} start SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -41,7 +52,7 @@ EMD_DROPS_MAP(TCPCONN_DROP__COUNT);
 static __always_inline int on_set_state(struct sock *sk, int oldstate,
 					int newstate, bool raw)
 {
-	__u64 ts, key = (__u64)sk, now;
+	__u64 ts, key = (__u64)sk, now, *stamp;
 	__u32 family;
 	__u16 f;
 
@@ -55,9 +66,9 @@ static __always_inline int on_set_state(struct sock *sk, int oldstate,
 	family = f == AF_INET ? TCPCONN_IPV4 : TCPCONN_IPV6;
 
 	if (newstate == TCP_SYN_SENT) {
-		emd_stamp_put(&start_newest, &start_spilled, key,
-			      bpf_ktime_get_ns(), &drops,
-			      TCPCONN_DROP_IN_FLIGHT_FULL);
+		now = bpf_ktime_get_ns();
+		if (bpf_map_update_elem(&start, &key, &now, BPF_ANY))
+			emd_count_drop(&drops, TCPCONN_DROP_IN_FLIGHT_FULL);
 		return 0;
 	}
 
@@ -65,9 +76,11 @@ static __always_inline int on_set_state(struct sock *sk, int oldstate,
 	 * simultaneous open (to SYN_RECV) is not followed; its stamp is swept. */
 	if (newstate != TCP_ESTABLISHED && newstate != TCP_CLOSE)
 		return 0;
-	ts = emd_stamp_take(&start_newest, &start_spilled, key);
-	if (!ts)
+	stamp = bpf_map_lookup_elem(&start, &key);
+	if (!stamp)
 		return 0; /* the connect began before we attached */
+	ts = *stamp;
+	bpf_map_delete_elem(&start, &key);
 	now = bpf_ktime_get_ns() - ts;
 	if (newstate == TCP_ESTABLISHED) {
 		struct tcpconn_hist *h = bpf_map_lookup_elem(&latency, &family);

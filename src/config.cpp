@@ -1,5 +1,11 @@
 #include "ebpf_metricsd/config.h"
 
+#include <bpf/btf.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+
 #include "ebpf_metricsd/tracer.h"
 #include "ebpf_metricsd/web.h"
 #include "ebpf_metricsd/yaml_reader.h"
@@ -27,6 +33,16 @@ Config parse_config(const std::string& yaml_text, const std::string& file_name) 
   cfg.drain_interval = top.get_duration("drain_interval", cfg.drain_interval, 100ms, 1h);
   cfg.max_series = static_cast<std::size_t>(
       top.get_int("max_series", static_cast<std::int64_t>(cfg.max_series), 0, 10'000'000));
+
+  cfg.btf_path = top.get_string("btf_path", "");
+  if (!cfg.btf_path.empty()) {
+    if (cfg.btf_path.front() != '/') top.fail("btf_path", "must be an absolute path");
+    std::unique_ptr<btf, void (*)(btf*)> parsed(btf__parse(cfg.btf_path.c_str(), nullptr),
+                                                btf__free);
+    if (!parsed) {
+      top.fail("btf_path", "cannot read BTF from " + cfg.btf_path + ": " + std::strerror(errno));
+    }
+  }
 
   YamlMapReader tracers = top.get_map("tracers");
   for (const auto& name : tracers.keys()) {
@@ -56,6 +72,8 @@ Config parse_config(const std::string& yaml_text, const std::string& file_name) 
       out << tracers.node()[desc.name];
       tc.fingerprint = out.c_str();
     }
+    // Every tracer's programs were relocated against the BTF: a new one restarts them all.
+    tc.fingerprint += "\nbtf_path: " + cfg.btf_path;
     cfg.tracers.push_back(std::move(tc));
   }
   tracers.finish();

@@ -272,6 +272,7 @@ void Daemon::reload() {
       ok = false;
     }
   }
+  set_kernel_btf_path(cfg.btf_path);
   if (!reconcile(cfg)) std::exit(1);
   drain_->set_interval(cfg.drain_interval);
   store_->set_series_limit(cfg.max_series);
@@ -335,6 +336,8 @@ int Daemon::run() {
   spdlog::info("ebpf-metricsd {} listening on {}{} (config {})", EBPF_METRICSD_VERSION,
                cfg_.listen_address, web_cfg_.tls ? " with TLS" : "", cfg_.file);
 
+  set_kernel_btf_path(cfg_.btf_path);
+  if (!cfg_.btf_path.empty()) spdlog::info("kernel BTF from {}", cfg_.btf_path);
   if (!reconcile(cfg_)) return 1;
   notify_ready();
   drain_->start();

@@ -30,6 +30,8 @@ struct Config {
   std::chrono::milliseconds drain_interval{5000};
   // Label sets per metric; 0 = unlimited.
   std::size_t max_series = 2000;
+  // The kernel's BTF for kernels built without /sys/kernel/btf/vmlinux; "" = that file.
+  std::string btf_path;
   // Every registered tracer, in registry order; those absent from the file are disabled.
   std::vector<TracerConfig> tracers;
 };

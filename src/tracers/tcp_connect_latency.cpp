@@ -66,7 +66,7 @@ class TcpConnectLatencyTracer final : public Tracer {
     drops_.drain();
     // Every connect leaves SYN_SENT within the SYN retries (about two minutes); a stamp
     // older than ten minutes belongs to a socket that vanished unseen.
-    drops_.sweep(bpf_map__fd(skel_->maps.start_spilled), std::chrono::minutes(10));
+    drops_.sweep(bpf_map__fd(skel_->maps.start), std::chrono::minutes(10));
   }
 
  private:
