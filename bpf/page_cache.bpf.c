@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
  * Page cache accesses, misses and dirtied pages:
- *  - accesses: where fentry works, every folio_mark_accessed() (as
- *    libbpf-tools' cachestat), or mark_page_accessed() before folios (5.16);
+ *  - accesses: where fentry (else a kprobe) works, every
+ *    folio_mark_accessed() (as libbpf-tools' cachestat), or
+ *    mark_page_accessed() before folios (5.16);
  *    else, from tracepoints, the page range each read asks filemap_get_pages
  *    for, plus mmap faults (mm_filemap_fault) and fault-around
  *    (mm_filemap_map_pages);
@@ -176,6 +177,20 @@ int BPF_PROG(mark_accessed_fentry, struct folio *folio)
 
 SEC("fentry/mark_page_accessed")
 int BPF_PROG(mark_page_accessed_fentry, struct page *page)
+{
+	return add_accesses(page_pages(page));
+}
+
+/* The same through kprobes, for kernels without BTF of their own (fentry
+ * needs it; kprobes only need BTF for CO-RE, which btf_path can supply). */
+SEC("kprobe/folio_mark_accessed")
+int BPF_KPROBE(mark_accessed_kprobe, struct folio *folio)
+{
+	return add_accesses(folio_pages(folio));
+}
+
+SEC("kprobe/mark_page_accessed")
+int BPF_KPROBE(mark_page_accessed_kprobe, struct page *page)
 {
 	return add_accesses(page_pages(page));
 }

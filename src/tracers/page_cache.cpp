@@ -2,6 +2,7 @@
 #include <spdlog/spdlog.h>
 
 #include <array>
+#include <filesystem>
 
 #include "ebpf_metricsd/bpf_support.h"
 #include "ebpf_metricsd/map_drain.h"
@@ -38,9 +39,10 @@ class PageCacheTracer final : public Tracer {
                                 {}})),
         drops_(store, "page_cache", {}) {}
 
-  // How accesses are counted: fentry on the kernel's mark-accessed function (exact, as
-  // cachestat), else the read and fault tracepoints (an estimate, see README).
-  enum class Access { FolioFentry, PageFentry, Tracepoints };
+  // How accesses are counted: fentry (else a kprobe) on the kernel's mark-accessed
+  // function (exact, as cachestat), else the read and fault tracepoints (an estimate, see
+  // README).
+  enum class Access { FolioFentry, PageFentry, FolioKprobe, PageKprobe, Tracepoints };
 
   void start(HookProber& prober, HookPreference preference) override {
     // Folios came in 5.16 (the tracepoints pass a page before) and writeback_dirty_folio in
@@ -55,6 +57,11 @@ class PageCacheTracer final : public Tracer {
       access.push_back(Access::FolioFentry);
     if (prober.can_attach(HookKind::Fentry, "mark_page_accessed"))
       access.push_back(Access::PageFentry);
+    // Kernels built without kprobes have no kprobe PMU; elsewhere the attach tells.
+    if (access.empty() && std::filesystem::exists("/sys/bus/event_source/devices/kprobe/type")) {
+      access.push_back(Access::FolioKprobe);
+      access.push_back(Access::PageKprobe);
+    }
     access.push_back(Access::Tracepoints);
 
     // Every pair of tracepoint kind and access method the probes allow, best first; the
@@ -75,7 +82,7 @@ class PageCacheTracer final : public Tracer {
         }
         try {
           start_with(kind, a);
-          hook_ = (a == Access::Tracepoints ? "" : "fentry+") + std::string(hook_name(kind));
+          hook_ = access_prefix(a) + std::string(hook_name(kind));
           return;
         } catch (const BpfError& e) {
           why += (why.empty() ? "" : "; ") + std::string(hook_name(kind)) + " with " +
@@ -88,12 +95,30 @@ class PageCacheTracer final : public Tracer {
     throw BpfError(why);
   }
 
+  static std::string access_prefix(Access a) {
+    switch (a) {
+      case Access::FolioFentry:
+      case Access::PageFentry:
+        return "fentry+";
+      case Access::FolioKprobe:
+      case Access::PageKprobe:
+        return "kprobe+";
+      case Access::Tracepoints:
+        return "";
+    }
+    return "";
+  }
+
   static const char* access_name(Access a) {
     switch (a) {
       case Access::FolioFentry:
         return "fentry/folio_mark_accessed";
       case Access::PageFentry:
         return "fentry/mark_page_accessed";
+      case Access::FolioKprobe:
+        return "kprobe/folio_mark_accessed";
+      case Access::PageKprobe:
+        return "kprobe/mark_page_accessed";
       case Access::Tracepoints:
         return "access tracepoints";
     }
@@ -112,6 +137,8 @@ class PageCacheTracer final : public Tracer {
     const std::vector<ProgramChoice> programs = {
         {p.mark_accessed_fentry, access == Access::FolioFentry},
         {p.mark_page_accessed_fentry, access == Access::PageFentry},
+        {p.mark_accessed_kprobe, access == Access::FolioKprobe},
+        {p.mark_page_accessed_kprobe, access == Access::PageKprobe},
         {p.get_pages_btf, btf && tp_access},
         {p.map_pages_btf, btf && tp_access},
         {p.fault_btf, btf && tp_access},

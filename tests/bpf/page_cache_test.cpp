@@ -48,14 +48,16 @@ TEST_CASE("misses when evicted, hits when cached, dirtied on write", "[page_cach
   MetricStore store;
   auto tracer = test::start_tracer(store, "page_cache", "    hook: " + hook + "\n");
   // Accesses come from fentry on folio_mark_accessed (or mark_page_accessed before folios)
-  // where the kernel allows it, else from the read and fault tracepoints.
+  // where the kernel allows it, else from a kprobe on it, else from the read and fault
+  // tracepoints.
   KernelHookProber prober;
   const bool fentry = prober.can_attach(HookKind::Fentry, "folio_mark_accessed") ||
                       prober.can_attach(HookKind::Fentry, "mark_page_accessed");
   INFO("fentry on folio_mark_accessed: "
        << (fentry ? "attaches" : prober.failure(HookKind::Fentry, "folio_mark_accessed")));
-  CHECK(tracer->hook() ==
-        std::string(fentry ? "fentry+" : "") + (hook == "auto" ? "tp_btf" : "raw_tp"));
+  const bool kprobes = access("/sys/bus/event_source/devices/kprobe/type", F_OK) == 0;
+  const std::string access_hook = fentry ? "fentry+" : kprobes ? "kprobe+" : "";
+  CHECK(tracer->hook() == access_hook + (hook == "auto" ? "tp_btf" : "raw_tp"));
   const Totals t0 = totals(*tracer, store);
   read_all(fd, page, kPages);  // cold: every page missing
   const Totals t1 = totals(*tracer, store);

@@ -206,3 +206,50 @@ TEST_CASE("every tracer, with every optional label, up at once and valid for pro
   kill(d.pid(), SIGTERM);
   CHECK(d.wait_exit(5s) == 0);
 }
+
+TEST_CASE("btf_path: every tracer loads where the kernel's own BTF cannot be read") {
+  // The daemon runs in a mount namespace of its own where /sys/kernel/btf/vmlinux is an
+  // empty file, as on a kernel built without BTF: no tp_btf, no fentry, no CO-RE from the
+  // kernel. A copy of the BTF named by btf_path must bring every tracer up on raw_tp.
+  for (const bool with_path : {false, true}) {
+    INFO("btf_path " << (with_path ? "set" : "unset"));
+    Setup s(all_tracers_enabled());
+    const std::string copy = s.dir + "/vmlinux.btf", empty = s.dir + "/empty";
+    REQUIRE(run_command("cp /sys/kernel/btf/vmlinux " + copy + " && : > " + empty) == 0);
+    if (with_path) s.prepend("btf_path: " + copy + "\n");
+    const std::vector<std::string> hide_btf = {
+        "/usr/bin/unshare", "-m", "--propagation", "private", "/bin/sh", "-c",
+        "mount --bind " + empty + " /sys/kernel/btf/vmlinux && exec \"$@\"", "sh"};
+    DaemonProcess d(DAEMON_PATH, s.log, {s.args(), false, {}, hide_btf});
+    std::string body;
+    const auto up_line = [&](const std::string& tracer) {
+      const std::string prefix = "ebpf_metricsd_tracer_up{tracer=\"" + tracer + "\",hook=\"";
+      const auto at = body.find(prefix);
+      return at == std::string::npos ? std::string() : body.substr(at, body.find('\n', at) - at);
+    };
+    const bool reported = wait_until(
+        [&] {
+          body = http_get(s.port, "/metrics").body;
+          for (const auto& t : ebpf_metricsd::tracer_registry()) {
+            if (up_line(t.name).empty()) return false;
+          }
+          return true;
+        },
+        30s);
+    INFO("daemon log:\n" << d.log());
+    REQUIRE(reported);
+    if (with_path) {
+      for (const auto& t : ebpf_metricsd::tracer_registry()) {
+        const std::string hook = t.name == "page_faults" ? "perf_event" : "raw_tp";
+        CHECK(up_line(t.name) ==
+              "ebpf_metricsd_tracer_up{tracer=\"" + t.name + "\",hook=\"" + hook + "\"} 1");
+      }
+    } else {
+      // Its raw_tp programs read the socket through CO-RE, which needs the BTF.
+      CHECK(up_line("tcp_connect_latency") ==
+            "ebpf_metricsd_tracer_up{tracer=\"tcp_connect_latency\",hook=\"none\"} 0");
+    }
+    kill(d.pid(), SIGTERM);
+    CHECK(d.wait_exit(10s) == 0);
+  }
+}

@@ -9,33 +9,49 @@ exec 3>/dev/ttyS1
 say() { echo "$*" >&3; }
 say "EMD-KERNEL $(uname -r)"
 
-# The daemon with the shipped config, every tracer enabled, draining every second.
+# The daemon with the shipped config, every tracer enabled, draining every second; its
+# tracer_up and drain_errors_total lines go to the report as section $1. Further arguments
+# are a command that runs the daemon (a mount namespace).
+run_daemon() {
+  local section=$1 config=$2
+  shift 2
+  "$@" "$BUILD_DIR/ebpf-metricsd" --config "$config" --web.listen-address 127.0.0.1:9810 \
+    >/tmp/daemon-$section.log 2>&1 &
+  local daemon=$! up_lines=""
+  for _ in $(seq 1 120); do
+    sleep 1
+    kill -0 $daemon 2>/dev/null || break
+    up_lines=$(curl -sf http://127.0.0.1:9810/metrics | grep '^ebpf_metricsd_tracer_up{')
+    # Two drains after every tracer reported: the drains work, not only the attach.
+    if [[ $(grep -c . <<<"$up_lines") -ge $TRACER_COUNT ]]; then
+      sleep 2
+      up_lines=$(curl -sf http://127.0.0.1:9810/metrics |
+        grep -E '^ebpf_metricsd_(tracer_up|drain_errors_total)\{')
+      break
+    fi
+  done
+  kill -TERM $daemon 2>/dev/null
+  wait $daemon
+  say "EMD-DAEMON-EXIT-$section $?"
+  say "EMD-BEGIN $section"
+  [[ -n $up_lines ]] && echo "$up_lines" >&3
+  say "EMD-END $section"
+  say "EMD-BEGIN $section-log"
+  grep -v ' debug' /tmp/daemon-$section.log | grep -E '^[0-9]{4}-' | tail -n 60 >&3
+  say "EMD-END $section-log"
+}
+
 sed -e 's/enabled: false/enabled: true/' -e 's/^drain_interval:.*/drain_interval: 1s/' \
   "$SOURCE_DIR/config/ebpf-metricsd.yaml" >/tmp/all-tracers.yaml
-"$BUILD_DIR/ebpf-metricsd" --config /tmp/all-tracers.yaml --web.listen-address 127.0.0.1:9810 \
-  >/tmp/daemon.log 2>&1 &
-daemon=$!
-up_lines=""
-for _ in $(seq 1 120); do
-  sleep 1
-  kill -0 $daemon 2>/dev/null || break
-  up_lines=$(curl -sf http://127.0.0.1:9810/metrics | grep '^ebpf_metricsd_tracer_up{')
-  # Two drains after every tracer reported: the drains work, not only the attach.
-  if [[ $(grep -c . <<<"$up_lines") -ge $TRACER_COUNT ]]; then
-    sleep 2
-    up_lines=$(curl -sf http://127.0.0.1:9810/metrics | grep -E '^ebpf_metricsd_(tracer_up|drain_errors_total)\{')
-    break
-  fi
-done
-kill -TERM $daemon 2>/dev/null
-wait $daemon
-say "EMD-DAEMON-EXIT $?"
-say "EMD-BEGIN metrics"
-[[ -n $up_lines ]] && echo "$up_lines" >&3
-say "EMD-END metrics"
-say "EMD-BEGIN daemon-log"
-grep -v ' debug' /tmp/daemon.log | tail -n 60 >&3
-say "EMD-END daemon-log"
+run_daemon metrics /tmp/all-tracers.yaml
+
+# Again with the kernel's BTF hidden, as on a kernel built without it, and a copy of it
+# named by btf_path.
+cp /sys/kernel/btf/vmlinux /tmp/guest-vmlinux.btf
+: >/tmp/empty
+{ echo "btf_path: /tmp/guest-vmlinux.btf"; cat /tmp/all-tracers.yaml; } >/tmp/btf-path.yaml
+run_daemon btf-path /tmp/btf-path.yaml unshare -m --propagation private /bin/sh -c \
+  'mount --bind /tmp/empty /sys/kernel/btf/vmlinux && exec "$@"' sh
 
 cd /tmp
 "$BUILD_DIR/tests/bpf_tests" -r xml -o /tmp/bpf.xml $BPF_TEST_ARGS >/tmp/bpf.out 2>&1

@@ -232,23 +232,39 @@ def failure_text(case):
     return "\n".join("        " + l for l in lines[:12])
 
 
-def parse_result(tracers, text):
-    blocks, values = sections(text)
-    result = {t: {"hook": "-", "up": False, "tests": [], "failed": []} for t in tracers}
-    for line in blocks.get("metrics", "").splitlines():
+def tracer_up(block):
+    """tracer -> (hook, up) from a daemon run's tracer_up lines."""
+    up = {}
+    for line in block.splitlines():
         m = re.match(r'^ebpf_metricsd_tracer_up\{(.*)\} (\S+)$', line)
-        if not m:
-            continue
-        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
-        t = labels.get("tracer")
-        if t in result:
-            result[t]["hook"] = labels.get("hook", "-")
-            result[t]["up"] = float(m.group(2)) == 1
-    drain_errors = {}
-    for line in blocks.get("metrics", "").splitlines():
+        if m:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+            up[labels.get("tracer")] = (labels.get("hook", "-"), float(m.group(2)) == 1)
+    return up
+
+
+def drain_errors(block):
+    errors = {}
+    for line in block.splitlines():
         m = re.match(r'^ebpf_metricsd_drain_errors_total\{tracer="([^"]*)"\} (\S+)$', line)
         if m and float(m.group(2)) > 0:
-            drain_errors[m.group(1)] = float(m.group(2))
+            errors[m.group(1)] = float(m.group(2))
+    return errors
+
+
+def parse_result(tracers, text):
+    blocks, values = sections(text)
+    result = {t: {"hook": "-", "up": False, "tests": [], "failed": [], "btf_path": None}
+              for t in tracers}
+    for t, (hook, up) in tracer_up(blocks.get("metrics", "")).items():
+        if t in result:
+            result[t]["hook"], result[t]["up"] = hook, up
+    for t, (hook, up) in tracer_up(blocks.get("btf-path", "")).items():
+        if t in result:
+            result[t]["btf_path"] = (hook, up)
+    errors = drain_errors(blocks.get("metrics", ""))
+    for t, n in drain_errors(blocks.get("btf-path", "")).items():
+        errors[f"{t} (btf_path run)"] = n
     xml = blocks.get("bpf-xml", "")
     if xml:
         try:
@@ -265,7 +281,7 @@ def parse_result(tracers, text):
                             result[t]["failed"].append(f"{case.get('name')}\n{why}")
         except ET.ParseError as e:
             values["EMD-XML-ERROR"] = str(e)
-    return result, drain_errors, blocks, values
+    return result, errors, blocks, values
 
 
 def main():
@@ -306,8 +322,10 @@ def main():
             crash = re.search(r"^.*(Kernel panic|Oops|BUG:).*$", console, re.M)
             if crash:
                 problems.append("guest kernel: " + crash.group(0).strip())
-        if values.get("EMD-DAEMON-EXIT") not in ("0",):
-            problems.append(f"daemon exit status {values.get('EMD-DAEMON-EXIT', '?')}")
+        for run in ("metrics", "btf-path"):
+            status = values.get(f"EMD-DAEMON-EXIT-{run}", "?")
+            if status != "0":
+                problems.append(f"daemon ({run} run) exit status {status}")
         if values.get("EMD-BPF-EXIT") != "0":
             problems.append(f"bpf_tests exit status {values.get('EMD-BPF-EXIT', '?')}")
         for t, n in drain_errors.items():
@@ -315,6 +333,8 @@ def main():
         for t, r in result.items():
             if not r["up"]:
                 problems.append(f"{t}: not up")
+            if not r["btf_path"] or not r["btf_path"][1]:
+                problems.append(f"{t}: not up with btf_path and the kernel's BTF hidden")
             if not r["tests"]:
                 problems.append(f"{t}: no oracle test ran")
             for f in r["failed"]:
@@ -324,9 +344,10 @@ def main():
             ok = False
             for p in problems:
                 print(f"   problem: {p}")
-            log = blocks.get("daemon-log", "").strip()
-            if log:
-                print("   daemon log:\n      " + log.replace("\n", "\n      "))
+            for run in ("metrics", "btf-path"):
+                log = blocks.get(f"{run}-log", "").strip()
+                if log:
+                    print(f"   daemon log ({run} run):\n      " + log.replace("\n", "\n      "))
             out = blocks.get("bpf-out", "").strip()
             if out and values.get("EMD-BPF-EXIT") != "0":
                 print("   bpf_tests:\n      " + out.replace("\n", "\n      "))
@@ -340,10 +361,11 @@ def main():
         else:
             status = "up" if r["up"] else "DOWN"
         oracle = "-" if not r["tests"] else ("FAIL" if r["failed"] else "pass")
-        return f"{r['hook']} {status} {oracle}"
+        btf_path = "DOWN" if not r["btf_path"] or not r["btf_path"][1] else r["btf_path"][0]
+        return f"{r['hook']} {status} {oracle} | {btf_path}"
 
     print()
-    print("kernel matrix: hook chosen, up, oracle tests")
+    print("kernel matrix: hook chosen, up, oracle tests | hook with btf_path and no kernel BTF")
     header = ["tracer"] + [f"{n} ({v})" for n, v, _, _ in rows]
     table = [header] + [[t] + [cell(r[t]) for _, _, _, r in rows] for t in tracers]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]

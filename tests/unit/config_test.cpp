@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 #include <fstream>
+#include <unistd.h>
 
 #include "ebpf_metricsd/config.h"
 #include "ebpf_metricsd/yaml_reader.h"
@@ -174,4 +175,17 @@ TEST_CASE("durations parse like Prometheus durations") {
   CHECK_THROWS_AS(parse_duration("99999999999999999999s"), std::invalid_argument);
   CHECK(format_duration(std::chrono::milliseconds(100)) == "100ms");
   CHECK(format_duration(std::chrono::hours(1)) == "1h");
+}
+
+TEST_CASE("btf_path must name a readable BTF file") {
+  CHECK(parse_config("", "test.yaml").btf_path.empty());
+  CHECK_THAT(error_of("btf_path: vmlinux.btf\n"),
+             StartsWith("test.yaml:1:") && Contains("btf_path: must be an absolute path"));
+  CHECK_THAT(error_of("btf_path: /nonexistent/vmlinux.btf\n"),
+             Contains("btf_path: cannot read BTF from /nonexistent/vmlinux.btf"));
+  CHECK_THAT(error_of("btf_path: /etc/hostname\n"), Contains("btf_path: cannot read BTF"));
+  if (access("/sys/kernel/btf/vmlinux", R_OK) == 0) {
+    CHECK(parse_config("btf_path: /sys/kernel/btf/vmlinux\n", "test.yaml").btf_path ==
+          "/sys/kernel/btf/vmlinux");
+  }
 }
