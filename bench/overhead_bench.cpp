@@ -274,6 +274,9 @@ int run_benchmarks(int argc, char** argv) {
     return 1;
   }
   MetricStore store;
+  // The raw_tp variants (per-thread state in a pid-keyed hash, as on kernels whose tracing
+  // programs have no task storage) declare the same metrics: a store of their own.
+  MetricStore raw_store;
   const Attach none = [] { return Attachment(); };
   std::vector<Suite> suites = {
       {"syscall_latency: getppid()",
@@ -281,7 +284,10 @@ int run_benchmarks(int argc, char** argv) {
        getppid_calls,
        {{"baseline", none, {}},
         {"floor sys_enter+sys_exit", floor_of({"floor_sys_enter", "floor_sys_exit"}), {}},
-        {"syscall_latency", tracer("syscall_latency", store), {}}}},
+        {"syscall_latency", tracer("syscall_latency", store), {}},
+        {"syscall_latency raw_tp (tid hash)",
+         tracer("syscall_latency", raw_store, "    hook: raw_tp\n"),
+         {}}}},
       {"runqueue_latency: pipe ping-pong",
        "round trip",
        pipe_ping_pong,
@@ -289,7 +295,10 @@ int run_benchmarks(int argc, char** argv) {
         {"floor wakeup(_new)+switch",
          floor_of({"floor_wakeup", "floor_wakeup_new", "floor_switch"}),
          {}},
-        {"runqueue_latency", tracer("runqueue_latency", store), {}}}},
+        {"runqueue_latency", tracer("runqueue_latency", store), {}},
+        {"runqueue_latency raw_tp (pid hash)",
+         tracer("runqueue_latency", raw_store, "    hook: raw_tp\n"),
+         {}}}},
       {"offcpu_time: pipe ping-pong",
        "round trip",
        pipe_ping_pong,

@@ -11,6 +11,7 @@ BUILD_PKGS=(
   prometheus-cpp-dev libssl-dev libcrypt-dev  # metrics model; TLS and bcrypt for the web server
   libspdlog-dev libfmt-dev libyaml-cpp-dev libsystemd-dev libseccomp-dev
   catch2 nlohmann-json3-dev          # tests: Catch2; JSON of Grafana and the Prometheus API
+  python3                            # the kernel matrix's driver (tests/kernels/matrix.py)
 )
 TEST_PKGS=(
   prometheus                         # promtool check metrics, and the server for e2e tests
@@ -18,6 +19,7 @@ TEST_PKGS=(
   stress-ng fio iproute2 curl procps util-linux openssl  # openssl: test certificates
   systemd                            # systemd-analyze verify and security on the unit
   dpkg-dev file                      # cpack -G DEB with dpkg-shlibdeps
+  qemu-system-x86 busybox-static cpio kmod e2fsprogs  # the kernel matrix: guests under qemu
 )
 
 want=("${BUILD_PKGS[@]}")

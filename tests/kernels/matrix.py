@@ -159,7 +159,7 @@ def sections(text):
         if current:
             blocks[current].append(line)
             continue
-        m = re.match(r"^(EMD-[A-Z-]+)\s*(.*)$", line)
+        m = re.match(r"^(EMD-[A-Za-z-]+)\s*(.*)$", line)
         if m:
             values[m.group(1)] = m.group(2)
     return {k: "\n".join(v) for k, v in blocks.items()}, values
@@ -362,10 +362,10 @@ def main():
             status = "up" if r["up"] else "DOWN"
         oracle = "-" if not r["tests"] else ("FAIL" if r["failed"] else "pass")
         btf_path = "DOWN" if not r["btf_path"] or not r["btf_path"][1] else r["btf_path"][0]
-        return f"{r['hook']} {status} {oracle} | {btf_path}"
+        return f"{r['hook']} {status} {oracle} / {btf_path}"
 
     print()
-    print("kernel matrix: hook chosen, up, oracle tests | hook with btf_path and no kernel BTF")
+    print("kernel matrix: hook chosen, up, oracle tests / hook with btf_path and no kernel BTF")
     header = ["tracer"] + [f"{n} ({v})" for n, v, _, _ in rows]
     table = [header] + [[t] + [cell(r[t]) for _, _, _, r in rows] for t in tracers]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
