@@ -157,8 +157,8 @@ std::vector<std::uint8_t> read_percpu_array_bytes(int map_fd, std::uint32_t entr
     std::uint32_t out_batch = 0;
     std::uint32_t count = entries;
     LIBBPF_OPTS(bpf_map_batch_opts, opts);
-    const int err = bpf_map_lookup_batch(map_fd, nullptr, &out_batch, keys.data(),
-                                         values.data(), &count, &opts);
+    const int err = bpf_map_lookup_batch(map_fd, nullptr, &out_batch, keys.data(), values.data(),
+                                         &count, &opts);
     if ((err == 0 || errno == ENOENT) && count == entries) {
       batch = BatchReads::Supported;
       return values;  // array keys come back in order 0..entries-1

@@ -122,7 +122,8 @@ std::optional<std::vector<std::string>> tracepoint_arg_types(const std::string& 
   if (!t || !btf_is_func_proto(t)) return std::nullopt;
   std::vector<std::string> types;
   const btf_param* p = btf_params(t);
-  for (unsigned i = 1; i < btf_vlen(t); ++i) types.push_back(type_spelling(vmlinux.get(), p[i].type));
+  for (unsigned i = 1; i < btf_vlen(t); ++i)
+    types.push_back(type_spelling(vmlinux.get(), p[i].type));
   return types;
 }
 
@@ -197,8 +198,8 @@ HookKind start_first_loadable(const std::vector<HookKind>& kinds, const std::str
     } catch (const BpfError& e) {
       why += (why.empty() ? "" : "; ") + std::string(hook_name(kinds[i])) + ": " + e.what();
       if (i + 1 < kinds.size()) {
-        spdlog::info("tracer {}: {} does not load here ({}), trying {}", name,
-                     hook_name(kinds[i]), e.what(), hook_name(kinds[i + 1]));
+        spdlog::info("tracer {}: {} does not load here ({}), trying {}", name, hook_name(kinds[i]),
+                     e.what(), hook_name(kinds[i + 1]));
       }
     }
   }

@@ -1,6 +1,9 @@
 #include "ebpf_metricsd/yaml_reader.h"
 
 #include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <map>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -213,6 +216,9 @@ std::chrono::milliseconds parse_duration(const std::string& text) {
       throw std::invalid_argument("invalid duration '" + text +
                                   "' (expected a unit: ms, s, m, h, d)");
     }
+    if (n > (std::numeric_limits<std::int64_t>::max() - total) / unit->ms) {
+      throw std::invalid_argument("duration '" + text + "' is too large");
+    }
     total += n * unit->ms;
   }
   return std::chrono::milliseconds(total);
@@ -226,27 +232,76 @@ std::string format_duration(std::chrono::milliseconds d) {
   return std::to_string(ms / 1000) + "s";
 }
 
+namespace {
+
+// A key that stands twice in one mapping: yaml-cpp keeps both and `node[key]` finds the first,
+// so the second would be ignored without a word.
+void reject_duplicate_keys(const YAML::Node& node, const std::string& file_name,
+                           const std::string& path, int depth) {
+  if (depth > kMaxConfigDepth) {
+    throw ConfigError(location(file_name, node) + ": " + (path.empty() ? "<top level>" : path) +
+                      ": nesting deeper than " + std::to_string(kMaxConfigDepth) + " levels");
+  }
+  if (node.IsSequence()) {
+    for (const auto& item : node) reject_duplicate_keys(item, file_name, path, depth + 1);
+    return;
+  }
+  if (!node.IsMap()) return;
+  std::map<std::string, YAML::Mark> seen;
+  for (const auto& kv : node) {
+    if (!kv.first.IsScalar()) continue;  // reported as "keys must be scalars" where read
+    const std::string& key = kv.first.Scalar();
+    const std::string key_path = path.empty() ? key : path + "." + key;
+    const auto [it, fresh] = seen.emplace(key, kv.first.Mark());
+    if (!fresh) {
+      throw ConfigError(location(file_name, kv.first) + ": " + key_path +
+                        ": duplicate key (first at line " + std::to_string(it->second.line + 1) +
+                        ")");
+    }
+    reject_duplicate_keys(kv.second, file_name, key_path, depth + 1);
+  }
+}
+
+}  // namespace
+
 YAML::Node parse_yaml(const std::string& text, const std::string& file_name) {
+  std::vector<YAML::Node> documents;
   try {
-    return YAML::Load(text);
+    documents = YAML::LoadAll(text);
+  } catch (const YAML::DeepRecursion& e) {
+    throw ConfigError(file_name + ":" + std::to_string(e.mark.line + 1) + ":" +
+                      std::to_string(e.mark.column + 1) + ": nesting too deep");
   } catch (const YAML::Exception& e) {
     throw ConfigError(file_name + ":" + std::to_string(e.mark.line + 1) + ":" +
                       std::to_string(e.mark.column + 1) + ": invalid YAML: " + e.msg);
   }
+  if (documents.size() > 1) {
+    throw ConfigError(location(file_name, documents[1]) +
+                      ": a second YAML document; a config file holds one");
+  }
+  YAML::Node root = documents.empty() ? YAML::Node() : documents[0];
+  reject_duplicate_keys(root, file_name, "", 0);
+  return root;
 }
 
 std::string read_config_file(const std::string& path) {
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) {
-    throw ConfigError(path + ": " +
-                      (std::filesystem::exists(path, ec) ? "not a regular file" : "no such file"));
-  }
-  std::ifstream in(path);
-  if (!in) throw ConfigError(path + ": cannot read file");
-  std::stringstream ss;
-  ss << in.rdbuf();
+  const auto status = std::filesystem::status(path, ec);
+  // ENOENT, ELOOP (a symlink loop), EACCES...: the system's own words.
+  if (ec) throw ConfigError(path + ": " + ec.message());
+  if (!std::filesystem::is_regular_file(status)) throw ConfigError(path + ": not a regular file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(path + ": cannot read file: " + std::strerror(errno));
+  // Read at most one byte past the limit: a huge file is refused before it costs memory.
+  std::string text(kMaxConfigBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
   if (in.bad()) throw ConfigError(path + ": error reading file");
-  return ss.str();
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  if (text.size() > kMaxConfigBytes) {
+    throw ConfigError(path + ": larger than " + std::to_string(kMaxConfigBytes / 1024) +
+                      " KiB, the most a config file may have");
+  }
+  return text;
 }
 
 }  // namespace ebpf_metricsd

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
 #include <chrono>
@@ -55,7 +56,14 @@ class YamlMapReader {
   std::set<std::string> known_;
 };
 
-// Parses YAML text; a syntax error throws ConfigError naming file:line:column.
+// A config file may be at most this large (the shipped one is about 6 KiB); a larger one
+// is refused before it is read whole or parsed.
+constexpr std::size_t kMaxConfigBytes = 256 * 1024;
+// Mappings and lists may nest this deep; the config itself needs 4 levels.
+constexpr int kMaxConfigDepth = 32;
+
+// Parses YAML text; a syntax error, a duplicate key, a second document or nesting deeper
+// than kMaxConfigDepth throws ConfigError naming file:line:column.
 YAML::Node parse_yaml(const std::string& text, const std::string& file_name);
 // The bytes of a configuration file; throws ConfigError naming it when it cannot be read.
 std::string read_config_file(const std::string& path);

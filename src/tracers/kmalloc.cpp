@@ -158,8 +158,8 @@ TracerDescriptor kmalloc_descriptor() {
       [](YamlMapReader& options) -> std::any {
         KmallocOptions o;
         o.caches = options.get_bool("caches", false);
-        o.max_caches = static_cast<std::uint32_t>(
-            options.get_int("max_caches", KMALLOC_MAX_CACHES, 1, 65536));
+        o.max_caches =
+            static_cast<std::uint32_t>(options.get_int("max_caches", KMALLOC_MAX_CACHES, 1, 65536));
         return o;
       },
       [](MetricStore& store, const std::any& options) -> std::unique_ptr<Tracer> {

@@ -38,8 +38,7 @@ class NetXmitLatencyTracer final : public Tracer {
                               "Bytes handed to the driver, by interface.",
                               MetricType::Counter,
                               {"interface"}})),
-        drops_(store, "net_xmit_latency", {"map_full", "map_full"},
-               "unmatched_queue") {}
+        drops_(store, "net_xmit_latency", {"map_full", "map_full"}, "unmatched_queue") {}
 
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 2> tps = {"net_dev_queue", "net_dev_xmit"};

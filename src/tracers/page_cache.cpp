@@ -49,8 +49,9 @@ class PageCacheTracer final : public Tracer {
     // 5.17; which of each the kernel has, its BTF and the attach probes say.
     const auto added = tracepoint_arg_types("mm_filemap_add_to_page_cache");
     folio_added_ = !added || added->empty() || (*added)[0] != "struct page *";
-    dirty_tp_ = prober.can_attach(HookKind::RawTp, "writeback_dirty_folio") ? "writeback_dirty_folio"
-                                                                             : "writeback_dirty_page";
+    dirty_tp_ = prober.can_attach(HookKind::RawTp, "writeback_dirty_folio")
+                    ? "writeback_dirty_folio"
+                    : "writeback_dirty_page";
     const std::array<std::string, 2> tps = {"mm_filemap_add_to_page_cache", dirty_tp_};
     std::vector<Access> access;
     if (prober.can_attach(HookKind::Fentry, "folio_mark_accessed"))

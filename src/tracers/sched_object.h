@@ -44,7 +44,7 @@ class SchedObject {
   // template arguments of a type in a header.
   std::unique_ptr<scheduler, void (*)(scheduler*)> skel_{nullptr, scheduler__destroy};
   HookKind kind_ = HookKind::TpBtf;
-  bool switch_3arg_ = false;  // sched_switch without prev_state (before 5.18)
+  bool switch_3arg_ = false;    // sched_switch without prev_state (before 5.18)
   std::vector<BpfLink> links_;  // declared after skel_: detached first
 };
 

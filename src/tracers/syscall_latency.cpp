@@ -63,9 +63,9 @@ class SyscallLatencyTracer final : public Tracer {
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 3> tracepoints = {"sys_enter", "sys_exit",
                                                            "sched_process_exit"};
-    const HookKind kind = start_first_loadable(usable_hooks(prober, tracepoints, preference),
-                                               "syscall_latency",
-                                               [&](HookKind k) { start_with(k); });
+    const HookKind kind =
+        start_first_loadable(usable_hooks(prober, tracepoints, preference), "syscall_latency",
+                             [&](HookKind k) { start_with(k); });
     hook_ = std::string(hook_name(kind));
     names_.resize(SYSLAT_MAX_SYSCALLS);
   }
@@ -85,8 +85,8 @@ class SyscallLatencyTracer final : public Tracer {
     bpf_map__set_max_entries(skel->maps.start_by_tid, btf ? 1 : kThreadMapEntries);
     // Exits before enters: an enter without its exit attached would only leave stale stamps.
     const std::vector<ProgramChoice> programs = {
-        {skel->progs.sys_exit_btf, btf},       {skel->progs.sys_enter_btf, btf},
-        {skel->progs.thread_exit_raw, !btf},   {skel->progs.sys_exit_raw, !btf},
+        {skel->progs.sys_exit_btf, btf},     {skel->progs.sys_enter_btf, btf},
+        {skel->progs.thread_exit_raw, !btf}, {skel->progs.sys_exit_raw, !btf},
         {skel->progs.sys_enter_raw, !btf},
     };
     auto links = load_and_attach(

@@ -149,7 +149,7 @@ TEST_CASE("a full cache map counts every call it cannot hold as map_full", "[kma
   const double dropped = value(store, "ebpf_metricsd_dropped_events_total", full) - dropped0;
   const double o = static_cast<double>(o1 - o0);
   INFO("cache allocs and frees counted " << counted << " + map_full " << dropped << " vs oracle "
-                                          << o);
+                                         << o);
   CHECK(series() <= 2);
   CHECK(dropped > 0);
   // Nothing vanishes: what the map could not hold is counted as dropped.

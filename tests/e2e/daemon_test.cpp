@@ -218,8 +218,14 @@ TEST_CASE("btf_path: every tracer loads where the kernel's own BTF cannot be rea
     REQUIRE(run_command("cp /sys/kernel/btf/vmlinux " + copy + " && : > " + empty) == 0);
     if (with_path) s.prepend("btf_path: " + copy + "\n");
     const std::vector<std::string> hide_btf = {
-        "/usr/bin/unshare", "-m", "--propagation", "private", "/bin/sh", "-c",
-        "mount --bind " + empty + " /sys/kernel/btf/vmlinux && exec \"$@\"", "sh"};
+        "/usr/bin/unshare",
+        "-m",
+        "--propagation",
+        "private",
+        "/bin/sh",
+        "-c",
+        "mount --bind " + empty + " /sys/kernel/btf/vmlinux && exec \"$@\"",
+        "sh"};
     DaemonProcess d(DAEMON_PATH, s.log, {s.args(), false, {}, hide_btf});
     std::string body;
     const auto up_line = [&](const std::string& tracer) {
