@@ -60,6 +60,17 @@ sigset_t handled_signals() {
   return set;
 }
 
+}  // namespace
+
+void block_daemon_signals() {
+  const sigset_t signals = handled_signals();
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // A peer that closes a socket we write to must cost that connection, never the process.
+  signal(SIGPIPE, SIG_IGN);
+}
+
+namespace {
+
 std::string status_line(std::size_t up, std::size_t enabled, std::size_t series) {
   return std::to_string(up) + "/" + std::to_string(enabled) + " tracers up, " +
          std::to_string(series) + " series";
@@ -292,13 +303,13 @@ int Daemon::run() {
     std::tie(cfg_, web_cfg_) = read_configs();
   } catch (const ConfigError& e) {
     spdlog::error("invalid configuration: {}", e.what());
-    return 1;
+    return kExitConfigError;
   }
 
-  // Signals are taken synchronously by this thread; every thread started below inherits
-  // the blocked mask.
-  const sigset_t signals = handled_signals();
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // Signals are taken synchronously by this thread; main() blocked them before anything
+  // else (block_daemon_signals), and every thread inherits the blocked mask. Blocking again
+  // costs nothing and keeps run_daemon() safe when called from elsewhere (tests).
+  block_daemon_signals();
 
   route_libbpf_logs();
   store_->set_series_limit(cfg_.max_series);
@@ -347,6 +358,7 @@ int Daemon::run() {
 
   for (;;) {
     int sig = 0;
+    const sigset_t signals = handled_signals();
     if (sigwait(&signals, &sig) != 0) continue;
     if (sig == SIGHUP) {
       reload();

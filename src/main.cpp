@@ -92,6 +92,9 @@ bool stderr_is_journal() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before anything else: a SIGHUP (reload) or SIGPIPE in the first instant must not end
+  // the process.
+  ebpf_metricsd::block_daemon_signals();
   ebpf_metricsd::DaemonOptions options;
   bool check_config = false;
   std::string log_level = "info";

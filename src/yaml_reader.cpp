@@ -1,12 +1,16 @@
 #include "ebpf_metricsd/yaml_reader.h"
 
+#include <yaml-cpp/eventhandler.h>
+#include <yaml-cpp/parser.h>
+
 #include <cctype>
 #include <cerrno>
 #include <cstring>
-#include <map>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -264,22 +268,64 @@ void reject_duplicate_keys(const YAML::Node& node, const std::string& file_name,
 
 }  // namespace
 
+namespace {
+
+// Watches one document's parse events for content, remembering where the first one stands.
+class ContentSeen : public YAML::EventHandler {
+ public:
+  std::optional<YAML::Mark> first;
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark& m, YAML::anchor_t) override { see(m); }
+  void OnScalar(const YAML::Mark& m, const std::string&, YAML::anchor_t,
+                const std::string&) override {
+    see(m);
+  }
+  void OnSequenceStart(const YAML::Mark& m, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    see(m);
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& m, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    see(m);
+  }
+  void OnMapEnd() override {}
+
+ private:
+  void see(const YAML::Mark& m) {
+    if (!first) first = m;
+  }
+};
+
+ConfigError yaml_error(const std::string& file_name, const YAML::Exception& e,
+                       const std::string& what) {
+  return ConfigError(file_name + ":" + std::to_string(e.mark.line + 1) + ":" +
+                     std::to_string(e.mark.column + 1) + ": " + what);
+}
+
+}  // namespace
+
 YAML::Node parse_yaml(const std::string& text, const std::string& file_name) {
-  std::vector<YAML::Node> documents;
+  YAML::Node root;
   try {
-    documents = YAML::LoadAll(text);
+    root = YAML::Load(text);
+    // A second document would be ignored by Load. The parser is asked for two documents and
+    // no more: yaml-cpp's LoadAll can loop, allocating, on some malformed input.
+    std::istringstream in(text);
+    YAML::Parser parser(in);
+    ContentSeen first, second;
+    if (parser.HandleNextDocument(first) && parser.HandleNextDocument(second) && second.first) {
+      throw ConfigError(file_name + ":" + std::to_string(second.first->line + 1) + ":" +
+                        std::to_string(second.first->column + 1) +
+                        ": a second YAML document; a config file holds one");
+    }
   } catch (const YAML::DeepRecursion& e) {
-    throw ConfigError(file_name + ":" + std::to_string(e.mark.line + 1) + ":" +
-                      std::to_string(e.mark.column + 1) + ": nesting too deep");
+    throw yaml_error(file_name, e, "nesting too deep");
   } catch (const YAML::Exception& e) {
-    throw ConfigError(file_name + ":" + std::to_string(e.mark.line + 1) + ":" +
-                      std::to_string(e.mark.column + 1) + ": invalid YAML: " + e.msg);
+    throw yaml_error(file_name, e, "invalid YAML: " + e.msg);
   }
-  if (documents.size() > 1) {
-    throw ConfigError(location(file_name, documents[1]) +
-                      ": a second YAML document; a config file holds one");
-  }
-  YAML::Node root = documents.empty() ? YAML::Node() : documents[0];
   reject_duplicate_keys(root, file_name, "", 0);
   return root;
 }

@@ -12,6 +12,16 @@ struct DaemonOptions {
   bool strict = false;                        // a tracer that fails to start is fatal
 };
 
+// The exit status when the configuration is invalid at start (EX_CONFIG of sysexits.h): the
+// systemd unit does not restart on it (RestartPreventExitStatus=), as a restart would only
+// fail again. Every other unexpected exit is restarted.
+constexpr int kExitConfigError = 78;
+
+// The signals the daemon takes synchronously (SIGTERM, SIGINT: stop; SIGHUP: reload).
+// main() blocks them before anything else, so that no thread, and no instant of start-up,
+// gets their default action; SIGPIPE is ignored there too.
+void block_daemon_signals();
+
 // Runs until SIGTERM or SIGINT, reloading the configuration on SIGHUP; returns the process
 // exit code.
 int run_daemon(const DaemonOptions& options);

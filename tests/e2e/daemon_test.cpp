@@ -7,6 +7,7 @@
 #include <set>
 
 #include "daemon_process.h"
+#include "ebpf_metricsd/daemon.h"
 
 using namespace ebpf_metricsd::test;
 using namespace std::chrono_literals;
@@ -135,7 +136,7 @@ TEST_CASE("--check-config and bad configs") {
 
   // The daemon itself refuses to start on it, and serves nothing.
   DaemonProcess d(DAEMON_PATH, bad.log, {bad.args(), false, {}, {}});
-  CHECK(d.wait_exit(10s) == 1);
+  CHECK(d.wait_exit(10s) == ebpf_metricsd::kExitConfigError);
   CHECK_THAT(d.log(), Contains("tracers.syscall_latency.colour: unknown key"));
   CHECK(http_get(bad.port, "/metrics").status == 0);
 }

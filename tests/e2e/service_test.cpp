@@ -7,10 +7,12 @@
 #include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <map>
 #include <regex>
 
 #include "daemon_process.h"
+#include "ebpf_metricsd/daemon.h"
 #include "ebpf_metricsd/web_config.h"
 
 using namespace ebpf_metricsd::test;
@@ -455,4 +457,63 @@ TEST_CASE("reload: web settings change the server; one that cannot start keeps t
   close(taken_fd);
   kill(d.pid(), SIGTERM);
   CHECK(d.wait_exit(5s) == 0);
+}
+
+TEST_CASE(
+    "fatal signals end in a restart under the unit's rules; SIGPIPE and early SIGHUPs do not") {
+  // The unit's rules: restart after every exit of the main process (systemd counts SIGTERM,
+  // SIGINT, SIGHUP and SIGPIPE deaths as clean, so on-failure would leave those down) except
+  // an invalid config at start.
+  const std::string unit = read_file(SOURCE_DIR "/systemd/ebpf-metricsd.service");
+  REQUIRE_THAT(unit, Contains("\nRestart=always\n") &&
+                         Contains("\nRestartPreventExitStatus=" +
+                                  std::to_string(ebpf_metricsd::kExitConfigError) + "\n"));
+  CHECK(unit.find("ExecStartPre=") == std::string::npos);  // its failure would loop
+  const auto systemd_restarts = [](int status) {
+    return status != ebpf_metricsd::kExitConfigError;
+  };
+
+  Setup s;
+  for (const int sig : {SIGSEGV, SIGABRT, SIGBUS, SIGILL, SIGFPE, SIGQUIT, SIGKILL, SIGUSR1,
+                        SIGUSR2, SIGALRM, SIGTERM, SIGINT}) {
+    INFO("signal " << strsignal(sig));
+    DaemonProcess d(DAEMON_PATH, s.log, {s.args(), false, {}, {}});
+    REQUIRE(wait_until([&] { return http_get(s.port, "/-/healthy").status == 200; }, 20s));
+    kill(d.pid(), sig);
+    const int status = d.wait_exit(10s);
+    REQUIRE(status >= 0);
+    // Stopped by its handler (SIGTERM, SIGINT: exit 0) or killed: restarted either way.
+    CHECK((sig == SIGTERM || sig == SIGINT ? status == 0 : status == 128 + sig));
+    CHECK(systemd_restarts(status));
+  }
+
+  // SIGHUPs from the first instant on (before main() could install anything) and SIGPIPE:
+  // the daemon lives and serves.
+  DaemonProcess d(DAEMON_PATH, s.log, {s.args(), false, {}, {}});
+  // From the moment the daemon's binary replaces the forked test process.
+  const std::string exe = "/proc/" + std::to_string(d.pid()) + "/exe";
+  REQUIRE(wait_until(
+      [&] {
+        std::error_code ec;
+        return std::filesystem::read_symlink(exe, ec) == std::filesystem::canonical(DAEMON_PATH);
+      },
+      5s));
+  for (int i = 0; i < 50; ++i) {
+    kill(d.pid(), SIGHUP);
+    std::this_thread::sleep_for(1ms);
+  }
+  kill(d.pid(), SIGPIPE);
+  INFO("daemon log:\n" << d.log());
+  REQUIRE(wait_until([&] { return http_get(s.port, "/-/healthy").status == 200; }, 20s));
+  CHECK(d.wait_exit(500ms) == -1);
+  CHECK(http_get(s.port, "/metrics").status == 200);
+  kill(d.pid(), SIGTERM);
+  CHECK(d.wait_exit(10s) == 0);
+
+  // An invalid config at start: exit 78, which the unit does not restart.
+  Setup bad("  syscall_latency:\n    enabled: true\n    colour: blue\n");
+  DaemonProcess b(DAEMON_PATH, bad.log, {bad.args(), false, {}, {}});
+  const int status = b.wait_exit(10s);
+  CHECK(status == ebpf_metricsd::kExitConfigError);
+  CHECK_FALSE(systemd_restarts(status));
 }

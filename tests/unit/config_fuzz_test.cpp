@@ -23,7 +23,7 @@ TEST_CASE("mutated configs parse or fail with a ConfigError") {
     const int edits = 1 + static_cast<int>(rng() % 8);
     for (int e = 0; e < edits && !text.empty(); ++e) {
       const std::size_t pos = rng() % text.size();
-      switch (rng() % 4) {
+      switch (rng() % 7) {
         case 0:
           text[pos] = alphabet[rng() % alphabet.size()];
           break;
@@ -32,6 +32,26 @@ TEST_CASE("mutated configs parse or fail with a ConfigError") {
           break;
         case 2:
           text.erase(pos, 1 + rng() % 16);
+          break;
+        case 3: {
+          // A whole line again, after another: duplicate keys when the indent matches.
+          const std::size_t from = text.rfind('\n', rng() % text.size());
+          const std::size_t start = from == std::string::npos ? 0 : from + 1;
+          const std::size_t end = text.find('\n', start);
+          const std::string line =
+              text.substr(start, end == std::string::npos ? std::string::npos : end - start + 1);
+          const std::size_t at = text.find('\n', pos);
+          text.insert(at == std::string::npos ? text.size() : at + 1, line);
+          break;
+        }
+        case 4:
+          // A second document.
+          text.insert(text.rfind('\n', pos) == std::string::npos ? 0 : text.rfind('\n', pos) + 1,
+                      "---\n");
+          break;
+        case 5:
+          // Huge numbers where durations and integers stand.
+          text.insert(pos, rng() % 2 ? "99999999999999999999" : "9223372036854775807d");
           break;
         default:
           text.insert(pos, text.substr(rng() % text.size(), rng() % 64));

@@ -1,6 +1,8 @@
-#include <catch2/catch.hpp>
-#include <fstream>
 #include <unistd.h>
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include "ebpf_metricsd/config.h"
 #include "ebpf_metricsd/yaml_reader.h"
@@ -157,7 +159,7 @@ TEST_CASE("config errors name file, line, column and key") {
   }
   SECTION("missing file") {
     CHECK_THROWS_WITH(load_config("/nonexistent/ebpf-metricsd.yaml"),
-                      "/nonexistent/ebpf-metricsd.yaml: no such file");
+                      "/nonexistent/ebpf-metricsd.yaml: No such file or directory");
   }
   SECTION("a directory instead of a file") {
     CHECK_THROWS_WITH(load_config("/tmp"), "/tmp: not a regular file");
@@ -188,4 +190,56 @@ TEST_CASE("btf_path must name a readable BTF file") {
     CHECK(parse_config("btf_path: /sys/kernel/btf/vmlinux\n", "test.yaml").btf_path ==
           "/sys/kernel/btf/vmlinux");
   }
+}
+
+TEST_CASE("duplicate keys and further documents are errors naming both places") {
+  CHECK(error_of("drain_interval: 5s\nmax_series: 10\ndrain_interval: 1s\n") ==
+        "test.yaml:3:1: drain_interval: duplicate key (first at line 1)");
+  CHECK(error_of("tracers:\n  kmalloc:\n    enabled: true\n    enabled: false\n") ==
+        "test.yaml:4:5: tracers.kmalloc.enabled: duplicate key (first at line 3)");
+  // The shipped config with a second tracers: section appended.
+  std::ifstream in(SOURCE_DIR "/config/ebpf-metricsd.yaml");
+  const std::string shipped((std::istreambuf_iterator<char>(in)), {});
+  REQUIRE_FALSE(shipped.empty());
+  CHECK_THAT(error_of(shipped + "tracers:\n  kmalloc: {enabled: true}\n"),
+             Contains(": tracers: duplicate key (first at line"));
+  CHECK_THAT(error_of("max_series: 10\n---\nmax_series: 20\n"),
+             StartsWith("test.yaml:3:") && Contains("a second YAML document"));
+  CHECK_NOTHROW(parse_config("---\nmax_series: 10\n", "test.yaml"));
+}
+
+TEST_CASE("durations and integers that overflow are errors, never wrapped") {
+  CHECK_THAT(error_of("drain_interval: 9223372036854775807d\n"), Contains("too large"));
+  CHECK_THAT(error_of("drain_interval: 106751991167d106751991167d\n"), Contains("too large"));
+  CHECK_THAT(error_of("drain_interval: 99999999999999999999ms\n"), Contains("too large"));
+  CHECK_THAT(error_of("max_series: 99999999999999999999\n"),
+             Contains("max_series: expected an integer"));
+}
+
+TEST_CASE("nesting too deep is named as such") {
+  std::string deep = "web: ";
+  for (int i = 0; i < 40; ++i) deep += "[";
+  for (int i = 0; i < 40; ++i) deep += "]";
+  CHECK_THAT(error_of(deep + "\n"), Contains("nesting deeper than 32 levels"));
+  std::string very_deep = "web: ";
+  for (int i = 0; i < 5000; ++i) very_deep += "[";
+  CHECK_THAT(error_of(very_deep + "\n"), Contains("nesting"));
+}
+
+TEST_CASE("config files: size limit before parsing, symlink loops named") {
+  char dir_template[] = "/tmp/emd-config-XXXXXX";
+  const std::string dir = mkdtemp(dir_template);
+  const std::string big = dir + "/big.yaml";
+  {
+    std::ofstream out(big);
+    out << "tracers:\n  syscall_latency:\n    include:\n";
+    for (int i = 0; i < 40000; ++i) out << "      - read\n";
+  }
+  CHECK_THROWS_WITH(load_config(big),
+                    big + ": larger than 256 KiB, the most a config file may have");
+  REQUIRE(symlink((dir + "/b").c_str(), (dir + "/a").c_str()) == 0);
+  REQUIRE(symlink((dir + "/a").c_str(), (dir + "/b").c_str()) == 0);
+  CHECK_THROWS_WITH(load_config(dir + "/a"), dir + "/a: Too many levels of symbolic links");
+  CHECK_THROWS_WITH(load_config(dir + "/none.yaml"), dir + "/none.yaml: No such file or directory");
+  std::filesystem::remove_all(dir);
 }
