@@ -9,13 +9,18 @@ __u64 kfrees = 0;
 __u64 requested = 0;
 __u64 cache_calls = 0;
 
-SEC("tp_btf/kmalloc")
-int BPF_PROG(oracle_kmalloc, unsigned long call_site, const void *ptr,
-	     size_t bytes_req)
+static __always_inline int count_kmalloc(size_t bytes_req)
 {
 	__sync_fetch_and_add(&kmallocs, 1);
 	__sync_fetch_and_add(&requested, bytes_req);
 	return 0;
+}
+
+SEC("tp_btf/kmalloc")
+int BPF_PROG(oracle_kmalloc, unsigned long call_site, const void *ptr,
+	     size_t bytes_req)
+{
+	return count_kmalloc(bytes_req);
 }
 
 /* Loaded where the kernel has it (before 6.1). */
@@ -23,9 +28,7 @@ SEC("tp_btf/kmalloc_node")
 int BPF_PROG(oracle_kmalloc_node, unsigned long call_site, const void *ptr,
 	     size_t bytes_req)
 {
-	__sync_fetch_and_add(&kmallocs, 1);
-	__sync_fetch_and_add(&requested, bytes_req);
-	return 0;
+	return count_kmalloc(bytes_req);
 }
 
 SEC("tp_btf/kfree")
