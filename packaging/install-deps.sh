@@ -16,7 +16,7 @@ BUILD_PKGS=(
 TEST_PKGS=(
   prometheus                         # promtool check metrics, and the server for e2e tests
   bpftrace libbpf-tools              # independent oracles
-  stress-ng fio iproute2 curl procps util-linux openssl  # openssl: test certificates
+  stress-ng fio iproute2 curl procps util-linux openssl wrk  # openssl: test certificates; wrk: bench/load_bench.sh
   systemd                            # systemd-analyze verify and security on the unit
   dpkg-dev file                      # cpack -G DEB with dpkg-shlibdeps
   qemu-system-x86 busybox-static cpio kmod e2fsprogs  # the kernel matrix: guests under qemu
