@@ -49,7 +49,9 @@ run_daemon metrics /tmp/all-tracers.yaml
 # named by btf_path.
 cp /sys/kernel/btf/vmlinux /tmp/guest-vmlinux.btf
 : >/tmp/empty
-{ echo "btf_path: /tmp/guest-vmlinux.btf"; cat /tmp/all-tracers.yaml; } >/tmp/btf-path.yaml
+sed -e 's|^btf_path:.*|btf_path: /tmp/guest-vmlinux.btf|' /tmp/all-tracers.yaml >/tmp/btf-path.yaml
+grep -q '^btf_path: /tmp/guest-vmlinux.btf' /tmp/btf-path.yaml ||
+  echo "btf_path: /tmp/guest-vmlinux.btf" >>/tmp/btf-path.yaml
 run_daemon btf-path /tmp/btf-path.yaml unshare -m --propagation private /bin/sh -c \
   'mount --bind /tmp/empty /sys/kernel/btf/vmlinux && exec "$@"' sh
 
