@@ -1,5 +1,7 @@
 #include "ebpf_metricsd/web.h"
 
+#include "ebpf_metricsd/basic_auth.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <openssl/crypto.h>
@@ -280,26 +282,6 @@ bool accepts_gzip(const Request& req) {
   return false;
 }
 
-std::optional<std::string> base64_decode(std::string_view in) {
-  if (in.empty() || in.size() % 4 != 0 || in.size() > 4096) return std::nullopt;
-  std::string out(in.size() / 4 * 3, '\0');
-  const int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                                reinterpret_cast<const unsigned char*>(in.data()),
-                                static_cast<int>(in.size()));
-  if (n < 0) return std::nullopt;
-  std::size_t len = static_cast<std::size_t>(n);
-  for (std::size_t k = in.size(); k > 0 && in[k - 1] == '='; --k) --len;
-  out.resize(len);
-  return out;
-}
-
-// A valid hash no real password is checked against: an unknown user costs one bcrypt like a
-// known one, so timing does not tell which user names exist.
-const std::string& decoy_hash() {
-  static const std::string hash = bcrypt_hash("decoy", 10);
-  return hash;
-}
-
 }  // namespace
 
 struct WebServer::Shared {
@@ -315,48 +297,16 @@ struct WebServer::Shared {
     return tls;
   }
   std::atomic<std::size_t> scrapes_in_flight{0};
-  // Per user, the SHA-256 of the password that last passed bcrypt: bcrypt is slow on
-  // purpose, and a scrape every few seconds should not pay for it each time.
-  std::mutex auth_mutex;
-  std::map<std::string, std::array<unsigned char, SHA256_DIGEST_LENGTH>> verified;
+  std::unique_ptr<BasicAuth> auth;
 
   bool authorized(const Request& req);
   std::string handle(const Request& req);
 };
 
 bool WebServer::Shared::authorized(const Request& req) {
-  const auto& users = settings.security.basic_auth_users;
-  if (users.empty()) return true;
   const auto h = req.headers.find("authorization");
-  if (h == req.headers.end()) return false;
-  std::string_view v(h->second);
-  if (v.size() < 6 || strncasecmp(v.data(), "Basic ", 6) != 0) return false;
-  v.remove_prefix(6);
-  while (!v.empty() && v.front() == ' ') v.remove_prefix(1);
-  const auto decoded = base64_decode(v);
-  if (!decoded) return false;
-  const auto colon = decoded->find(':');
-  if (colon == std::string::npos) return false;
-  const std::string user = decoded->substr(0, colon);
-  const std::string password = decoded->substr(colon + 1);
-  std::array<unsigned char, SHA256_DIGEST_LENGTH> digest{};
-  SHA256(reinterpret_cast<const unsigned char*>(password.data()), password.size(), digest.data());
-  const auto it = users.find(user);
-  if (it == users.end()) {
-    (void)bcrypt_matches(password, decoy_hash());
-    return false;
-  }
-  {
-    std::lock_guard lock(auth_mutex);
-    const auto c = verified.find(user);
-    if (c != verified.end() && CRYPTO_memcmp(c->second.data(), digest.data(), digest.size()) == 0) {
-      return true;
-    }
-  }
-  if (!bcrypt_matches(password, it->second)) return false;
-  std::lock_guard lock(auth_mutex);
-  verified[user] = digest;
-  return true;
+  return auth->check(h == req.headers.end() ? std::nullopt
+                                            : std::optional<std::string_view>(h->second));
 }
 
 std::string WebServer::Shared::handle(const Request& req) {
@@ -463,7 +413,8 @@ WebServer::WebServer(WebSettings settings, std::shared_ptr<prometheus::Collectab
       throw std::runtime_error("TLS: " + std::string(e.what()));
     }
   }
-  if (!settings_.security.basic_auth_users.empty()) (void)decoy_hash();
+  shared_->auth = std::make_unique<BasicAuth>(settings_.security.basic_auth_users,
+                                              std::max(1u, std::thread::hardware_concurrency()));
 
   // Every interface means IPv6 and IPv4 on one dual-stack socket where the kernel has IPv6.
   int fd = -1;

@@ -37,6 +37,28 @@ struct HttpResponse {
   std::string body;
 };
 
+// RFC 4648 base64 with padding, for Authorization headers.
+inline std::string base64(const std::string& in) {
+  static const char* t = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  std::size_t i = 0;
+  for (; i + 2 < in.size(); i += 3) {
+    const unsigned v = static_cast<unsigned char>(in[i]) << 16 |
+                       static_cast<unsigned char>(in[i + 1]) << 8 |
+                       static_cast<unsigned char>(in[i + 2]);
+    out += {t[v >> 18], t[(v >> 12) & 63], t[(v >> 6) & 63], t[v & 63]};
+  }
+  if (in.size() - i == 1) {
+    const unsigned v = static_cast<unsigned char>(in[i]) << 16;
+    out += {t[v >> 18], t[(v >> 12) & 63], '=', '='};
+  } else if (in.size() - i == 2) {
+    const unsigned v =
+        static_cast<unsigned char>(in[i]) << 16 | static_cast<unsigned char>(in[i + 1]) << 8;
+    out += {t[v >> 18], t[(v >> 12) & 63], t[(v >> 6) & 63], '='};
+  }
+  return out;
+}
+
 // A TCP connection to 127.0.0.1:port (a receive timeout when seconds > 0), or -1.
 inline int connect_loopback(int port, long recv_timeout_seconds = 0) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);

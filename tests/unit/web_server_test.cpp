@@ -71,8 +71,7 @@ std::string test_hash(const std::string& password) {
 }
 
 std::string basic(const std::string& user, const std::string& password) {
-  return "Authorization: Basic " +
-         run_capture("printf '%s' '" + user + ":" + password + "' | base64 -w0") + "\r\n";
+  return "Authorization: Basic " + base64(user + ":" + password) + "\r\n";
 }
 
 WebSettings local(int port) {
@@ -157,6 +156,9 @@ TEST_CASE("basic auth: no credentials and wrong password get 401, the right one 
   CHECK(http_get(port, "/metrics", basic("nobody", "s3cret:with colon")).status == 401);
   CHECK(http_get(port, "/metrics", "Authorization: Basic !!notbase64\r\n").status == 401);
   CHECK(http_get(port, "/metrics", "Authorization: Bearer abc\r\n").status == 401);
+  CHECK(http_get(port, "/metrics", "Authorization: Basic ====\r\n").status == 401);
+  CHECK(http_get(port, "/metrics", basic("prometheus", std::string("s3cret:with colon\0junk", 22)))
+            .status == 401);
   for (int i = 0; i < 2; ++i) {  // the second time from the verified-password cache
     const auto ok = http_get(port, "/metrics", basic("prometheus", "s3cret:with colon"));
     CHECK(ok.status == 200);

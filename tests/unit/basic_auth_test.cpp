@@ -1,0 +1,106 @@
+// Basic auth against hostile credentials: malformed headers, NUL bytes, user-name timing,
+// and failed attempts that must not hold up an authorized scraper.
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../test_support.h"
+#include "ebpf_metricsd/basic_auth.h"
+#include "ebpf_metricsd/web_config.h"
+
+using namespace ebpf_metricsd;
+
+namespace {
+
+std::string basic(const std::string& user, const std::string& password) {
+  return "Basic " + test::base64(user + ":" + password);
+}
+
+double seconds_of(BasicAuth& auth, const std::string& header) {
+  const auto t0 = std::chrono::steady_clock::now();
+  (void)auth.check(std::string_view(header));
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+TEST_CASE("malformed Authorization values are refused, never an error") {
+  BasicAuth auth({{"prometheus", bcrypt_hash("secret", 4)}}, 2);
+  CHECK(auth.check(std::string_view(basic("prometheus", "secret"))));
+  for (const std::string& bad : std::vector<std::string>{
+           std::string("Basic ===="), std::string("Basic ="), std::string("Basic a==="),
+           std::string("Basic !!notbase64"), std::string("Basic cHJvbWV0aGV1cw"),  // no padding
+           std::string("Basic cHJv=bWV0"), std::string("Bearer abc"), std::string("Basic"),
+           std::string(""), basic("prometheus", std::string("secret\0junk", 11)),
+           basic("prometheus", "secret\n"), basic(std::string("prom\0etheus", 11), "secret"),
+           basic("prometheus", std::string(2048, 'x')), "Basic " + std::string(4096, 'A'),
+           basic("prometheus", "secret").substr(0, 10), test::base64("prometheus:secret")}) {
+    INFO("Authorization: " << bad.substr(0, 80));
+    CHECK_FALSE(auth.check(std::string_view(bad)));
+  }
+  CHECK_FALSE(auth.check(std::nullopt));
+  CHECK(BasicAuth::parse("basic " + test::base64("a:b:c")) ==
+        std::make_pair(std::string("a"), std::string("b:c")));
+  CHECK(auth.check(std::string_view(basic("prometheus", "secret"))));
+}
+
+TEST_CASE("no user-name timing oracle, whatever the users' bcrypt costs") {
+  // A cheap hash for one user, a dear one for the other: an unknown name, the cheap user and
+  // the dear user with a wrong password must all cost the same (one bcrypt per cost).
+  BasicAuth auth({{"cheap", bcrypt_hash("a", 4)}, {"dear", bcrypt_hash("b", 9)}}, 4);
+  std::vector<double> unknown, cheap, dear;
+  for (int i = 0; i < 7; ++i) {  // interleaved, so that the machine's load hits all three
+    unknown.push_back(seconds_of(auth, basic("nobody", "x")));
+    cheap.push_back(seconds_of(auth, basic("cheap", "x")));
+    dear.push_back(seconds_of(auth, basic("dear", "x")));
+  }
+  const double u = median(unknown), c = median(cheap), d = median(dear);
+  INFO("median seconds: unknown " << u << ", cheap user " << c << ", dear user " << d);
+  CHECK(c / u > 0.7);
+  CHECK(c / u < 1.4);
+  CHECK(d / u > 0.7);
+  CHECK(d / u < 1.4);
+  // What one cost-9 bcrypt alone takes: every check above must have paid at least that.
+  const std::string nine = bcrypt_hash("z", 9);
+  std::vector<double> one;
+  for (int i = 0; i < 5; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    (void)bcrypt_matches("x", nine);
+    one.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  CHECK(c > 0.7 * median(one));
+}
+
+TEST_CASE("failed attempts queue for bcrypt; a remembered password does not") {
+  BasicAuth auth({{"prometheus", bcrypt_hash("right", 11)}}, 1);
+  REQUIRE(auth.check(std::string_view(basic("prometheus", "right"))));  // remembered now
+  const auto checks = auth.bcrypt_checks();
+  // Four wrong passwords at once: one bcrypt at a time, each well over 50 ms.
+  std::vector<std::future<bool>> wrong;
+  for (int i = 0; i < 4; ++i) {
+    wrong.push_back(std::async(std::launch::async, [&auth, i] {
+      return auth.check(std::string_view(basic("prometheus", "wrong" + std::to_string(i))));
+    }));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::vector<double> authorized;
+  for (int i = 0; i < 20; ++i) authorized.push_back(seconds_of(auth, basic("prometheus", "right")));
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto& f : wrong) CHECK_FALSE(f.get());
+  const double wrong_wait =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO("authorized check max " << *std::max_element(authorized.begin(), authorized.end())
+                               << " s while the wrong ones took " << wrong_wait << " s more");
+  // The remembered password never waited for the queue of bcrypt checks.
+  CHECK(*std::max_element(authorized.begin(), authorized.end()) * 20 < wrong_wait);
+  CHECK(auth.bcrypt_checks() == checks + 4);
+}
