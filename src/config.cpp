@@ -25,8 +25,11 @@ Config parse_config(const std::string& yaml_text, const std::string& file_name) 
   if (auto err = validate_listen_address(cfg.listen_address); !err.empty()) {
     web.fail("listen_address", err);
   }
+  // Each scrape in flight holds a worker thread: with the tracers' and the drain's, the
+  // threads must stay under the unit's TasksMax=256.
   cfg.max_requests = static_cast<std::size_t>(
-      web.get_int("max_requests", static_cast<std::int64_t>(cfg.max_requests), 1, 1000));
+      web.get_int("max_requests", static_cast<std::int64_t>(cfg.max_requests), 1,
+                  Config::kMaxRequests));
   cfg.request_timeout = web.get_duration("request_timeout", cfg.request_timeout, 100ms, 5min);
   web.finish();
 

@@ -2,6 +2,7 @@
 
 #include <any>
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,9 @@ struct Config {
   std::string listen_address = ":9810";
   // Scrapes of /metrics served at once; one more is answered 503 at once.
   std::size_t max_requests = 40;
+  // Its ceiling: max_requests + 4 web workers, the drain and main thread and libraries' own
+  // threads must fit the systemd unit's TasksMax=256 with room to spare.
+  static constexpr std::int64_t kMaxRequests = 200;
   // A client must send its whole request (and TLS handshake) within this.
   std::chrono::milliseconds request_timeout{10000};
   std::chrono::milliseconds drain_interval{5000};

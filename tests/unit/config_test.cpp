@@ -243,3 +243,13 @@ TEST_CASE("config files: size limit before parsing, symlink loops named") {
   CHECK_THROWS_WITH(load_config(dir + "/none.yaml"), dir + "/none.yaml: No such file or directory");
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("web.max_requests stays within the unit's TasksMax") {
+  CHECK(parse_config("web:\n  max_requests: 200\n", "test.yaml").max_requests == 200);
+  CHECK_THAT(error_of("web:\n  max_requests: 300\n"),
+             Contains("web.max_requests: value 300 is out of range [1, 200]"));
+  // The unit's limit the ceiling is made for.
+  std::ifstream unit(SOURCE_DIR "/systemd/ebpf-metricsd.service");
+  const std::string text((std::istreambuf_iterator<char>(unit)), {});
+  CHECK_THAT(text, Contains("\nTasksMax=256\n"));
+}
