@@ -23,6 +23,10 @@ done
 mkdir -p /host
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=262144 hostroot /host ||
   fail "mount 9p host root"
+# The host's root once more, without the guest's mounts over /tmp, /run and /var/tmp below,
+# so that a build or kernel cache under one of those can be put back in place.
+mkdir -p /host-as-is
+mount -o bind /host /host-as-is || fail "bind the host root"
 mount -t proc proc /host/proc
 mount -t sysfs sysfs /host/sys
 mount -t devtmpfs devtmpfs /host/dev
@@ -50,6 +54,16 @@ mdev -s 2>/dev/null
 i=0
 while [ ! -b /host/dev/vda ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
 mount -t ext4 /host/dev/vda /host/var/tmp || fail "mount scratch disk"
+
+# The build, the sources and the kernel package, if under a directory the guest covers.
+for d in "$BUILD_DIR" "$SOURCE_DIR" "$KERNEL_ROOT"; do
+  case "$d" in
+  /tmp/* | /run/* | /var/tmp/*)
+    mkdir -p "/host$d"
+    mount -o bind "/host-as-is$d" "/host$d" || fail "bind $d"
+    ;;
+  esac
+done
 
 ip link set lo up
 cp /job.sh /host/tmp/emd-job.sh
