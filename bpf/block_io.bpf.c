@@ -56,6 +56,30 @@ struct {
 	__type(value, struct blockio_queue);
 } queues SEC(".maps");
 
+/*
+ * Who claimed each queue slot. Two queues that find the same slot free at the same moment
+ * must not both take it (the loser's first stamp would be left in a slot that names the
+ * winner, and its completion lost): the hash's insert with BPF_NOEXIST is atomic and picks
+ * one. Consulted only when a queue claims a slot, never per request. (A compare-and-swap
+ * on the slot would do, but BPF has none before 5.12.)
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, BLOCKIO_QUEUE_SLOTS);
+	__type(key, __u32);
+	__type(value, __u64);
+} slot_owner SEC(".maps");
+
+static __always_inline bool claim_slot(__u32 *slot, __u64 hctx)
+{
+	__u64 *owner;
+
+	if (bpf_map_update_elem(&slot_owner, slot, &hctx, BPF_NOEXIST) == 0)
+		return true;
+	owner = bpf_map_lookup_elem(&slot_owner, slot);
+	return owner && *owner == hctx;
+}
+
 /* Before Linux 5.18 the request named its disk; since 5.15 the queue does. */
 struct request___rq_disk {
 	struct gendisk *rq_disk;
@@ -119,11 +143,11 @@ queue_of(struct request *rq, bool raw, bool issue, __u32 *slot)
 		if (!q->hctx) {
 			if (!issue)
 				return NULL;
-			/* Two new queues racing for one free slot at the very
-			 * same moment can hand the loser's stamps to the winner;
-			 * its completions then miss and are not timed. */
-			q->hctx = hctx;
-			break;
+			if (claim_slot(slot, hctx)) {
+				q->hctx = hctx;
+				break;
+			}
+			/* Another queue won it this very moment: the next slot. */
 		}
 		q = NULL;
 	}
