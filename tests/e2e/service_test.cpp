@@ -1,6 +1,7 @@
 // The daemon as a service: systemd notifications, reload, journald priorities, least
 // privilege, the unit file, and bounded memory and series under process churn.
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 
@@ -473,6 +474,9 @@ TEST_CASE(
     return status != ebpf_metricsd::kExitConfigError;
   };
 
+  // The daemons killed below must not leave core files wherever the tests run.
+  const rlimit no_core{0, 0};
+  REQUIRE(setrlimit(RLIMIT_CORE, &no_core) == 0);
   Setup s;
   for (const int sig : {SIGSEGV, SIGABRT, SIGBUS, SIGILL, SIGFPE, SIGQUIT, SIGKILL, SIGUSR1,
                         SIGUSR2, SIGALRM, SIGTERM, SIGINT}) {
