@@ -61,6 +61,28 @@ static __always_inline void read_name(struct net_device *dev, char *name,
 }
 
 /*
+ * Who claimed each device slot: an insert with BPF_NOEXIST is atomic, so of two
+ * new devices that find one slot free at the same moment exactly one gets it
+ * and the other moves on (no cmpxchg before 5.12). Consulted only on a claim.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, NETXMIT_DEV_SLOTS);
+	__type(key, __u32);
+	__type(value, __u64);
+} slot_owner SEC(".maps");
+
+static __always_inline bool claim_slot(__u32 *idx, __u64 dev)
+{
+	__u64 *owner;
+
+	if (bpf_map_update_elem(&slot_owner, idx, &dev, BPF_NOEXIST) == 0)
+		return true;
+	owner = bpf_map_lookup_elem(&slot_owner, idx);
+	return owner && *owner == dev;
+}
+
+/*
  * The series of the device: in the per-CPU array under the device's slot (the
  * first of NETXMIT_DEV_PROBES slots from its ifindex that it owns or that is
  * free), else, when other devices hold them all, in the hash by name.
@@ -78,11 +100,8 @@ static __always_inline struct netxmit_value *series_of(struct net_device *dev,
 		if (!d)
 			break;
 		if (d->dev != (__u64)dev) {
-			if (d->dev)
+			if (d->dev || !claim_slot(&idx, (__u64)dev))
 				continue;
-			/* Two new devices racing for one free slot at the very
-			 * same moment may share it until the loser is renamed
-			 * below: the name is kept current on every packet. */
 			d->dev = (__u64)dev;
 		}
 		read_name(dev, d->ifname, raw); /* follows renames */
