@@ -7,7 +7,6 @@
 #include <memory>
 
 #include "ebpf_metricsd/tracer.h"
-#include "ebpf_metricsd/web.h"
 #include "ebpf_metricsd/yaml_reader.h"
 
 namespace ebpf_metricsd {
@@ -21,16 +20,23 @@ Config parse_config(const std::string& yaml_text, const std::string& file_name) 
   YamlMapReader top(root, file_name, "");
 
   YamlMapReader web = top.get_map("web");
-  cfg.listen_address = web.get_string("listen_address", cfg.listen_address);
-  if (auto err = validate_listen_address(cfg.listen_address); !err.empty()) {
+  WebSettings& w = cfg.web;
+  w.listen_address = web.get_string("listen_address", w.listen_address);
+  if (auto err = validate_listen_address(w.listen_address); !err.empty()) {
     web.fail("listen_address", err);
   }
-  // Each scrape in flight holds a worker thread: with the tracers' and the drain's, the
-  // threads must stay under the unit's TasksMax=256.
-  cfg.max_requests = static_cast<std::size_t>(
-      web.get_int("max_requests", static_cast<std::int64_t>(cfg.max_requests), 1,
-                  Config::kMaxRequests));
-  cfg.request_timeout = web.get_duration("request_timeout", cfg.request_timeout, 100ms, 5min);
+  auto count = [&web](const char* key, std::size_t fallback, std::int64_t max) {
+    return static_cast<std::size_t>(web.get_int(key, static_cast<std::int64_t>(fallback), 1, max));
+  };
+  w.max_requests = count("max_requests", w.max_requests, Config::kMaxRequests);
+  w.max_connections = count("max_connections", w.max_connections, Config::kMaxConnections);
+  w.max_connections_per_address =
+      count("max_connections_per_address", w.max_connections_per_address, Config::kMaxConnections);
+  if (w.max_connections_per_address > w.max_connections) {
+    web.fail("max_connections_per_address",
+             "is above max_connections (" + std::to_string(w.max_connections) + ")");
+  }
+  w.request_timeout = web.get_duration("request_timeout", w.request_timeout, 100ms, 5min);
   web.finish();
 
   cfg.drain_interval = top.get_duration("drain_interval", cfg.drain_interval, 100ms, 1h);

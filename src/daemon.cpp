@@ -14,10 +14,11 @@
 #include "ebpf_metricsd/bpf_support.h"
 #include "ebpf_metricsd/config.h"
 #include "ebpf_metricsd/drain.h"
+#include "ebpf_metricsd/exposition.h"
 #include "ebpf_metricsd/metric_store.h"
 #include "ebpf_metricsd/tracer.h"
-#include "ebpf_metricsd/web.h"
-#include "ebpf_metricsd/web_config.h"
+#include "ebpf_metricsd/http/server.h"
+#include "ebpf_metricsd/http/web_config.h"
 
 namespace ebpf_metricsd {
 
@@ -89,9 +90,8 @@ class Daemon {
   int run();
 
  private:
-  // Reads the config file and the web config file; throws ConfigError.
-  std::pair<Config, WebConfig> read_configs() const;
-  static WebSettings web_settings(const Config& cfg, const WebConfig& web);
+  // Reads the config file and the web config file into one Config; throws ConfigError.
+  Config read_configs() const;
   // Brings the running tracers in line with cfg: starts, stops and restarts only what
   // changed. False when a tracer failed to start and --strict is set.
   bool reconcile(const Config& cfg);
@@ -103,7 +103,6 @@ class Daemon {
 
   DaemonOptions options_;
   Config cfg_;
-  WebConfig web_cfg_;
   std::shared_ptr<MetricStore> store_ = std::make_shared<MetricStore>();
   MetricStore::MetricId tracer_up_ = 0, reload_ok_ = 0, reload_time_ = 0;
   // Read by the web server's threads for the landing page.
@@ -122,21 +121,18 @@ class Daemon {
   std::map<std::string, std::unique_ptr<Tracer>> running_;
 };
 
-std::pair<Config, WebConfig> Daemon::read_configs() const {
+Config Daemon::read_configs() const {
   Config cfg = load_config(options_.config_path);
   if (options_.listen_address) {
     if (auto err = validate_listen_address(*options_.listen_address); !err.empty()) {
       throw ConfigError("--web.listen-address " + *options_.listen_address + ": " + err);
     }
-    cfg.listen_address = *options_.listen_address;
+    cfg.web.listen_address = *options_.listen_address;
   }
-  WebConfig web;
-  if (!options_.web_config_path.empty()) web = load_web_config(options_.web_config_path);
-  return {std::move(cfg), std::move(web)};
-}
-
-WebSettings Daemon::web_settings(const Config& cfg, const WebConfig& web) {
-  return {cfg.listen_address, web, cfg.max_requests, cfg.request_timeout};
+  if (!options_.web_config_path.empty()) {
+    cfg.web.security = load_web_config(options_.web_config_path);
+  }
+  return cfg;
 }
 
 void Daemon::stop_tracer(const std::string& name, bool keep_series) {
@@ -227,15 +223,16 @@ void Daemon::notify_ready() {
 
 std::unique_ptr<WebServer> Daemon::make_web(const WebSettings& settings) {
   return std::make_unique<WebServer>(
-      settings, store_,
-      [states = states_] {
-        std::lock_guard lock(states->mutex);
-        return landing_page(states->list);
-      },
-      [drain = std::weak_ptr<DrainLoop>(drain_)] {
-        const auto d = drain.lock();
-        return d && d->healthy();
-      });
+      settings, exporter_routes(
+                    store_,
+                    [states = states_] {
+                      std::lock_guard lock(states->mutex);
+                      return landing_page(states->list);
+                    },
+                    [drain = std::weak_ptr<DrainLoop>(drain_)] {
+                      const auto d = drain.lock();
+                      return d && d->healthy();
+                    }));
 }
 
 void Daemon::reload() {
@@ -243,9 +240,8 @@ void Daemon::reload() {
              static_cast<unsigned long long>(monotonic_usec()), options_.config_path.c_str());
   spdlog::info("SIGHUP: reloading {}", options_.config_path);
   Config cfg;
-  WebConfig web;
   try {
-    std::tie(cfg, web) = read_configs();
+    cfg = read_configs();
   } catch (const ConfigError& e) {
     spdlog::error("reload failed, keeping the running configuration: {}", e.what());
     store_->set(reload_ok_, {}, 0);
@@ -253,10 +249,9 @@ void Daemon::reload() {
     return;
   }
   bool ok = true;
-  const WebSettings wanted = web_settings(cfg, web);
+  const WebSettings& wanted = cfg.web;
   const WebSettings& have = web_->settings();
-  if (wanted.listen_address != have.listen_address || wanted.security.text != have.security.text ||
-      wanted.max_requests != have.max_requests || wanted.request_timeout != have.request_timeout) {
+  if (!same_server_settings(wanted, have)) {
     // One server at a time: the new one may need the same port.
     const WebSettings previous = have;
     web_.reset();
@@ -288,7 +283,6 @@ void Daemon::reload() {
   drain_->set_interval(cfg.drain_interval);
   store_->set_series_limit(cfg.max_series);
   cfg_ = std::move(cfg);
-  web_cfg_ = std::move(web);
   store_->set(reload_ok_, {}, ok ? 1 : 0);
   if (ok) {
     store_->set(reload_time_, {}, static_cast<double>(std::time(nullptr)));
@@ -300,7 +294,7 @@ void Daemon::reload() {
 
 int Daemon::run() {
   try {
-    std::tie(cfg_, web_cfg_) = read_configs();
+    cfg_ = read_configs();
   } catch (const ConfigError& e) {
     spdlog::error("invalid configuration: {}", e.what());
     return kExitConfigError;
@@ -339,13 +333,13 @@ int Daemon::run() {
   }
   drain_ = std::make_shared<DrainLoop>(*store_, cfg_.drain_interval);
   try {
-    web_ = make_web(web_settings(cfg_, web_cfg_));
+    web_ = make_web(cfg_.web);
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
     return 1;
   }
   spdlog::info("ebpf-metricsd {} listening on {}{} (config {})", EBPF_METRICSD_VERSION,
-               cfg_.listen_address, web_cfg_.tls ? " with TLS" : "", cfg_.file);
+               cfg_.web.listen_address, cfg_.web.security.tls ? " with TLS" : "", cfg_.file);
 
   set_kernel_btf_path(cfg_.btf_path);
   if (!cfg_.btf_path.empty()) spdlog::info("kernel BTF from {}", cfg_.btf_path);

@@ -15,7 +15,7 @@
 #include "ebpf_metricsd/config.h"
 #include "ebpf_metricsd/daemon.h"
 #include "ebpf_metricsd/tracer.h"
-#include "ebpf_metricsd/web_config.h"
+#include "ebpf_metricsd/http/web_config.h"
 
 namespace {
 

@@ -8,6 +8,7 @@
 
 #include "ebpf_metricsd/config_error.h"
 #include "ebpf_metricsd/hook_probe.h"
+#include "ebpf_metricsd/http/server.h"
 
 namespace ebpf_metricsd {
 
@@ -23,14 +24,13 @@ struct TracerConfig {
 
 struct Config {
   std::string file;
-  std::string listen_address = ":9810";
-  // Scrapes of /metrics served at once; one more is answered 503 at once.
-  std::size_t max_requests = 40;
-  // Its ceiling: max_requests + 4 web workers, the drain and main thread and libraries' own
-  // threads must fit the systemd unit's TasksMax=256 with room to spare.
+  // Where and how /metrics is served; its `security` comes from --web.config.file.
+  WebSettings web;
+  // Ceilings that keep the web server within the systemd unit's limits: max_requests
+  // (scrapes rendered at once), and max_connections, each holding a file descriptor under
+  // LimitNOFILE=65536 beside the tracers' own.
   static constexpr std::int64_t kMaxRequests = 200;
-  // A client must send its whole request (and TLS handshake) within this.
-  std::chrono::milliseconds request_timeout{10000};
+  static constexpr std::int64_t kMaxConnections = 60000;
   std::chrono::milliseconds drain_interval{5000};
   // Label sets per metric; 0 = unlimited.
   std::size_t max_series = 2000;

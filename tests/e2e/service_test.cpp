@@ -14,7 +14,7 @@
 
 #include "daemon_process.h"
 #include "ebpf_metricsd/daemon.h"
-#include "ebpf_metricsd/web_config.h"
+#include "ebpf_metricsd/http/basic_auth.h"
 
 using namespace ebpf_metricsd::test;
 using namespace std::chrono_literals;

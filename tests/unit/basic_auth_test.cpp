@@ -9,8 +9,7 @@
 #include <vector>
 
 #include "../test_support.h"
-#include "ebpf_metricsd/basic_auth.h"
-#include "ebpf_metricsd/web_config.h"
+#include "ebpf_metricsd/http/basic_auth.h"
 
 using namespace ebpf_metricsd;
 

@@ -33,7 +33,7 @@ const TracerConfig& tracer(const Config& c, const std::string& name) {
 
 TEST_CASE("empty config gives the documented defaults") {
   const Config c = parse_config("", "test.yaml");
-  CHECK(c.listen_address == ":9810");
+  CHECK(c.web.listen_address == ":9810");
   CHECK(c.drain_interval == std::chrono::seconds(5));
   REQUIRE(!c.tracers.empty());
   for (const auto& t : c.tracers) CHECK_FALSE(t.enabled);
@@ -52,7 +52,7 @@ tracers:
     exclude: [write]
 )",
                                 "test.yaml");
-  CHECK(c.listen_address == "127.0.0.1:9999");
+  CHECK(c.web.listen_address == "127.0.0.1:9999");
   CHECK(c.drain_interval == std::chrono::seconds(90));
   const auto& t = tracer(c, "syscall_latency");
   CHECK(t.enabled);
@@ -61,7 +61,7 @@ tracers:
 
 TEST_CASE("the shipped config is valid and enables syscall_latency") {
   const Config c = load_config(SOURCE_DIR "/config/ebpf-metricsd.yaml");
-  CHECK(c.listen_address == ":9810");
+  CHECK(c.web.listen_address == ":9810");
   CHECK(tracer(c, "syscall_latency").enabled);
 }
 
@@ -245,7 +245,7 @@ TEST_CASE("config files: size limit before parsing, symlink loops named") {
 }
 
 TEST_CASE("web.max_requests stays within the unit's TasksMax") {
-  CHECK(parse_config("web:\n  max_requests: 200\n", "test.yaml").max_requests == 200);
+  CHECK(parse_config("web:\n  max_requests: 200\n", "test.yaml").web.max_requests == 200);
   CHECK_THAT(error_of("web:\n  max_requests: 300\n"),
              Contains("web.max_requests: value 300 is out of range [1, 200]"));
   // The unit's limit the ceiling is made for.

@@ -95,7 +95,7 @@ TEST_CASE("Kubernetes Service and PodMonitor select the DaemonSet's pods on its 
 TEST_CASE("the ConfigMap's config and the shipped config are valid configs") {
   const YAML::Node cm = load("packaging/kubernetes/configmap.yaml");
   const Config cfg = parse_config(cm["data"]["config.yaml"].as<std::string>(), "configmap.yaml");
-  CHECK(cfg.listen_address == ":9810");
+  CHECK(cfg.web.listen_address == ":9810");
   std::ifstream in(SOURCE_DIR "/config/ebpf-metricsd.yaml");
   std::stringstream ss;
   ss << in.rdbuf();

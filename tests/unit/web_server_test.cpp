@@ -14,8 +14,10 @@
 
 #include "../test_support.h"
 #include "ebpf_metricsd/config_error.h"
-#include "ebpf_metricsd/web.h"
-#include "ebpf_metricsd/web_config.h"
+#include "ebpf_metricsd/http/server.h"
+#include "ebpf_metricsd/exposition.h"
+#include "ebpf_metricsd/http/basic_auth.h"
+#include "ebpf_metricsd/http/web_config.h"
 
 using namespace ebpf_metricsd;
 using namespace ebpf_metricsd::test;
@@ -127,7 +129,7 @@ struct TlsServer {
                                       "/server.pem\n  key_file: " + pki.dir + "/server.key\n" +
                                       tls_extra + rest,
                                   "web.yml");
-    server = std::make_unique<WebServer>(s, metrics, [] { return std::string(); });
+    server = std::make_unique<WebServer>(s, exporter_routes(metrics, [] { return std::string(); }));
   }
   std::string client(const std::string& name) const {
     return " --cert " + pki.dir + "/" + name + ".pem --key " + pki.dir + "/" + name + ".key";
@@ -146,7 +148,7 @@ TEST_CASE("basic auth: no credentials and wrong password get 401, the right one 
   const int port = free_port();
   WebSettings s = local(port);
   s.security.basic_auth_users["prometheus"] = test_hash("s3cret:with colon");
-  WebServer server(s, metrics, [] { return std::string("<html>landing</html>"); });
+  WebServer server(s, exporter_routes(metrics, [] { return std::string("<html>landing</html>"); }));
 
   const auto none = http_get(port, "/metrics");
   CHECK(none.status == 401);
@@ -173,7 +175,7 @@ TEST_CASE("scrapes past max_requests get 503 at once, and the slot frees again")
   const int port = free_port();
   WebSettings s = local(port);
   s.max_requests = 1;
-  WebServer server(s, metrics, [] { return std::string(); });
+  WebServer server(s, exporter_routes(metrics, [] { return std::string(); }));
 
   metrics->close();
   auto held = std::async(std::launch::async, [&] { return http_get(port, "/metrics"); });
@@ -195,7 +197,7 @@ TEST_CASE("a client dripping its request does not delay a scrape and is cut off"
   WebSettings s = local(port);
   s.max_requests = 1;
   s.request_timeout = 1500ms;
-  WebServer server(s, metrics, [] { return std::string(); });
+  WebServer server(s, exporter_routes(metrics, [] { return std::string(); }));
 
   // Three slow clients, each sending one byte of its request header every 700 ms.
   const std::string request = "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n";
@@ -311,8 +313,8 @@ TEST_CASE("bcrypt hashes from htpasswd-style $2y$ and $2b$ verify") {
 TEST_CASE("malformed and oversized requests get 4xx and the server serves on") {
   auto metrics = std::make_shared<GateCollectable>();
   const int port = free_port();
-  WebServer server(local(port), metrics, [] { return std::string("<html></html>"); });
-  CHECK(http_get(port, "/" + std::string(100000, 'a')).status == 431);
+  WebServer server(local(port), exporter_routes(metrics, [] { return std::string("<html></html>"); }));
+  CHECK(http_get(port, "/" + std::string(100000, 'a')).status == 414);  // URI too long
   std::string many;
   for (int i = 0; i < 5000; ++i) many += "X-Filler: " + std::to_string(i) + "\r\n";
   CHECK(http_get(port, "/metrics", many).status == 431);
@@ -329,13 +331,14 @@ TEST_CASE("/-/healthy follows the health callback") {
   auto metrics = std::make_shared<GateCollectable>();
   std::atomic<bool> healthy{false};
   const int port = free_port();
-  WebServer server(
-      local(port), metrics, [] { return std::string(); }, [&] { return healthy.load(); });
+  WebServer server(local(port), exporter_routes(
+                                    metrics, [] { return std::string(); },
+                                    [&] { return healthy.load(); }));
   CHECK(http_get(port, "/-/healthy").status == 503);
   healthy = true;
   CHECK(http_get(port, "/-/healthy").status == 200);
   const int other = free_port();
-  WebServer without(local(other), metrics, [] { return std::string(); });
+  WebServer without(local(other), exporter_routes(metrics, [] { return std::string(); }));
   CHECK(http_get(other, "/-/healthy").status == 200);
 }
 
@@ -344,7 +347,7 @@ TEST_CASE("stopping the server does not wait for stalled clients") {
   const int port = free_port();
   WebSettings s = local(port);
   s.request_timeout = 20s;
-  auto server = std::make_unique<WebServer>(s, metrics, [] { return std::string(); });
+  auto server = std::make_unique<WebServer>(s, exporter_routes(metrics, [] { return std::string(); }));
   // A client that sends half a request and then nothing.
   const int fd = connect_loopback(port);
   REQUIRE(fd >= 0);
@@ -366,7 +369,7 @@ TEST_CASE(
   WebSettings s = local(port);
   s.request_timeout = 500ms;
   s.security.basic_auth_users["u"] = test_hash("p");
-  WebServer server(s, metrics, [] { return std::string("<html></html>"); });
+  WebServer server(s, exporter_routes(metrics, [] { return std::string("<html></html>"); }));
   const std::string valid =
       "GET /metrics?x=1 HTTP/1.1\r\nHost: localhost\r\nAuthorization: Basic dTpw\r\n"
       "Accept-Encoding: gzip, deflate\r\nConnection: close\r\n\r\n";

@@ -34,6 +34,9 @@ class BasicAuth {
   // SHA-256) for its user, so an authorized scraper pays bcrypt once, not on every scrape,
   // and never waits behind the bcrypt checks of failed attempts.
   bool check(const std::optional<std::string_view>& authorization);
+  // check()'s answer where it needs no bcrypt (malformed, missing or remembered
+  // credentials), else nullopt: the caller then runs check() where waiting does no harm.
+  std::optional<bool> check_without_bcrypt(const std::optional<std::string_view>& authorization);
 
   // The user and password of a Basic Authorization value, or nullopt when malformed.
   static std::optional<std::pair<std::string, std::string>> parse(std::string_view value);
@@ -42,7 +45,8 @@ class BasicAuth {
   std::uint64_t bcrypt_checks() const;
 
  private:
-  using Digest = std::array<unsigned char, 32>;
+  using Digest = std::array<unsigned char, 32>;  // SHA-256
+  static Digest digest_of(const std::string& password);
   bool remembered(const std::string& user, const Digest& digest);
   bool bcrypt_all_costs(const std::string& user, const std::string& password);
 
@@ -55,6 +59,17 @@ class BasicAuth {
   unsigned running_ = 0;
   std::uint64_t checks_ = 0;
 };
+
+// A bcrypt hash of `password` with a fresh salt ("" if the system cannot make one); `prefix`
+// "$2b$" or "$2y$" (htpasswd's).
+std::string bcrypt_hash(const std::string& password, unsigned long cost,
+                        const char* prefix = "$2b$");
+
+// Checks a password against a bcrypt hash ($2a$, $2b$, $2y$) in constant time.
+bool bcrypt_matches(const std::string& password, const std::string& hash);
+
+// Whether `hash` has the form of a bcrypt hash ($2a$, $2b$, $2y$; 60 characters).
+bool is_bcrypt_hash(const std::string& hash);
 
 // The cost of a bcrypt hash ("$2y$10$..." -> 10), or nullopt.
 std::optional<int> bcrypt_cost(const std::string& hash);

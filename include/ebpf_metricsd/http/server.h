@@ -1,0 +1,95 @@
+#pragma once
+// The HTTP and HTTPS server: a thin adapter on libmicrohttpd (event-driven, GnuTLS). It knows
+// routes, limits, TLS and basic auth, nothing of what it serves.
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "ebpf_metricsd/http/web_config.h"
+
+namespace ebpf_metricsd {
+
+// "" when the address is usable ("host:port", ":port", "[v6]:port"), else why not.
+std::string validate_listen_address(const std::string& address);
+// The socket address to bind: ":port" is every interface, IPv6 and IPv4 where the kernel
+// has IPv6. Throws std::invalid_argument.
+sockaddr_storage resolve_listen_address(const std::string& address, bool ipv6_available);
+std::string html_escape(const std::string& text);
+
+struct WebSettings {
+  std::string listen_address = ":9810";
+  WebConfig security;  // TLS and basic auth (--web.config.file)
+  // Requests of limited routes (/metrics) being answered at once; one more gets 503.
+  std::size_t max_requests = 40;
+  // Open connections in all, and from one client address; more are closed at once.
+  std::size_t max_connections = 4096;
+  std::size_t max_connections_per_address = 32;
+  // From connect, the TLS handshake and the request head must arrive within this; a
+  // response must be sent, and a kept-alive connection's next request head arrive, within
+  // it again.
+  std::chrono::milliseconds request_timeout{10000};
+};
+
+// Whether a server with settings `b` would serve as one with `a` does (the web config file
+// compared by its text), so that a reload restarts the server only when they differ.
+bool same_server_settings(const WebSettings& a, const WebSettings& b);
+
+// The threads a server runs besides its caller's: the event loops, the bcrypt checks and
+// the deadline watch. Fixed, whatever the load, so that TasksMax can be checked.
+unsigned web_server_threads();
+
+struct HttpRequest {
+  std::string_view method;  // GET or HEAD
+  std::string_view path;    // without the query
+  // A request header's value (the first of that name), or nullopt.
+  std::function<std::optional<std::string_view>(const char* name)> header;
+};
+
+struct HttpResponse {
+  int status = 200;
+  std::string content_type = "text/plain; charset=utf-8";
+  std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;
+  bool compressible = false;  // gzip it when the client accepts gzip
+};
+
+struct Route {
+  std::string path;
+  std::function<HttpResponse(const HttpRequest&)> handler;
+  bool limited = false;  // counts against max_requests
+};
+
+// GET and HEAD on the routes' paths, 404 elsewhere, 405 for other methods. With
+// basic_auth_users every path asks for credentials (401). Malformed requests get 400, too
+// long a URI 414, too large a head 431, all from libmicrohttpd.
+class WebServer {
+ public:
+  // Binds the listen address and serves until destroyed. Throws std::runtime_error when the
+  // address cannot be bound or the TLS files cannot be used.
+  WebServer(WebSettings settings, std::vector<Route> routes);
+  ~WebServer();
+  WebServer(const WebServer&) = delete;
+  WebServer& operator=(const WebServer&) = delete;
+
+  int port() const;
+  // Loads the certificate, key and CA files again (rotated on disk) for the connections
+  // from now on; the listener and the connections open stay. Throws std::runtime_error and
+  // keeps the loaded ones when they do not load.
+  void reload_tls();
+  const WebSettings& settings() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ebpf_metricsd

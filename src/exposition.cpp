@@ -1,0 +1,40 @@
+#include "ebpf_metricsd/exposition.h"
+
+#include <prometheus/collectable.h>
+#include <prometheus/text_serializer.h>
+
+namespace ebpf_metricsd {
+
+std::vector<Route> exporter_routes(std::shared_ptr<prometheus::Collectable> metrics,
+                                   std::function<std::string()> landing_html,
+                                   std::function<bool()> healthy) {
+  std::vector<Route> routes;
+  routes.push_back({"/metrics",
+                    [metrics](const HttpRequest&) {
+                      HttpResponse r;
+                      r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+                      r.body = prometheus::TextSerializer().Serialize(metrics->Collect());
+                      r.compressible = true;
+                      return r;
+                    },
+                    /*limited=*/true});
+  routes.push_back({"/", [landing = std::move(landing_html)](const HttpRequest&) {
+                      HttpResponse r;
+                      r.content_type = "text/html; charset=utf-8";
+                      r.body = landing ? landing() : "";
+                      return r;
+                    }});
+  routes.push_back({"/-/healthy", [healthy = std::move(healthy)](const HttpRequest&) {
+                      HttpResponse r;
+                      if (!healthy || healthy()) {
+                        r.body = "OK\n";
+                      } else {
+                        r.status = 503;
+                        r.body = "unhealthy: the tracers' maps have not been drained lately\n";
+                      }
+                      return r;
+                    }});
+  return routes;
+}
+
+}  // namespace ebpf_metricsd
