@@ -91,7 +91,7 @@ constexpr std::size_t kConnectionMemory = 16 * 1024;
 // bcrypt checks waiting for a turn; past this a request that needs one gets 503 at once.
 constexpr std::size_t kMaxQueuedBcrypt = 64;
 // File descriptors kept free for the tracers, log and config files beside the connections.
-constexpr rlim_t kReservedDescriptors = 512;
+constexpr rlim_t kReservedDescriptors = 1024;
 
 unsigned cores() { return std::max(1u, std::thread::hardware_concurrency()); }
 unsigned event_threads() { return std::clamp(cores(), 2u, 8u); }

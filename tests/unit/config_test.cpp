@@ -244,12 +244,26 @@ TEST_CASE("config files: size limit before parsing, symlink loops named") {
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("web.max_requests stays within the unit's TasksMax") {
+TEST_CASE("web limits stay within the unit's TasksMax and LimitNOFILE") {
   CHECK(parse_config("web:\n  max_requests: 200\n", "test.yaml").web.max_requests == 200);
   CHECK_THAT(error_of("web:\n  max_requests: 300\n"),
              Contains("web.max_requests: value 300 is out of range [1, 200]"));
-  // The unit's limit the ceiling is made for.
+  const Config c = parse_config(
+      "web:\n  max_connections: 60000\n  max_connections_per_address: 5\n", "test.yaml");
+  CHECK(c.web.max_connections == 60000);
+  CHECK(c.web.max_connections_per_address == 5);
+  CHECK_THAT(error_of("web:\n  max_connections: 60001\n"),
+             Contains("web.max_connections: value 60001 is out of range [1, 60000]"));
+  CHECK_THAT(error_of("web:\n  max_connections: 0\n"), Contains("web.max_connections: value 0"));
+  CHECK_THAT(error_of("web:\n  max_connections: 10\n  max_connections_per_address: 11\n"),
+             Contains("test.yaml:3:32: web.max_connections_per_address: is above "
+                      "max_connections (10)"));
+  // The unit's limits the ceilings are made for. The web server's threads do not grow with
+  // load or limits; with the drain, main and library threads they stay far below TasksMax.
   std::ifstream unit(SOURCE_DIR "/systemd/ebpf-metricsd.service");
   const std::string text((std::istreambuf_iterator<char>(unit)), {});
   CHECK_THAT(text, Contains("\nTasksMax=256\n"));
+  CHECK(web_server_threads() <= 17);
+  CHECK_THAT(text, Contains("\nLimitNOFILE=65536\n"));
+  CHECK(Config::kMaxConnections + 4096 <= 65536);  // room for the tracers' descriptors
 }
