@@ -420,13 +420,19 @@ MHD_Result WebServer::Impl::on_request(void* cls, MHD_Connection* connection, co
                                        size_t* upload_data_size, void** request_context) {
   auto* self = static_cast<Impl*>(cls);
   auto* pending = static_cast<PendingRequest*>(*request_context);
+  const std::string_view m(method);
+  const bool answerable = m == "GET" || m == "HEAD";
   if (!pending) {
-    pending = new PendingRequest();
-    *request_context = pending;
-    // The head has arrived: the deadline waits until there is a response to send.
-    if (Connection* c = connection_of(connection)) self->watch.disarm(c);
+    *request_context = new PendingRequest();
+    // The library calls again once the request is whole; answering a GET now would cost the
+    // connection its keep-alive. Any other method is answered at once, its body unread.
+    if (answerable) return MHD_YES;
+  } else if (*upload_data_size != 0) {
+    *upload_data_size = 0;  // a body is dropped (within the deadline); no route takes one
+    return MHD_YES;
   }
-  *upload_data_size = 0;  // a body is read and dropped; no route takes one
+  // The request is whole: the deadline waits until there is a response to send.
+  if (Connection* c = connection_of(connection)) self->watch.disarm(c);
   try {
     return self->request(connection, url, method, *pending);
   } catch (const std::exception& e) {
