@@ -411,3 +411,95 @@ TEST_CASE(
   CHECK(answered > 1000);
   CHECK(http_get(port, "/metrics", "Authorization: Basic dTpw\r\n").status == 200);
 }
+
+namespace {
+
+// A TCP connection to 127.0.0.1:port from the loopback address `source` (any of 127/8).
+int connect_from(const char* source, int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  sockaddr_in src{};
+  src.sin_family = AF_INET;
+  inet_pton(AF_INET, source, &src.sin_addr);
+  sockaddr_in dst{};
+  dst.sin_family = AF_INET;
+  dst.sin_port = htons(static_cast<uint16_t>(port));
+  dst.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof src) != 0 ||
+      connect(fd, reinterpret_cast<sockaddr*>(&dst), sizeof dst) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Reads one response (head and Content-Length body) from a kept-alive connection; its
+// status, or 0 when the connection ended first.
+int read_response(int fd) {
+  std::string raw;
+  char buf[4096];
+  for (;;) {
+    const auto head_end = raw.find("\r\n\r\n");
+    if (head_end != std::string::npos) {
+      const auto cl = raw.find("Content-Length: ");
+      const std::size_t body = cl == std::string::npos ? 0 : std::stoul(raw.substr(cl + 16));
+      if (raw.size() >= head_end + 4 + body) return std::atoi(raw.c_str() + 9);
+    }
+    const ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) return 0;
+    raw.append(buf, static_cast<std::size_t>(n));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a kept-alive connection serves scrape after scrape, and is closed once idle") {
+  auto metrics = std::make_shared<GateCollectable>();
+  const int port = free_port();
+  WebSettings s = local(port);
+  s.request_timeout = 700ms;
+  WebServer server(s, exporter_routes(metrics, [] { return std::string(); }));
+  const int fd = connect_loopback(port, 5);
+  REQUIRE(fd >= 0);
+  const std::string req = "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n";
+  for (int i = 0; i < 3; ++i) {
+    REQUIRE(send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size()));
+    CHECK(read_response(fd) == 200);
+  }
+  // Idle past request_timeout: the server hangs up.
+  const auto t0 = std::chrono::steady_clock::now();
+  char c;
+  CHECK(recv(fd, &c, 1, 0) == 0);
+  const auto idle = std::chrono::steady_clock::now() - t0;
+  CHECK(idle > 500ms);
+  CHECK(idle < 3s);
+  close(fd);
+}
+
+TEST_CASE("connections past the per-address limit are closed at once; other addresses are served") {
+  auto metrics = std::make_shared<GateCollectable>();
+  const int port = free_port();
+  WebSettings s = local(port);
+  s.max_connections_per_address = 3;
+  WebServer server(s, exporter_routes(metrics, [] { return std::string(); }));
+  std::vector<int> held;
+  for (int i = 0; i < 3; ++i) held.push_back(connect_from("127.0.0.2", port));
+  for (int fd : held) REQUIRE(fd >= 0);
+  std::this_thread::sleep_for(200ms);
+  const int extra = connect_from("127.0.0.2", port);
+  REQUIRE(extra >= 0);  // accepted by the kernel, then closed by the server
+  char c;
+  CHECK(recv(extra, &c, 1, 0) == 0);
+  close(extra);
+  CHECK(http_get(port, "/metrics").status == 200);  // from 127.0.0.1
+  close(held.back());
+  held.pop_back();
+  std::this_thread::sleep_for(200ms);
+  const int again = connect_from("127.0.0.2", port);  // a slot is free again
+  const std::string req = "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n";
+  REQUIRE(send(again, req.data(), req.size(), MSG_NOSIGNAL) > 0);
+  CHECK(read_response(again) == 200);
+  close(again);
+  for (int fd : held) close(fd);
+}
