@@ -12,8 +12,10 @@ command -v wrk >/dev/null || { echo "wrk is not installed (apt-get install wrk)"
 dir=$(mktemp -d)
 port=$((20000 + RANDOM % 20000))
 trap 'kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$dir"' EXIT
-sed -e "s/listen_address: .*/listen_address: \"127.0.0.1:$port\"/" config/ebpf-metricsd.yaml \
-  >"$dir/config.yaml"
+# wrk's connections all come from 127.0.0.1: the per-address limit makes room for them.
+sed -e "s/listen_address: .*/listen_address: \"127.0.0.1:$port\"/" \
+  -e "s/max_connections_per_address: .*/max_connections_per_address: $((conns + 10))/" \
+  config/ebpf-metricsd.yaml >"$dir/config.yaml"
 "$bin" --config "$dir/config.yaml" 2>"$dir/log" &
 pid=$!
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/metrics" -o /dev/null && break; sleep 0.1; done
