@@ -5,6 +5,32 @@
 
 namespace ebpf_metricsd {
 
+std::string html_escape(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    switch (c) {
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
 std::vector<Route> exporter_routes(std::shared_ptr<prometheus::Collectable> metrics,
                                    std::function<std::string()> landing_html,
                                    std::function<bool()> healthy) {

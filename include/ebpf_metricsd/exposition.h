@@ -15,6 +15,8 @@ class Collectable;
 
 namespace ebpf_metricsd {
 
+std::string html_escape(const std::string& text);
+
 // /metrics from `metrics` (gzip when asked, counted against web.max_requests), / from
 // `landing_html`, /-/healthy 200 while `healthy` says so (503 otherwise; 200 without one).
 std::vector<Route> exporter_routes(std::shared_ptr<prometheus::Collectable> metrics,

@@ -11,15 +11,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <condition_variable>
 #include <cstdarg>
 #include <cstring>
-#include <deque>
 #include <mutex>
-#include <set>
 #include <stdexcept>
 #include <thread>
 
+#include "bcrypt_queue.h"
+#include "deadline_watch.h"
 #include "ebpf_metricsd/http/basic_auth.h"
 #include "ebpf_metricsd/http/tls.h"
 
@@ -27,45 +26,9 @@ namespace ebpf_metricsd {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-struct SplitAddress {
-  std::string host;  // without brackets; "" = all interfaces
-  bool ipv6 = false;
-  std::string port;
-  std::string error;
-};
-
-SplitAddress split(const std::string& address) {
-  SplitAddress out;
-  const auto colon = address.rfind(':');
-  if (colon == std::string::npos) {
-    out.error = "expected host:port or :port";
-    return out;
-  }
-  out.host = address.substr(0, colon);
-  out.port = address.substr(colon + 1);
-  if (!out.host.empty() && out.host.front() == '[') {
-    if (out.host.back() != ']') {
-      out.error = "unbalanced [ in IPv6 address";
-      return out;
-    }
-    out.host = out.host.substr(1, out.host.size() - 2);
-    out.ipv6 = true;
-  }
-  if (out.port.empty() || out.port.size() > 5 ||
-      out.port.find_first_not_of("0123456789") != std::string::npos ||
-      std::stoi(out.port) > 65535) {
-    out.error = "invalid port '" + out.port + "'";
-    return out;
-  }
-  if (out.host == "localhost") out.host = "127.0.0.1";
-  unsigned char buf[sizeof(in6_addr)];
-  if (!out.host.empty() && inet_pton(out.ipv6 ? AF_INET6 : AF_INET, out.host.c_str(), buf) != 1) {
-    out.error = "invalid IP address '" + out.host + "' (use a numeric address or localhost)";
-  }
-  return out;
-}
+using http_internal::BcryptQueue;
+using http_internal::Connection;
+using http_internal::DeadlineWatch;
 
 std::optional<std::string> gzip(const std::string& in) {
   z_stream zs{};
@@ -120,138 +83,6 @@ HttpResponse text(int status, std::string message) {
   r.body = std::move(message) + "\n";
   return r;
 }
-
-// One open connection: its socket, the TLS credentials it started with, and the moment by
-// which it must have made progress (none while a handler works on its request).
-struct Connection {
-  int fd = -1;
-  std::shared_ptr<const TlsCredentials> tls;
-  bool armed = false;
-  Clock::time_point deadline;
-  bool cut = false;
-};
-
-// Ends connections that are past their deadline by shutting their socket down: the event
-// loop then sees the end of the stream and closes the connection itself. A connection is
-// unregistered (under the same lock) before libmicrohttpd closes its descriptor, so a
-// descriptor is never shut down after it has been reused.
-class DeadlineWatch {
- public:
-  explicit DeadlineWatch(std::chrono::milliseconds timeout)
-      : timeout_(timeout), thread_([this] { run(); }) {}
-  ~DeadlineWatch() {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-    }
-    wake_.notify_one();
-    thread_.join();
-  }
-  DeadlineWatch(const DeadlineWatch&) = delete;
-  DeadlineWatch& operator=(const DeadlineWatch&) = delete;
-
-  void add(Connection* c) {
-    std::lock_guard lock(mutex_);
-    connections_.insert(c);
-    arm_locked(c);
-  }
-  void remove(Connection* c) {
-    std::lock_guard lock(mutex_);
-    connections_.erase(c);
-  }
-  void arm(Connection* c) {
-    std::lock_guard lock(mutex_);
-    arm_locked(c);
-  }
-  void disarm(Connection* c) {
-    std::lock_guard lock(mutex_);
-    c->armed = false;
-  }
-
- private:
-  void arm_locked(Connection* c) {
-    c->armed = true;
-    c->deadline = Clock::now() + timeout_;
-    if (c->deadline < next_wake_) wake_.notify_one();
-  }
-  void run() {
-    std::unique_lock lock(mutex_);
-    while (!stopping_) {
-      const auto now = Clock::now();
-      next_wake_ = now + std::chrono::seconds(1);
-      for (Connection* c : connections_) {
-        if (!c->armed || c->cut) continue;
-        if (c->deadline <= now) {
-          shutdown(c->fd, SHUT_RDWR);
-          c->cut = true;
-        } else {
-          next_wake_ = std::min(next_wake_, c->deadline);
-        }
-      }
-      wake_.wait_until(lock, next_wake_);
-    }
-  }
-
-  const std::chrono::milliseconds timeout_;
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::set<Connection*> connections_;
-  Clock::time_point next_wake_ = Clock::time_point::max();
-  bool stopping_ = false;
-  std::thread thread_;  // last: starts once the rest is built
-};
-
-// Runs bcrypt checks on a few threads of their own, so that the event loops never wait for
-// one. Bounded: a job past kMaxQueuedBcrypt waiting ones is refused.
-class BcryptQueue {
- public:
-  explicit BcryptQueue(unsigned threads) {
-    for (unsigned i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
-  }
-  ~BcryptQueue() { stop(); }
-  BcryptQueue(const BcryptQueue&) = delete;
-  BcryptQueue& operator=(const BcryptQueue&) = delete;
-
-  // False when the queue is full or stopped; the job then never runs.
-  bool submit(std::function<void()> job) {
-    std::lock_guard lock(mutex_);
-    if (stopping_ || jobs_.size() >= kMaxQueuedBcrypt) return false;
-    jobs_.push_back(std::move(job));
-    ready_.notify_one();
-    return true;
-  }
-  // Runs the jobs queued and waits for them; refuses new ones from now on.
-  void stop() {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-    }
-    ready_.notify_all();
-    for (auto& t : threads_) t.join();
-    threads_.clear();
-  }
-
- private:
-  void run() {
-    for (;;) {
-      std::function<void()> job;
-      {
-        std::unique_lock lock(mutex_);
-        ready_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
-        if (jobs_.empty()) return;
-        job = std::move(jobs_.front());
-        jobs_.pop_front();
-      }
-      job();
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable ready_;
-  std::deque<std::function<void()>> jobs_;
-  bool stopping_ = false;
-  std::vector<std::thread> threads_;
-};
 
 // A request's progress across calls of the access handler.
 struct PendingRequest {
@@ -313,7 +144,7 @@ struct WebServer::Impl {
       : settings(std::move(s)),
         auth(settings.security.basic_auth_users, bcrypt_threads()),
         watch(settings.request_timeout),
-        bcrypt(bcrypt_threads()) {
+        bcrypt(bcrypt_threads(), kMaxQueuedBcrypt) {
     for (auto& route : r) {
       const std::string path = route.path;
       routes.emplace(path, std::move(route));
@@ -640,55 +471,6 @@ void WebServer::reload_tls() {
   }
   std::lock_guard lock(impl_->tls_mutex);
   impl_->tls = std::move(fresh);
-}
-
-std::string validate_listen_address(const std::string& address) { return split(address).error; }
-
-sockaddr_storage resolve_listen_address(const std::string& address, bool ipv6_available) {
-  const SplitAddress a = split(address);
-  if (!a.error.empty()) throw std::invalid_argument(address + ": " + a.error);
-  sockaddr_storage ss{};
-  const auto port = htons(static_cast<uint16_t>(std::stoi(a.port)));
-  if (a.ipv6 || (a.host.empty() && ipv6_available)) {
-    auto* s6 = reinterpret_cast<sockaddr_in6*>(&ss);
-    s6->sin6_family = AF_INET6;
-    s6->sin6_port = port;
-    s6->sin6_addr = in6addr_any;
-    if (!a.host.empty()) inet_pton(AF_INET6, a.host.c_str(), &s6->sin6_addr);
-  } else {
-    auto* s4 = reinterpret_cast<sockaddr_in*>(&ss);
-    s4->sin_family = AF_INET;
-    s4->sin_port = port;
-    s4->sin_addr.s_addr = htonl(INADDR_ANY);
-    if (!a.host.empty()) inet_pton(AF_INET, a.host.c_str(), &s4->sin_addr);
-  }
-  return ss;
-}
-
-std::string html_escape(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '&':
-        out += "&amp;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      case '\'':
-        out += "&#39;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
 }
 
 }  // namespace ebpf_metricsd

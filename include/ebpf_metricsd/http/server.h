@@ -23,7 +23,6 @@ std::string validate_listen_address(const std::string& address);
 // The socket address to bind: ":port" is every interface, IPv6 and IPv4 where the kernel
 // has IPv6. Throws std::invalid_argument.
 sockaddr_storage resolve_listen_address(const std::string& address, bool ipv6_available);
-std::string html_escape(const std::string& text);
 
 struct WebSettings {
   std::string listen_address = ":9810";
