@@ -37,10 +37,14 @@ function(ebpf_metricsd_bpf_skeletons target)
     set(obj ${BPF_GEN_DIR}/${stem}.bpf.o)
     set(skel ${BPF_GEN_DIR}/${stem}.skel.h)
     file(GLOB common_headers ${CMAKE_SOURCE_DIR}/bpf/common/*.h ${src_dir}/*.h)
+    set(BPF_WERROR "")
+    if(EBPF_METRICSD_WERROR)
+      set(BPF_WERROR -Werror)
+    endif()
     add_custom_command(
       OUTPUT ${obj}
       COMMAND ${BPF_CLANG} -g -O2 -target bpf -D__TARGET_ARCH_${BPF_TARGET_ARCH}
-              -Wall -Werror -I${BPF_GEN_DIR} -I${CMAKE_SOURCE_DIR}/bpf -I${src_dir}
+              -Wall ${BPF_WERROR} -I${BPF_GEN_DIR} -I${CMAKE_SOURCE_DIR}/bpf -I${src_dir}
               -I/usr/include/${CMAKE_LIBRARY_ARCHITECTURE}
               -c ${src} -o ${obj}.tmp
       COMMAND ${BPFTOOL} gen object ${obj} ${obj}.tmp

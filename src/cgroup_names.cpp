@@ -25,7 +25,9 @@ void CgroupNames::rescan() {
   namespace fs = std::filesystem;
   std::error_code ec;
   struct stat st {};
-  if (::stat(root_.c_str(), &st) == 0) names_[st.st_ino] = "/";
+  // Strings are built by append, not `"/" + s`: GCC 12 at -O2 warns falsely (-Wrestrict) on
+  // the inlined copy of that operator.
+  if (::stat(root_.c_str(), &st) == 0) names_[st.st_ino].assign(1, '/');
   for (fs::recursive_directory_iterator
            it(root_, fs::directory_options::skip_permission_denied, ec),
        end;
@@ -33,7 +35,8 @@ void CgroupNames::rescan() {
     if (ec) break;
     if (!it->is_directory(ec)) continue;
     if (::stat(it->path().c_str(), &st) != 0) continue;
-    const std::string rel = "/" + fs::relative(it->path(), root_, ec).string();
+    std::string rel(1, '/');
+    rel.append(fs::relative(it->path(), root_, ec).string());
     names_[st.st_ino] = label_for_path(rel);
   }
 }
