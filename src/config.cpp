@@ -37,6 +37,7 @@ Config parse_config(const std::string& yaml_text, const std::string& file_name) 
              "is above max_connections (" + std::to_string(w.max_connections) + ")");
   }
   w.request_timeout = web.get_duration("request_timeout", w.request_timeout, 100ms, 5min);
+  w.idle_timeout = web.get_duration("idle_timeout", w.idle_timeout, 100ms, 1h);
   web.finish();
 
   cfg.drain_interval = top.get_duration("drain_interval", cfg.drain_interval, 100ms, 1h);

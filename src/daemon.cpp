@@ -251,7 +251,7 @@ void Daemon::reload() {
   bool ok = true;
   const WebSettings& wanted = cfg.web;
   const WebSettings& have = web_->settings();
-  if (!same_server_settings(wanted, have)) {
+  if (wanted != have) {
     // One server at a time: the new one may need the same port.
     const WebSettings previous = have;
     web_.reset();

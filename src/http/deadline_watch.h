@@ -4,37 +4,32 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
-#include <memory>
 #include <mutex>
 #include <set>
 #include <thread>
-
-#include "ebpf_metricsd/http/tls.h"
 
 namespace ebpf_metricsd::http_internal {
 
 using Clock = std::chrono::steady_clock;
 
-// One open connection: its socket, the TLS credentials it started with, and the moment by
-// which it must have made progress (none while a handler works on its request).
-struct Connection {
+// A connection's socket as the watch sees it; fields are guarded by the watch.
+struct WatchedSocket {
   int fd = -1;
-  std::shared_ptr<const TlsCredentials> tls;
   bool armed = false;
   Clock::time_point deadline;
   bool cut = false;
 };
 
-// Ends connections that are past their deadline by shutting their socket down: the event
-// loop then sees the end of the stream and closes the connection itself. A connection is
-// unregistered (under the same lock) before libmicrohttpd closes its descriptor, so a
-// descriptor is never shut down after it has been reused.
+// Ends sockets that are past their deadline by shutting them down: the event loop then sees
+// the end of the stream and closes the connection itself. The owner removes a socket (under
+// the same lock) before its descriptor is closed, so a descriptor is never shut down after it
+// has been reused.
 class DeadlineWatch {
  public:
-  explicit DeadlineWatch(std::chrono::milliseconds timeout)
-      : timeout_(timeout), thread_([this] { run(); }) {}
+  DeadlineWatch() : thread_([this] { run(); }) {}
   ~DeadlineWatch() {
     {
       std::lock_guard lock(mutex_);
@@ -46,52 +41,58 @@ class DeadlineWatch {
   DeadlineWatch(const DeadlineWatch&) = delete;
   DeadlineWatch& operator=(const DeadlineWatch&) = delete;
 
-  void add(Connection* c) {
+  void add(WatchedSocket* s, std::chrono::milliseconds within) {
     std::lock_guard lock(mutex_);
-    connections_.insert(c);
-    arm_locked(c);
+    sockets_.insert(s);
+    arm_locked(s, within);
   }
-  void remove(Connection* c) {
+  void remove(WatchedSocket* s) {
     std::lock_guard lock(mutex_);
-    connections_.erase(c);
+    sockets_.erase(s);
   }
-  void arm(Connection* c) {
+  // From now, `s` has `within` to make progress.
+  void arm(WatchedSocket* s, std::chrono::milliseconds within) {
     std::lock_guard lock(mutex_);
-    arm_locked(c);
+    arm_locked(s, within);
   }
-  void disarm(Connection* c) {
+  // `s` has no deadline until armed again (the server is at work on its request).
+  void disarm(WatchedSocket* s) {
     std::lock_guard lock(mutex_);
-    c->armed = false;
+    s->armed = false;
   }
 
  private:
-  void arm_locked(Connection* c) {
-    c->armed = true;
-    c->deadline = Clock::now() + timeout_;
-    if (c->deadline < next_wake_) wake_.notify_one();
+  // Deadlines are checked at most this often: one pass for many connections that arrive
+  // together, at the price of cutting them up to this much late.
+  static constexpr std::chrono::milliseconds kResolution{50};
+
+  void arm_locked(WatchedSocket* s, std::chrono::milliseconds within) {
+    s->armed = true;
+    s->deadline = Clock::now() + within;
+    if (s->deadline < next_wake_) wake_.notify_one();
   }
   void run() {
     std::unique_lock lock(mutex_);
     while (!stopping_) {
       const auto now = Clock::now();
       next_wake_ = now + std::chrono::seconds(1);
-      for (Connection* c : connections_) {
-        if (!c->armed || c->cut) continue;
-        if (c->deadline <= now) {
-          shutdown(c->fd, SHUT_RDWR);
-          c->cut = true;
+      for (WatchedSocket* s : sockets_) {
+        if (!s->armed || s->cut) continue;
+        if (s->deadline <= now) {
+          shutdown(s->fd, SHUT_RDWR);
+          s->cut = true;
         } else {
-          next_wake_ = std::min(next_wake_, c->deadline);
+          next_wake_ = std::min(next_wake_, s->deadline);
         }
       }
+      next_wake_ = std::max(next_wake_, now + kResolution);
       wake_.wait_until(lock, next_wake_);
     }
   }
 
-  const std::chrono::milliseconds timeout_;
   std::mutex mutex_;
   std::condition_variable wake_;
-  std::set<Connection*> connections_;
+  std::set<WatchedSocket*> sockets_;
   Clock::time_point next_wake_ = Clock::time_point::max();
   bool stopping_ = false;
   std::thread thread_;  // last: starts once the rest is built

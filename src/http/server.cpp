@@ -1,6 +1,7 @@
 #include "ebpf_metricsd/http/server.h"
 
 #include <arpa/inet.h>
+#include <gnutls/abstract.h>
 #include <microhttpd.h>
 #include <spdlog/spdlog.h>
 #include <strings.h>
@@ -12,23 +13,24 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdarg>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
 
-#include "bcrypt_queue.h"
 #include "deadline_watch.h"
 #include "ebpf_metricsd/http/basic_auth.h"
 #include "ebpf_metricsd/http/tls.h"
+#include "work_queue.h"
 
 namespace ebpf_metricsd {
 
 namespace {
 
-using http_internal::BcryptQueue;
-using http_internal::Connection;
 using http_internal::DeadlineWatch;
+using http_internal::WatchedSocket;
+using http_internal::WorkQueue;
 
 std::optional<std::string> gzip(const std::string& in) {
   z_stream zs{};
@@ -52,14 +54,13 @@ std::optional<std::string> gzip(const std::string& in) {
 // URI alone is too long); the same memory serves the connection's reads and writes.
 constexpr std::size_t kConnectionMemory = 16 * 1024;
 // bcrypt checks waiting for a turn; past this a request that needs one gets 503 at once.
-constexpr std::size_t kMaxQueuedBcrypt = 64;
-// File descriptors kept free for the tracers, log and config files beside the connections.
-constexpr rlim_t kReservedDescriptors = 1024;
+constexpr std::size_t kMaxWaitingBcrypt = 64;
 
 unsigned cores() { return std::max(1u, std::thread::hardware_concurrency()); }
 unsigned event_threads() { return std::clamp(cores(), 2u, 8u); }
-unsigned bcrypt_threads() { return std::min(cores(), 8u); }
+unsigned worker_threads() { return std::min(cores(), 8u); }  // bcrypt, and rendering
 
+// Whether an Accept-Encoding value accepts gzip (with a q-value above 0).
 bool accepts_gzip(std::optional<std::string_view> header) {
   if (!header) return false;
   std::string_view rest = *header;
@@ -68,11 +69,14 @@ bool accepts_gzip(std::optional<std::string_view> header) {
     std::string_view item = rest.substr(0, comma);
     rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
     while (!item.empty() && (item.front() == ' ' || item.front() == '\t')) item.remove_prefix(1);
-    if (item.size() >= 4 && strncasecmp(item.data(), "gzip", 4) == 0 &&
-        item.find("q=0") == std::string_view::npos &&
-        (item.size() == 4 || item[4] == ';' || item[4] == ' ')) {
-      return true;
-    }
+    if (item.size() < 4 || strncasecmp(item.data(), "gzip", 4) != 0) continue;
+    std::string_view params = item.substr(4);
+    while (!params.empty() && params.front() == ' ') params.remove_prefix(1);
+    if (params.empty()) return true;
+    if (params.front() != ';') continue;  // "gzipfoo"
+    const auto q = params.find("q=");
+    if (q == std::string_view::npos) return true;
+    return std::strtod(std::string(params.substr(q + 2)).c_str(), nullptr) > 0;
   }
   return false;
 }
@@ -84,9 +88,38 @@ HttpResponse text(int status, std::string message) {
   return r;
 }
 
-// A request's progress across calls of the access handler.
+// Gzips a compressible response when the client accepts it (and says that it varies).
+void finish(HttpResponse& r, bool gzip_ok) {
+  if (!r.compressible) return;
+  r.compressible = false;
+  if (gzip_ok) {
+    if (auto z = gzip(r.body)) {
+      r.body = std::move(*z);
+      r.headers.emplace_back("Content-Encoding", "gzip");
+    }
+  }
+  r.headers.emplace_back("Vary", "Accept-Encoding");
+}
+
+HttpResponse busy(std::string message) {
+  HttpResponse r = text(503, std::move(message));
+  r.headers.emplace_back("Retry-After", "1");
+  return r;
+}
+
+// One open connection. Its TLS credentials are those current when it started: libmicrohttpd
+// ends the GnuTLS session (gnutls_deinit) before it reports the connection closed, where
+// this is freed, so the session never outlives them.
+struct Connection {
+  WatchedSocket socket;
+  std::shared_ptr<const TlsCredentials> tls;
+};
+
+// A request's progress across calls of the access handler; work done on a worker thread
+// leaves its result here and resumes the connection.
 struct PendingRequest {
-  enum class Auth { Unchecked, Checking, Allowed, Denied } auth = Auth::Unchecked;
+  enum class Auth { Unchecked, Allowed, Denied, Unavailable } auth = Auth::Unchecked;
+  std::optional<HttpResponse> response;  // from a limited route's worker
 };
 
 void log_from_library(void*, const char* format, va_list args) {
@@ -106,9 +139,11 @@ std::size_t connections_that_fit(std::size_t wanted) {
     setrlimit(RLIMIT_NOFILE, &lim);
     getrlimit(RLIMIT_NOFILE, &lim);
   }
-  if (lim.rlim_cur == RLIM_INFINITY || lim.rlim_cur >= wanted + kReservedDescriptors) return wanted;
+  if (lim.rlim_cur == RLIM_INFINITY || lim.rlim_cur >= wanted + kDescriptorsForTheRest) {
+    return wanted;
+  }
   const std::size_t fit =
-      lim.rlim_cur > kReservedDescriptors + 16 ? lim.rlim_cur - kReservedDescriptors : 16;
+      lim.rlim_cur > kDescriptorsForTheRest + 16 ? lim.rlim_cur - kDescriptorsForTheRest : 16;
   spdlog::warn(
       "web.max_connections {} does not fit the file descriptor limit {} (RLIMIT_NOFILE); "
       "serving at most {} connections",
@@ -116,16 +151,30 @@ std::size_t connections_that_fit(std::size_t wanted) {
   return fit;
 }
 
-}  // namespace
-
-bool same_server_settings(const WebSettings& a, const WebSettings& b) {
-  return a.listen_address == b.listen_address && a.security.text == b.security.text &&
-         a.max_requests == b.max_requests && a.max_connections == b.max_connections &&
-         a.max_connections_per_address == b.max_connections_per_address &&
-         a.request_timeout == b.request_timeout;
+// The certificate comes from the credentials each connection is given as it starts
+// (Impl::on_connection); libmicrohttpd only needs a source of one to start with TLS.
+int no_certificate(gnutls_session_t, const gnutls_datum_t*, int, const gnutls_pk_algorithm_t*,
+                   int, gnutls_pcert_st**, unsigned int*, gnutls_privkey_t*) {
+  return -1;
 }
 
-unsigned web_server_threads() { return event_threads() + bcrypt_threads() + 1; }
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (auto& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+}  // namespace
+
+std::optional<std::string_view> HttpRequest::header(std::string_view name) const {
+  const std::string key = lower(name);
+  for (const auto& [n, v] : headers) {
+    if (n == key) return v;
+  }
+  return std::nullopt;
+}
+
+unsigned web_server_threads() { return event_threads() + 2 * worker_threads() + 1; }
 
 struct WebServer::Impl {
   WebSettings settings;
@@ -134,17 +183,20 @@ struct WebServer::Impl {
   std::mutex tls_mutex;  // guards tls, which reload_tls replaces
   std::shared_ptr<const TlsCredentials> tls;
   std::atomic<std::size_t> limited_in_flight{0};
+  std::atomic<std::size_t> open_connections{0};
+  std::size_t connection_limit = 0;  // max_connections, or fewer where descriptors are short
   int listen_fd = -1;
   int port = 0;
   DeadlineWatch watch;
-  BcryptQueue bcrypt;
+  WorkQueue bcrypt;
+  WorkQueue render;
   MHD_Daemon* daemon = nullptr;
 
   Impl(WebSettings s, std::vector<Route> r)
       : settings(std::move(s)),
-        auth(settings.security.basic_auth_users, bcrypt_threads()),
-        watch(settings.request_timeout),
-        bcrypt(bcrypt_threads(), kMaxQueuedBcrypt) {
+        auth(settings.security.basic_auth_users, worker_threads()),
+        bcrypt(worker_threads(), kMaxWaitingBcrypt),
+        render(worker_threads(), settings.max_requests) {
     for (auto& route : r) {
       const std::string path = route.path;
       routes.emplace(path, std::move(route));
@@ -160,16 +212,21 @@ struct WebServer::Impl {
   void start();
   void stop();
 
+  static MHD_Result on_accept(void* cls, const sockaddr* addr, socklen_t len) noexcept;
   static void on_connection(void* cls, MHD_Connection* connection, void** socket_context,
-                            MHD_ConnectionNotificationCode code);
+                            MHD_ConnectionNotificationCode code) noexcept;
   static void on_completed(void* cls, MHD_Connection* connection, void** request_context,
-                           MHD_RequestTerminationCode code);
+                           MHD_RequestTerminationCode code) noexcept;
   static MHD_Result on_request(void* cls, MHD_Connection* connection, const char* url,
                                const char* method, const char* version, const char* upload_data,
-                               size_t* upload_data_size, void** request_context);
+                               size_t* upload_data_size, void** request_context) noexcept;
   MHD_Result request(MHD_Connection* connection, const char* url, const char* method,
                      PendingRequest& pending);
-  HttpResponse route(MHD_Connection* connection, std::string_view method, std::string_view path);
+  // Settles pending.auth now (true), or queues a bcrypt check that will, with the connection
+  // suspended until then (false).
+  bool authenticate(MHD_Connection* connection, PendingRequest& pending);
+  MHD_Result render_off_loop(MHD_Connection* connection, const Route& route, HttpRequest req,
+                             bool gzip_ok, PendingRequest& pending);
   MHD_Result send(MHD_Connection* connection, HttpResponse r, bool gzip_ok);
 };
 
@@ -191,32 +248,39 @@ std::optional<std::string_view> header_of(MHD_Connection* c, const char* name) {
   return std::string_view(value, len);
 }
 
-int count_header(MHD_Connection* c, const char* name) {
-  struct Count {
-    const char* name;
-    int n = 0;
-  } count{name};
+// The request's headers, copied: a handler may run on another thread after this one moved on.
+std::vector<std::pair<std::string, std::string>> headers_of(MHD_Connection* c) {
+  std::vector<std::pair<std::string, std::string>> out;
   MHD_get_connection_values(
       c, MHD_HEADER_KIND,
-      [](void* cls, MHD_ValueKind, const char* key, const char*) -> MHD_Result {
-        auto* k = static_cast<Count*>(cls);
-        if (key && strcasecmp(key, k->name) == 0) ++k->n;
+      [](void* cls, MHD_ValueKind, const char* key, const char* value) -> MHD_Result {
+        static_cast<std::vector<std::pair<std::string, std::string>>*>(cls)->emplace_back(
+            lower(key ? key : ""), value ? value : "");
         return MHD_YES;
       },
-      &count);
-  return count.n;
+      &out);
+  return out;
 }
 
 }  // namespace
 
+MHD_Result WebServer::Impl::on_accept(void* cls, const sockaddr*, socklen_t) noexcept {
+  // libmicrohttpd splits its own limit among the event loops, and a loop at its share stops
+  // accepting (clients would wait in the backlog): the total is counted here instead, and a
+  // connection past it is closed at once.
+  auto* self = static_cast<Impl*>(cls);
+  return self->open_connections.load() < self->connection_limit ? MHD_YES : MHD_NO;
+}
+
 void WebServer::Impl::on_connection(void* cls, MHD_Connection* connection, void** socket_context,
-                                    MHD_ConnectionNotificationCode code) {
+                                    MHD_ConnectionNotificationCode code) noexcept {
   auto* self = static_cast<Impl*>(cls);
   if (code == MHD_CONNECTION_NOTIFY_STARTED) {
-    auto* c = new Connection();
+    auto* c = new (std::nothrow) Connection();
+    if (!c) return;  // not watched: libmicrohttpd's own timeout still ends it
     const MHD_ConnectionInfo* fd = MHD_get_connection_info(connection,
                                                            MHD_CONNECTION_INFO_CONNECTION_FD);
-    c->fd = fd ? fd->connect_fd : -1;
+    c->socket.fd = fd ? fd->connect_fd : -1;
     if (self->settings.security.tls) {
       // The credentials current now serve this connection to its end, also across a reload.
       c->tls = self->current_tls();
@@ -227,49 +291,58 @@ void WebServer::Impl::on_connection(void* cls, MHD_Connection* connection, void*
       }
     }
     *socket_context = c;
-    self->watch.add(c);
+    ++self->open_connections;
+    try {
+      self->watch.add(&c->socket, self->settings.request_timeout);
+    } catch (...) {
+      shutdown(c->socket.fd, SHUT_RDWR);  // cannot be watched: not served either
+    }
     return;
   }
   auto* c = static_cast<Connection*>(*socket_context);
   if (!c) return;
-  self->watch.remove(c);
+  self->watch.remove(&c->socket);
+  --self->open_connections;
   delete c;
   *socket_context = nullptr;
 }
 
 void WebServer::Impl::on_completed(void* cls, MHD_Connection* connection, void** request_context,
-                                   MHD_RequestTerminationCode) {
+                                   MHD_RequestTerminationCode) noexcept {
   auto* self = static_cast<Impl*>(cls);
   delete static_cast<PendingRequest*>(*request_context);
   *request_context = nullptr;
-  // A kept-alive connection's next request head has the same time again.
-  if (Connection* c = connection_of(connection)) self->watch.arm(c);
+  if (Connection* c = connection_of(connection)) {
+    self->watch.arm(&c->socket, self->settings.idle_timeout);
+  }
 }
 
 MHD_Result WebServer::Impl::on_request(void* cls, MHD_Connection* connection, const char* url,
                                        const char* method, const char*, const char*,
-                                       size_t* upload_data_size, void** request_context) {
+                                       size_t* upload_data_size, void** request_context) noexcept {
   auto* self = static_cast<Impl*>(cls);
-  auto* pending = static_cast<PendingRequest*>(*request_context);
-  const std::string_view m(method);
-  const bool answerable = m == "GET" || m == "HEAD";
-  if (!pending) {
-    *request_context = new PendingRequest();
-    // The library calls again once the request is whole; answering a GET now would cost the
-    // connection its keep-alive. Any other method is answered at once, its body unread.
-    if (answerable) return MHD_YES;
-  } else if (*upload_data_size != 0) {
-    *upload_data_size = 0;  // a body is dropped (within the deadline); no route takes one
-    return MHD_YES;
-  }
-  // The request is whole: the deadline waits until there is a response to send.
-  if (Connection* c = connection_of(connection)) self->watch.disarm(c);
   try {
+    auto* pending = static_cast<PendingRequest*>(*request_context);
+    const std::string_view m(method);
+    if (!pending) {
+      pending = new PendingRequest();
+      *request_context = pending;
+      // The library calls again once the request is whole; answering a GET now would cost
+      // the connection its keep-alive. Any other method is answered at once, body unread.
+      if (m == "GET" || m == "HEAD") return MHD_YES;
+    } else if (*upload_data_size != 0) {
+      *upload_data_size = 0;  // a body is dropped (within the deadline); no route takes one
+      return MHD_YES;
+    }
+    // The request is whole: the deadline waits until there is a response to send.
+    if (Connection* c = connection_of(connection)) self->watch.disarm(&c->socket);
     return self->request(connection, url, method, *pending);
   } catch (const std::exception& e) {
     spdlog::error("web server: {} {}: {}", method, url, e.what());
-    return self->send(connection, text(500, "500 internal error"), false);
+  } catch (...) {
+    spdlog::error("web server: {} {}: failed", method, url);
   }
+  return MHD_NO;  // the library closes the connection
 }
 
 MHD_Result WebServer::Impl::request(MHD_Connection* connection, const char* url,
@@ -281,73 +354,105 @@ MHD_Result WebServer::Impl::request(MHD_Connection* connection, const char* url,
     r.headers.emplace_back("Allow", "GET, HEAD");
     return send(connection, std::move(r), false);
   }
-  if (path.empty() || path.front() != '/') return send(connection, text(400, "400 bad request"), false);
-  if (pending.auth == Auth::Unchecked) {
-    // Two Authorization headers are refused: which one counts is not for a client to choose.
-    const bool ambiguous = count_header(connection, MHD_HTTP_HEADER_AUTHORIZATION) > 1;
-    const auto header = header_of(connection, MHD_HTTP_HEADER_AUTHORIZATION);
-    const std::optional<bool> quick =
-        ambiguous ? std::optional<bool>(false) : auth.check_without_bcrypt(header);
-    if (quick) {
-      pending.auth = *quick ? Auth::Allowed : Auth::Denied;
-    } else {
-      // bcrypt is slow on purpose: it runs elsewhere while this connection waits, and the
-      // event loop serves the others.
-      pending.auth = Auth::Checking;
-      MHD_suspend_connection(connection);
-      const bool queued = bcrypt.submit([this, connection, &pending, value = std::string(*header)] {
-        pending.auth = auth.check(std::string_view(value)) ? Auth::Allowed : Auth::Denied;
-        MHD_resume_connection(connection);
-      });
-      if (!queued) {
-        MHD_resume_connection(connection);
-        pending.auth = Auth::Unchecked;
-        HttpResponse r = text(503, "503 too many credential checks waiting");
-        r.headers.emplace_back("Retry-After", "1");
-        return send(connection, std::move(r), false);
-      }
-      return MHD_YES;
-    }
+  if (path.empty() || path.front() != '/') {
+    return send(connection, text(400, "400 bad request"), false);
   }
-  if (pending.auth == Auth::Checking) return MHD_YES;  // resumed only once the check is done
+  if (pending.auth == Auth::Unchecked && !authenticate(connection, pending)) return MHD_YES;
+  if (pending.auth == Auth::Unavailable) {
+    return send(connection, busy("503 too many credential checks waiting"), false);
+  }
   if (pending.auth == Auth::Denied) {
     HttpResponse r = text(401, "401 Unauthorized");
     r.headers.emplace_back("WWW-Authenticate", "Basic realm=\"ebpf-metricsd\", charset=\"UTF-8\"");
     return send(connection, std::move(r), false);
   }
-  HttpResponse r = route(connection, m, path);
-  return send(connection, std::move(r),
-              accepts_gzip(header_of(connection, MHD_HTTP_HEADER_ACCEPT_ENCODING)));
+  const bool gzip_ok = accepts_gzip(header_of(connection, MHD_HTTP_HEADER_ACCEPT_ENCODING));
+  if (pending.response) return send(connection, std::move(*pending.response), gzip_ok);
+  const auto it = routes.find(path);
+  if (it == routes.end()) return send(connection, text(404, "404 page not found"), false);
+  HttpRequest req{std::string(m), std::string(path), headers_of(connection)};
+  if (it->second.limited) {
+    return render_off_loop(connection, it->second, std::move(req), gzip_ok, pending);
+  }
+  return send(connection, it->second.handler(req), gzip_ok);
 }
 
-HttpResponse WebServer::Impl::route(MHD_Connection* connection, std::string_view method,
-                                    std::string_view path) {
-  const auto it = routes.find(path);
-  if (it == routes.end()) return text(404, "404 page not found");
-  const Route& r = it->second;
-  HttpRequest req{method, path, [connection](const char* name) { return header_of(connection, name); }};
-  if (!r.limited) return r.handler(req);
-  if (limited_in_flight.fetch_add(1) >= settings.max_requests) {
-    limited_in_flight.fetch_sub(1);
-    HttpResponse busy = text(503, "503 too many concurrent scrapes (web.max_requests)");
-    busy.headers.emplace_back("Retry-After", "1");
-    return busy;
+bool WebServer::Impl::authenticate(MHD_Connection* connection, PendingRequest& pending) {
+  using Auth = PendingRequest::Auth;
+  // Two Authorization headers are refused: which one counts is not for a client to choose.
+  int count = 0;
+  MHD_get_connection_values(
+      connection, MHD_HEADER_KIND,
+      [](void* cls, MHD_ValueKind, const char* key, const char*) -> MHD_Result {
+        if (key && strcasecmp(key, MHD_HTTP_HEADER_AUTHORIZATION) == 0) ++*static_cast<int*>(cls);
+        return MHD_YES;
+      },
+      &count);
+  const auto header = header_of(connection, MHD_HTTP_HEADER_AUTHORIZATION);
+  const std::optional<bool> quick =
+      count > 1 ? std::optional<bool>(false) : auth.check_without_bcrypt(header);
+  if (quick) {
+    pending.auth = *quick ? Auth::Allowed : Auth::Denied;
+    return true;
   }
-  struct Release {
-    std::atomic<std::size_t>& n;
-    ~Release() { n.fetch_sub(1); }
-  } release{limited_in_flight};
-  return r.handler(req);
+  // bcrypt is slow on purpose: it runs on a worker while this connection waits suspended,
+  // and the event loop serves the others. The job always resumes the connection.
+  WorkQueue::Job job{
+      [this, connection, &pending, value = std::string(*header)] {
+        Auth verdict = Auth::Denied;
+        try {
+          verdict = auth.check(std::string_view(value)) ? Auth::Allowed : Auth::Denied;
+        } catch (...) {
+          verdict = Auth::Unavailable;
+        }
+        pending.auth = verdict;
+        MHD_resume_connection(connection);
+      },
+      [connection, &pending] {
+        pending.auth = Auth::Unavailable;
+        MHD_resume_connection(connection);
+      }};
+  if (bcrypt.submit(std::move(job), [connection] { MHD_suspend_connection(connection); })) {
+    return false;
+  }
+  pending.auth = Auth::Unavailable;
+  return true;
+}
+
+MHD_Result WebServer::Impl::render_off_loop(MHD_Connection* connection, const Route& route,
+                                            HttpRequest req, bool gzip_ok,
+                                            PendingRequest& pending) {
+  if (limited_in_flight.fetch_add(1) >= settings.max_requests) {
+    --limited_in_flight;
+    return send(connection, busy("503 too many concurrent scrapes (web.max_requests)"), false);
+  }
+  WorkQueue::Job job{
+      [this, connection, &pending, &route, gzip_ok, req = std::move(req)] {
+        try {
+          HttpResponse r = route.handler(req);
+          finish(r, gzip_ok);  // here, not on the event loop
+          pending.response = std::move(r);
+        } catch (const std::exception& e) {
+          spdlog::error("web server: {} {}: {}", req.method, req.path, e.what());
+          pending.response = text(500, "500 internal error");
+        }
+        --limited_in_flight;
+        MHD_resume_connection(connection);
+      },
+      [this, connection, &pending] {
+        pending.response = busy("503 the server is stopping");
+        --limited_in_flight;
+        MHD_resume_connection(connection);
+      }};
+  if (render.submit(std::move(job), [connection] { MHD_suspend_connection(connection); })) {
+    return MHD_YES;
+  }
+  --limited_in_flight;
+  return send(connection, busy("503 the server is stopping"), false);
 }
 
 MHD_Result WebServer::Impl::send(MHD_Connection* connection, HttpResponse r, bool gzip_ok) {
-  if (r.compressible && gzip_ok) {
-    if (auto z = gzip(r.body)) {
-      r.body = std::move(*z);
-      r.headers.emplace_back("Content-Encoding", "gzip");
-    }
-  }
-  if (r.compressible) r.headers.emplace_back("Vary", "Accept-Encoding");
+  finish(r, gzip_ok);
   auto* body = new std::string(std::move(r.body));
   MHD_Response* response = MHD_create_response_from_buffer_with_free_callback_cls(
       body->size(), body->data(), [](void* cls) { delete static_cast<std::string*>(cls); }, body);
@@ -365,7 +470,7 @@ MHD_Result WebServer::Impl::send(MHD_Connection* connection, HttpResponse r, boo
       MHD_queue_response(connection, static_cast<unsigned>(r.status), response);
   MHD_destroy_response(response);
   // From here the response has request_timeout to reach the client.
-  if (Connection* c = connection_of(connection)) watch.arm(c);
+  if (Connection* c = connection_of(connection)) watch.arm(&c->socket, settings.request_timeout);
   return queued;
 }
 
@@ -409,43 +514,45 @@ void WebServer::Impl::start() {
   unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
                    MHD_USE_ERROR_LOG;
   if (tls) flags |= MHD_USE_TLS;
-  const auto timeout_s = static_cast<unsigned>(
-      std::chrono::ceil<std::chrono::seconds>(settings.request_timeout).count() + 1);
-  const std::size_t connections = connections_that_fit(settings.max_connections);
+  connection_limit = connections_that_fit(settings.max_connections);
+  // libmicrohttpd's own inactivity timeout is only a backstop behind the deadline watch.
+  const auto backstop = std::chrono::ceil<std::chrono::seconds>(
+      2 * std::max(settings.request_timeout, settings.idle_timeout) + std::chrono::seconds(1));
   std::vector<MHD_OptionItem> options = {
       {MHD_OPTION_EXTERNAL_LOGGER, reinterpret_cast<intptr_t>(&log_from_library), nullptr},
       {MHD_OPTION_LISTEN_SOCKET, listen_fd, nullptr},
       {MHD_OPTION_THREAD_POOL_SIZE, event_threads(), nullptr},
-      {MHD_OPTION_CONNECTION_LIMIT, static_cast<intptr_t>(connections), nullptr},
+      // Each event loop's share of this never binds: on_accept (the accept policy) counts
+      // the total.
+      {MHD_OPTION_CONNECTION_LIMIT,
+       static_cast<intptr_t>(connection_limit * event_threads() + event_threads()), nullptr},
       {MHD_OPTION_PER_IP_CONNECTION_LIMIT,
        static_cast<intptr_t>(settings.max_connections_per_address), nullptr},
-      {MHD_OPTION_CONNECTION_TIMEOUT, timeout_s, nullptr},
+      {MHD_OPTION_CONNECTION_TIMEOUT, static_cast<intptr_t>(backstop.count()), nullptr},
       {MHD_OPTION_CONNECTION_MEMORY_LIMIT, static_cast<intptr_t>(kConnectionMemory), nullptr},
       {MHD_OPTION_NOTIFY_CONNECTION, reinterpret_cast<intptr_t>(&Impl::on_connection), this},
       {MHD_OPTION_NOTIFY_COMPLETED, reinterpret_cast<intptr_t>(&Impl::on_completed), this},
       {MHD_OPTION_SIGPIPE_HANDLED_BY_APP, 1, nullptr},
   };
   if (tls) {
-    // The credentials given here only satisfy the library at start: every connection gets
-    // the current ones as it starts (on_connection), so rotated files need no restart.
-    options.push_back({MHD_OPTION_HTTPS_MEM_CERT, 0, const_cast<char*>(tls->cert_pem().c_str())});
-    options.push_back({MHD_OPTION_HTTPS_MEM_KEY, 0, const_cast<char*>(tls->key_pem().c_str())});
+    options.push_back(
+        {MHD_OPTION_HTTPS_CERT_CALLBACK, 0, reinterpret_cast<void*>(&no_certificate)});
     options.push_back(
         {MHD_OPTION_HTTPS_PRIORITIES, 0, const_cast<char*>(tls->priorities().c_str())});
   }
   options.push_back({MHD_OPTION_END, 0, nullptr});
-  daemon = MHD_start_daemon(flags, 0, nullptr, nullptr, &Impl::on_request, this,
+  daemon = MHD_start_daemon(flags, 0, &Impl::on_accept, this, &Impl::on_request, this,
                             MHD_OPTION_ARRAY, options.data(), MHD_OPTION_END);
-  if (!daemon) {
-    close(listen_fd);
-    throw std::runtime_error("cannot start the web server on " + settings.listen_address);
-  }
+  // On failure the library has closed the listening socket itself, on most paths; closing
+  // it again could close a descriptor another thread just opened, so it is left.
+  if (!daemon) throw std::runtime_error("cannot start the web server on " + settings.listen_address);
 }
 
 void WebServer::Impl::stop() {
-  // Every connection waiting for bcrypt is resumed before the library stops: it refuses to
-  // stop with one still suspended.
+  // Every suspended connection is resumed before the library stops (it refuses to stop with
+  // one suspended): the waiting jobs are cancelled, the running ones end.
   bcrypt.stop();
+  render.stop();
   if (daemon) MHD_stop_daemon(daemon);  // closes the listener and every connection
   daemon = nullptr;
 }

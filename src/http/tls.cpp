@@ -45,8 +45,13 @@ std::string priorities_for(int min_version, int max_version) {
 int verify_client(gnutls_session_t session) {
   unsigned int listed = 0;
   if (gnutls_certificate_get_peers(session, &listed) == nullptr || listed == 0) return 0;
+  // As Go's crypto/tls does for exporter-toolkit: the chain must verify, and a certificate
+  // with extended key usages must have clientAuth among them.
+  gnutls_typed_vdata_st purpose{};
+  purpose.type = GNUTLS_DT_KEY_PURPOSE_OID;
+  purpose.data = reinterpret_cast<unsigned char*>(const_cast<char*>(GNUTLS_KP_TLS_WWW_CLIENT));
   unsigned int status = 0;
-  if (gnutls_certificate_verify_peers2(session, &status) < 0) return -1;
+  if (gnutls_certificate_verify_peers(session, &purpose, 1, &status) < 0) return -1;
   return status == 0 ? 0 : -1;
 }
 
@@ -56,13 +61,13 @@ std::shared_ptr<const TlsCredentials> TlsCredentials::load(const TlsServerConfig
   std::shared_ptr<TlsCredentials> c(new TlsCredentials());
   c->client_auth_ = config.client_auth;
   c->priorities_ = priorities_for(config.min_version, config.max_version);
-  c->cert_pem_ = read_pem(config.cert_file, "cert_file", "certificate");
-  c->key_pem_ = read_pem(config.key_file, "key_file", "private key");
+  const std::string cert_pem = read_pem(config.cert_file, "cert_file", "certificate");
+  const std::string key_pem = read_pem(config.key_file, "key_file", "private key");
 
   // Each file on its own first, so that an error names the file at fault.
   gnutls_x509_crt_t* chain = nullptr;
   unsigned int chain_size = 0;
-  const gnutls_datum_t cert = datum(c->cert_pem_), key = datum(c->key_pem_);
+  const gnutls_datum_t cert = datum(cert_pem), key = datum(key_pem);
   int err = gnutls_x509_crt_list_import2(&chain, &chain_size, &cert, GNUTLS_X509_FMT_PEM,
                                          GNUTLS_X509_CRT_LIST_FAIL_IF_UNSORTED);
   if (err < 0) {
@@ -109,7 +114,7 @@ std::shared_ptr<const TlsCredentials> TlsCredentials::load(const TlsServerConfig
   gnutls_priority_t prio = nullptr;
   const char* at = nullptr;
   if ((err = gnutls_priority_init(&prio, c->priorities_.c_str(), &at)) < 0) {
-    throw TlsSetupError("min_version",
+    throw TlsSetupError(config.max_version != 0 ? "max_version" : "min_version",
                         "unusable TLS versions " + c->priorities_ + ": " + gnutls_strerror(err));
   }
   gnutls_priority_deinit(prio);

@@ -27,30 +27,37 @@ sockaddr_storage resolve_listen_address(const std::string& address, bool ipv6_av
 struct WebSettings {
   std::string listen_address = ":9810";
   WebConfig security;  // TLS and basic auth (--web.config.file)
-  // Requests of limited routes (/metrics) being answered at once; one more gets 503.
+  // Requests of limited routes (/metrics) being answered or waiting at once; one more gets
+  // 503.
   std::size_t max_requests = 40;
   // Open connections in all, and from one client address; more are closed at once.
   std::size_t max_connections = 4096;
   std::size_t max_connections_per_address = 32;
   // From connect, the TLS handshake and the request head must arrive within this; a
-  // response must be sent, and a kept-alive connection's next request head arrive, within
-  // it again.
+  // response must be sent within it again.
   std::chrono::milliseconds request_timeout{10000};
+  // After a response, a kept-alive connection's next request head must arrive within this.
+  std::chrono::milliseconds idle_timeout{120000};
+
+  // Equal settings serve alike (the web config file compared by its text too), so that a
+  // reload restarts the server only when they differ.
+  bool operator==(const WebSettings&) const = default;
 };
 
-// Whether a server with settings `b` would serve as one with `a` does (the web config file
-// compared by its text), so that a reload restarts the server only when they differ.
-bool same_server_settings(const WebSettings& a, const WebSettings& b);
+// File descriptors the server leaves to the rest of the process (tracers' maps, programs and
+// perf events, logs) when it fits max_connections under RLIMIT_NOFILE.
+inline constexpr std::size_t kDescriptorsForTheRest = 1024;
 
-// The threads a server runs besides its caller's: the event loops, the bcrypt checks and
-// the deadline watch. Fixed, whatever the load, so that TasksMax can be checked.
+// The threads a server runs besides its caller's: the event loops, the bcrypt and rendering
+// workers and the deadline watch. Fixed, whatever the load, so that TasksMax can be checked.
 unsigned web_server_threads();
 
 struct HttpRequest {
-  std::string_view method;  // GET or HEAD
-  std::string_view path;    // without the query
-  // A request header's value (the first of that name), or nullopt.
-  std::function<std::optional<std::string_view>(const char* name)> header;
+  std::string method;  // GET or HEAD
+  std::string path;    // without the query
+  std::vector<std::pair<std::string, std::string>> headers;
+  // The value of the first header of that name (case-insensitive), or nullopt.
+  std::optional<std::string_view> header(std::string_view name) const;
 };
 
 struct HttpResponse {
@@ -64,7 +71,9 @@ struct HttpResponse {
 struct Route {
   std::string path;
   std::function<HttpResponse(const HttpRequest&)> handler;
-  bool limited = false;  // counts against max_requests
+  // Counts against max_requests and runs on a worker thread, not on an event loop: for
+  // handlers that take time (rendering a scrape).
+  bool limited = false;
 };
 
 // GET and HEAD on the routes' paths, 404 elsewhere, 405 for other methods. With

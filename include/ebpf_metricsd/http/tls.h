@@ -40,15 +40,12 @@ class TlsCredentials {
 
   // The GnuTLS priority string for the configured protocol versions.
   const std::string& priorities() const { return priorities_; }
-  // PEM text of the certificate chain and key, as read.
-  const std::string& cert_pem() const { return cert_pem_; }
-  const std::string& key_pem() const { return key_pem_; }
 
  private:
   TlsCredentials() = default;
   gnutls_certificate_credentials_t credentials_ = nullptr;
   ClientAuth client_auth_ = ClientAuth::NoClientCert;
-  std::string priorities_, cert_pem_, key_pem_;
+  std::string priorities_;
 };
 
 }  // namespace ebpf_metricsd

@@ -24,6 +24,7 @@ struct TlsServerConfig {
   // TLS versions as 10, 11, 12, 13 (TLS10..TLS13); max 0 = the highest the library offers.
   int min_version = 12;
   int max_version = 0;
+  bool operator==(const TlsServerConfig&) const = default;
 };
 
 struct WebConfig {
@@ -32,6 +33,7 @@ struct WebConfig {
   std::map<std::string, std::string> basic_auth_users;  // user -> bcrypt hash
   // The file's bytes, so a reload restarts the server only when something changed.
   std::string text;
+  bool operator==(const WebConfig&) const = default;
 };
 
 // Parses and validates (unknown keys, bad values, unreadable or mismatched certificate and
