@@ -541,3 +541,32 @@ TEST_CASE("connections past the per-address limit are closed at once; other addr
   close(again);
   for (int fd : held) close(fd);
 }
+
+TEST_CASE("connections past max_connections are closed at once, whichever event loop takes them") {
+  auto metrics = std::make_shared<GateCollectable>();
+  const int port = free_port();
+  WebSettings s = local(port);
+  s.max_connections = 6;
+  s.max_connections_per_address = 6;
+  WebServer server(s, exporter_routes(metrics, [] { return std::string(); }));
+  std::vector<int> held;
+  for (const char* from : {"127.0.0.2", "127.0.0.3", "127.0.0.4"}) {
+    for (int i = 0; i < 2; ++i) held.push_back(connect_from(from, port));
+  }
+  for (int fd : held) REQUIRE(fd >= 0);
+  std::this_thread::sleep_for(200ms);
+  for (const char* from : {"127.0.0.5", "127.0.0.1"}) {
+    const int extra = connect_from(from, port);
+    REQUIRE(extra >= 0);
+    const auto t0 = std::chrono::steady_clock::now();
+    char c;
+    CHECK(recv(extra, &c, 1, 0) == 0);  // closed, not left waiting in the backlog
+    CHECK(std::chrono::steady_clock::now() - t0 < 1s);
+    close(extra);
+  }
+  close(held.back());
+  held.pop_back();
+  std::this_thread::sleep_for(200ms);
+  CHECK(http_get(port, "/metrics").status == 200);  // a slot is free again
+  for (int fd : held) close(fd);
+}
