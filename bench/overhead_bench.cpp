@@ -88,10 +88,15 @@ Attach tracer(const std::string& name, MetricStore& store, const std::string& op
         parse_config("tracers:\n  " + name + ":\n    enabled: true\n" + options, "bench");
     for (const auto& tc : cfg.tracers) {
       if (tc.name != name) continue;
-      std::shared_ptr<Tracer> t = find_tracer(name)->create(store, tc.options);
+      struct Held {  // the scope outlives the tracer
+        std::unique_ptr<MetricScope> scope;
+        std::unique_ptr<Tracer> tracer;
+      };
+      auto held = std::make_shared<Held>();
+      held->scope = std::make_unique<MetricScope>(store, name);
       KernelHookProber prober;
-      t->start(prober, tc.hook);
-      return t;
+      held->tracer = build_tracer(tc, *held->scope, prober);
+      return held;
     }
     throw std::runtime_error("no tracer " + name);
   };

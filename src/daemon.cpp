@@ -13,44 +13,17 @@
 
 #include "ebpf_metricsd/bpf_support.h"
 #include "ebpf_metricsd/config.h"
-#include "ebpf_metricsd/drain.h"
+#include "ebpf_metricsd/drain_loop.h"
 #include "ebpf_metricsd/exposition.h"
 #include "ebpf_metricsd/metric_store.h"
 #include "ebpf_metricsd/tracer.h"
+#include "ebpf_metricsd/tracer_set.h"
 #include "ebpf_metricsd/http/server.h"
 #include "ebpf_metricsd/http/web_config.h"
 
 namespace ebpf_metricsd {
 
 namespace {
-
-struct TracerState {
-  std::string name;
-  std::string summary;
-  bool enabled = false;
-  bool up = false;
-  std::string hook;
-  std::string error;
-};
-
-std::string landing_page(const std::vector<TracerState>& states) {
-  std::string rows;
-  for (const auto& s : states) {
-    const std::string state = !s.enabled ? "disabled" : s.up ? "up" : "failed";
-    rows += "<tr><td>" + html_escape(s.name) + "</td><td>" + html_escape(s.summary) +
-            "</td><td class=\"" + state + "\">" + state + "</td><td>" + html_escape(s.hook) +
-            "</td><td>" + html_escape(s.error) + "</td></tr>\n";
-  }
-  return "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>ebpf-metricsd</title>"
-         "<style>body{font-family:sans-serif;margin:2em}td,th{padding:.3em .8em;"
-         "text-align:left;border-bottom:1px solid #ddd}.up{color:#080}.failed{color:#b00}"
-         ".disabled{color:#888}</style></head><body>\n<h1>ebpf-metricsd</h1>\n"
-         "<p>Version " EBPF_METRICSD_VERSION
-         ". Metrics: <a href=\"/metrics\">/metrics</a></p>\n"
-         "<table><tr><th>tracer</th><th>measures</th><th>state</th><th>hook</th>"
-         "<th>error</th></tr>\n" +
-         rows + "</table>\n</body></html>\n";
-}
 
 sigset_t handled_signals() {
   sigset_t set;
@@ -92,11 +65,9 @@ class Daemon {
  private:
   // Reads the config file and the web config file into one Config; throws ConfigError.
   Config read_configs() const;
-  // Brings the running tracers in line with cfg: starts, stops and restarts only what
-  // changed. False when a tracer failed to start and --strict is set.
+  // Brings the tracers in line with cfg. False when a tracer failed to start and --strict
+  // is set.
   bool reconcile(const Config& cfg);
-  void stop_tracer(const std::string& name, bool keep_series);
-  bool start_tracer(std::size_t index, const TracerConfig& tc);
   void reload();
   void notify_ready();
   std::unique_ptr<WebServer> make_web(const WebSettings& settings);
@@ -104,21 +75,12 @@ class Daemon {
   DaemonOptions options_;
   Config cfg_;
   std::shared_ptr<MetricStore> store_ = std::make_shared<MetricStore>();
-  MetricStore::MetricId tracer_up_ = 0, reload_ok_ = 0, reload_time_ = 0;
-  // Read by the web server's threads for the landing page.
-  struct States {
-    std::mutex mutex;
-    std::vector<TracerState> list;
-  };
-  std::shared_ptr<States> states_ = std::make_shared<States>();
-  std::unique_ptr<WebServer> web_;
+  MetricStore::MetricId reload_ok_ = 0, reload_time_ = 0;
   KernelHookProber prober_;
-  // The web server's health check holds it weakly: web_, declared earlier, is destroyed
-  // after it when run() returns early.
+  // Destroyed in reverse: the web server first, then the drain loop, then the tracers.
+  std::shared_ptr<TracerSet> tracers_;
   std::shared_ptr<DrainLoop> drain_;
-  // Per tracer enabled in the applied config: its config and, when it started, the tracer.
-  std::map<std::string, TracerConfig> applied_;
-  std::map<std::string, std::unique_ptr<Tracer>> running_;
+  std::unique_ptr<WebServer> web_;
 };
 
 Config Daemon::read_configs() const {
@@ -135,89 +97,18 @@ Config Daemon::read_configs() const {
   return cfg;
 }
 
-void Daemon::stop_tracer(const std::string& name, bool keep_series) {
-  drain_->remove(name);  // drains it one last time
-  running_.erase(name);  // detaches and unloads its BPF side
-  applied_.erase(name);
-  store_->release_owner(name);
-  store_->erase_series_with(tracer_up_, "tracer", name);
-  if (keep_series) return;  // start_tracer drops what the new instance does not declare
-  store_->erase_series_with("tracer", name);
-  store_->drop_unowned();
-}
-
-bool Daemon::start_tracer(std::size_t index, const TracerConfig& tc) {
-  std::unique_ptr<Tracer> tracer;
-  std::string hook = "none", error;
-  {
-    MetricStore::OwnerScope scope(*store_, tc.name);
-    try {
-      tracer = find_tracer(tc.name)->create(*store_, tc.options);
-      tracer->start(prober_, tc.hook);
-      hook = tracer->hook();
-    } catch (const std::exception& e) {
-      error = e.what();
-      tracer.reset();
-    }
-  }
-  if (!error.empty()) {
-    // Nothing of a tracer that is not up is exported but its tracer_up 0.
-    store_->release_owner(tc.name);
-    store_->erase_series_with("tracer", tc.name);
-  }
-  store_->drop_unowned();
-  store_->set(tracer_up_, {tc.name, hook}, error.empty() ? 1 : 0);
-  {
-    std::lock_guard lock(states_->mutex);
-    TracerState& st = states_->list[index];
-    st.enabled = true;
-    st.up = error.empty();
-    st.hook = hook;
-    st.error = error;
-  }
-  applied_[tc.name] = tc;
-  if (!error.empty()) {
-    spdlog::error("tracer {} failed to start: {}", tc.name, error);
-    return false;
-  }
-  spdlog::info("tracer {} attached via {}", tc.name, hook);
-  drain_->add(tc.name, tracer.get());
-  running_[tc.name] = std::move(tracer);
-  return true;
-}
-
 bool Daemon::reconcile(const Config& cfg) {
-  for (std::size_t i = 0; i < cfg.tracers.size(); ++i) {
-    const TracerConfig& tc = cfg.tracers[i];
-    const auto old = applied_.find(tc.name);
-    const bool was_enabled = old != applied_.end();
-    if (!tc.enabled) {
-      if (was_enabled) {
-        spdlog::info("tracer {} disabled: detaching", tc.name);
-        stop_tracer(tc.name, /*keep_series=*/false);
-      }
-      std::lock_guard lock(states_->mutex);
-      states_->list[i] = {tc.name, find_tracer(tc.name)->summary, false, false, "", ""};
-      continue;
-    }
-    if (was_enabled) {
-      const bool unchanged = old->second.fingerprint == tc.fingerprint;
-      if (unchanged && running_.count(tc.name)) continue;
-      spdlog::info("tracer {} {}: restarting", tc.name,
-                   unchanged ? "was not up" : "options changed");
-      // Its counters carry on: the new instance declares the same metrics and adds to them.
-      stop_tracer(tc.name, /*keep_series=*/true);
-    }
-    if (!start_tracer(i, tc) && options_.strict) {
-      spdlog::error("--strict: exiting because tracer {} is not up", tc.name);
-      return false;
-    }
+  const auto failed = tracers_->apply(cfg.tracers);
+  if (!failed.empty() && options_.strict) {
+    spdlog::error("--strict: exiting because tracer {} is not up", failed.front());
+    return false;
   }
   return true;
 }
 
 void Daemon::notify_ready() {
-  const std::string status = status_line(running_.size(), applied_.size(), store_->series_count());
+  const std::string status =
+      status_line(tracers_->running(), tracers_->enabled(), store_->series_count());
   sd_notifyf(0, "READY=1\nSTATUS=%s", status.c_str());
 }
 
@@ -225,9 +116,9 @@ std::unique_ptr<WebServer> Daemon::make_web(const WebSettings& settings) {
   return std::make_unique<WebServer>(
       settings, exporter_routes(
                     store_,
-                    [states = states_] {
-                      std::lock_guard lock(states->mutex);
-                      return landing_page(states->list);
+                    [tracers = std::weak_ptr<TracerSet>(tracers_)] {
+                      const auto t = tracers.lock();
+                      return landing_page(t ? t->statuses() : std::vector<TracerStatus>());
                     },
                     [drain = std::weak_ptr<DrainLoop>(drain_)] {
                       const auto d = drain.lock();
@@ -287,7 +178,7 @@ void Daemon::reload() {
   if (ok) {
     store_->set(reload_time_, {}, static_cast<double>(std::time(nullptr)));
     spdlog::info("reload done: {}",
-                 status_line(running_.size(), applied_.size(), store_->series_count()));
+                 status_line(tracers_->running(), tracers_->enabled(), store_->series_count()));
   }
   notify_ready();
 }
@@ -312,11 +203,6 @@ int Daemon::run() {
                                            MetricType::Gauge,
                                            {"version"}});
   store_->set(build_info, {EBPF_METRICSD_VERSION}, 1);
-  tracer_up_ = store_->declare(
-      {"ebpf_metricsd_tracer_up",
-       "1 when the tracer is attached, 0 when it failed; hook is the attach type in use.",
-       MetricType::Gauge,
-       {"tracer", "hook"}});
   reload_ok_ = store_->declare({"ebpf_metricsd_config_last_reload_successful",
                                 "Whether the last configuration reload succeeded.",
                                 MetricType::Gauge,
@@ -328,10 +214,9 @@ int Daemon::run() {
   store_->set(reload_ok_, {}, 1);
   store_->set(reload_time_, {}, static_cast<double>(std::time(nullptr)));
 
-  for (const auto& tc : cfg_.tracers) {
-    states_->list.push_back({tc.name, find_tracer(tc.name)->summary, tc.enabled, false, "", ""});
-  }
-  drain_ = std::make_shared<DrainLoop>(*store_, cfg_.drain_interval);
+  tracers_ = std::make_shared<TracerSet>(*store_, prober_);
+  drain_ = std::make_shared<DrainLoop>([tracers = tracers_.get()] { return tracers->drain(); },
+                                       cfg_.drain_interval);
   try {
     web_ = make_web(cfg_.web);
   } catch (const std::exception& e) {
@@ -347,7 +232,7 @@ int Daemon::run() {
   notify_ready();
   drain_->start();
   spdlog::info("{}, draining every {} ms",
-               status_line(running_.size(), applied_.size(), store_->series_count()),
+               status_line(tracers_->running(), tracers_->enabled(), store_->series_count()),
                cfg_.drain_interval.count());
 
   for (;;) {
@@ -363,7 +248,7 @@ int Daemon::run() {
   }
   sd_notify(0, "STOPPING=1\nSTATUS=stopping");
   drain_->stop();
-  running_.clear();  // detach and unload every BPF object
+  tracers_->stop_all();  // detach and unload every BPF object
   web_.reset();      // ends the connections in progress at once
   spdlog::info("stopped: all tracers detached");
   spdlog::shutdown();

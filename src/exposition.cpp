@@ -31,6 +31,25 @@ std::string html_escape(const std::string& text) {
   return out;
 }
 
+std::string landing_page(const std::vector<TracerStatus>& states) {
+  std::string rows;
+  for (const auto& s : states) {
+    const std::string state = !s.enabled ? "disabled" : s.up ? "up" : "failed";
+    rows += "<tr><td>" + html_escape(s.name) + "</td><td>" + html_escape(s.summary) +
+            "</td><td class=\"" + state + "\">" + state + "</td><td>" + html_escape(s.hook) +
+            "</td><td>" + html_escape(s.error) + "</td></tr>\n";
+  }
+  return "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>ebpf-metricsd</title>"
+         "<style>body{font-family:sans-serif;margin:2em}td,th{padding:.3em .8em;"
+         "text-align:left;border-bottom:1px solid #ddd}.up{color:#080}.failed{color:#b00}"
+         ".disabled{color:#888}</style></head><body>\n<h1>ebpf-metricsd</h1>\n"
+         "<p>Version " EBPF_METRICSD_VERSION
+         ". Metrics: <a href=\"/metrics\">/metrics</a></p>\n"
+         "<table><tr><th>tracer</th><th>measures</th><th>state</th><th>hook</th>"
+         "<th>error</th></tr>\n" +
+         rows + "</table>\n</body></html>\n";
+}
+
 std::vector<Route> exporter_routes(std::shared_ptr<prometheus::Collectable> metrics,
                                    std::function<std::string()> landing_html,
                                    std::function<bool()> healthy) {

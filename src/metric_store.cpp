@@ -14,15 +14,16 @@ MetricStore::MetricStore() {
                                     "the max_series limit; each refused update counts.",
                                     MetricType::Counter,
                                     {"metric"}},
-                                   /*limited=*/false);
+                                   /*limited=*/false, "core");
 }
 
-MetricStore::MetricId MetricStore::declare(const MetricSpec& spec) {
+MetricStore::MetricId MetricStore::declare(const MetricSpec& spec, const std::string& owner) {
   std::lock_guard lock(mutex_);
-  return declare_locked(spec, true);
+  return declare_locked(spec, true, owner);
 }
 
-MetricStore::MetricId MetricStore::declare_locked(const MetricSpec& spec, bool limited) {
+MetricStore::MetricId MetricStore::declare_locked(const MetricSpec& spec, bool limited,
+                                                  const std::string& owner) {
   if (!prometheus::CheckMetricName(spec.name)) {
     throw std::invalid_argument("invalid metric name: " + spec.name);
   }
@@ -48,21 +49,11 @@ MetricStore::MetricId MetricStore::declare_locked(const MetricSpec& spec, bool l
       m.spec = spec;  // released by its owner, now declared anew
       m.series.clear();
     }
-    m.owners.insert(owner_);
+    m.owners.insert(owner);
     return i;
   }
-  metrics_.push_back(Metric{spec, {}, {owner_}, limited});
+  metrics_.push_back(Metric{spec, {}, {owner}, limited});
   return metrics_.size() - 1;
-}
-
-MetricStore::OwnerScope::OwnerScope(MetricStore& store, std::string owner) : store_(store) {
-  std::lock_guard lock(store_.mutex_);
-  previous_ = std::exchange(store_.owner_, std::move(owner));
-}
-
-MetricStore::OwnerScope::~OwnerScope() {
-  std::lock_guard lock(store_.mutex_);
-  store_.owner_ = std::move(previous_);
 }
 
 void MetricStore::release_owner(const std::string& owner) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ebpf_metricsd/http/server.h"
+#include "ebpf_metricsd/tracer_set.h"
 
 namespace prometheus {
 class Collectable;
@@ -16,6 +17,9 @@ class Collectable;
 namespace ebpf_metricsd {
 
 std::string html_escape(const std::string& text);
+
+// The page at /: the version and every tracer with its state, hook and error.
+std::string landing_page(const std::vector<TracerStatus>& tracers);
 
 // /metrics from `metrics` (gzip when asked, counted against web.max_requests), / from
 // `landing_html`, /-/healthy 200 while `healthy` says so (503 otherwise; 200 without one).

@@ -36,24 +36,12 @@ class MetricStore : public prometheus::Collectable {
   using MetricId = std::size_t;
   using LabelValues = std::vector<std::string>;
 
-  // Declares a metric owned by the current owner (see OwnerScope; "core" outside one);
-  // declaring the same spec again returns the same id and keeps its series. Throws
-  // std::invalid_argument for an invalid name or a conflicting redeclaration, unless the
-  // metric has no owner left (release_owner), in which case the new spec replaces it.
-  MetricId declare(const MetricSpec& spec);
+  // Declares a metric owned by `owner` (a tracer's name, or "core"); declaring the same
+  // spec again returns the same id and keeps its series. Throws std::invalid_argument for an
+  // invalid name or a conflicting redeclaration, unless the metric has no owner left
+  // (release_owner), in which case the new spec replaces it.
+  MetricId declare(const MetricSpec& spec, const std::string& owner = "core");
 
-  // Metrics declared while an OwnerScope lives belong to its owner (a tracer's name).
-  class OwnerScope {
-   public:
-    OwnerScope(MetricStore& store, std::string owner);
-    ~OwnerScope();
-    OwnerScope(const OwnerScope&) = delete;
-    OwnerScope& operator=(const OwnerScope&) = delete;
-
-   private:
-    MetricStore& store_;
-    std::string previous_;
-  };
   // The owner gives up its metrics; their series stay until drop_unowned(), so a restarted
   // owner that declares them again carries on counting.
   void release_owner(const std::string& owner);
@@ -86,13 +74,12 @@ class MetricStore : public prometheus::Collectable {
     std::set<std::string> owners;
     bool limited = true;  // subject to the series limit
   };
-  MetricId declare_locked(const MetricSpec& spec, bool limited);
+  MetricId declare_locked(const MetricSpec& spec, bool limited, const std::string& owner);
   // nullptr when the label set is new and the metric is at its limit (counted).
   Series* series_for(Metric& m, const LabelValues& labels);
 
   mutable std::mutex mutex_;
   std::vector<Metric> metrics_;
-  std::string owner_ = "core";
   std::size_t series_limit_ = 0;
   MetricId limited_metric_ = 0;
 };

@@ -9,9 +9,10 @@
 #include <vector>
 
 #include "ebpf_metricsd/bpf_support.h"
+#include "ebpf_metricsd/drop_accounting.h"
 #include "ebpf_metricsd/hook_probe.h"
-#include "ebpf_metricsd/map_drain.h"
-#include "ebpf_metricsd/metric_store.h"
+#include "ebpf_metricsd/map_deltas.h"
+#include "ebpf_metricsd/metric_scope.h"
 #include "ebpf_metricsd/yaml_reader.h"
 
 struct bpf_program;
@@ -38,18 +39,20 @@ struct TracerDescriptor {
   // Reads and validates the tracer's own options (the core reads `enabled` and `hook`).
   // Throws ConfigError. The result is handed to create() unchanged.
   std::function<std::any(YamlMapReader& options)> parse_options;
-  std::function<std::unique_ptr<Tracer>(MetricStore& store, const std::any& options)> create;
+  // Builds the tracer (nothing loaded yet); its metrics are declared through `scope`, which
+  // outlives it.
+  std::function<std::unique_ptr<Tracer>(MetricScope& scope, const std::any& options)> create;
   // Set for tracers with one fixed hook kind (nothing to probe): `hook` must stay auto.
   std::string single_hook = {};
 };
 
-// The descriptor of a tracer that has no options of its own (T(MetricStore&)).
+// The descriptor of a tracer that has no options of its own (T(MetricScope&)).
 template <typename T>
 TracerDescriptor descriptor_without_options(std::string name, std::string summary,
                                             std::string single_hook = {}) {
   return {std::move(name), std::move(summary), [](YamlMapReader&) -> std::any { return {}; },
-          [](MetricStore& store, const std::any&) -> std::unique_ptr<Tracer> {
-            return std::make_unique<T>(store);
+          [](MetricScope& scope, const std::any&) -> std::unique_ptr<Tracer> {
+            return std::make_unique<T>(scope);
           },
           std::move(single_hook)};
 }
@@ -58,41 +61,11 @@ TracerDescriptor descriptor_without_options(std::string name, std::string summar
 const std::vector<TracerDescriptor>& tracer_registry();
 const TracerDescriptor* find_tracer(std::string_view name);
 
-// Exports a tracer's kernel-side drop counters (a per-CPU array "drops" indexed by reason)
-// and the recursion misses of its programs as ebpf_metricsd_dropped_events_total.
-class DropAccounting {
- public:
-  // reasons[i] names drop code i; "" marks a code that belongs to another tracer sharing
-  // the map.
-  DropAccounting(MetricStore& store, std::string tracer, std::vector<std::string> reasons,
-                 std::string swept_reason = {});
-  // Call after load: the map to read (-1: none) and the programs whose misses count (the
-  // wanted ones of the list).
-  void bind(int drops_map_fd, const std::vector<ProgramChoice>& programs);
-  void drain();
-  // The next drain takes what the map and programs already counted as its baseline.
-  void rebase_next() {
-    deltas_.rebase_next();
-    rebase_misses_ = true;
-  }
-  // Deletes stamps older than max_age from an in-flight map (sweep_stale_stamps) and counts
-  // them under the swept reason given to the constructor.
-  void sweep(int stamps_map_fd, std::chrono::nanoseconds max_age);
-
- private:
-  MetricStore& store_;
-  MetricStore::MetricId metric_;
-  std::string tracer_;
-  std::vector<std::string> reasons_;
-  std::string swept_reason_;
-  PerCpuDeltas deltas_{1};
-  int map_fd_ = -1;
-  std::vector<int> prog_fds_;
-  std::uint64_t last_misses_ = 0;
-  bool rebase_misses_ = false;
-};
-
-// Self-metric specs shared by the core.
-MetricSpec dropped_events_spec();
+struct TracerConfig;
+// Builds the tracer a config section names and starts it (loads and attaches its BPF
+// side), as the daemon, the tests and the benchmark do. Throws BpfError (the kernel's
+// reason) or std::runtime_error.
+std::unique_ptr<Tracer> build_tracer(const TracerConfig& config, MetricScope& scope,
+                                     HookProber& prober);
 
 }  // namespace ebpf_metricsd

@@ -5,7 +5,7 @@
 #include <bpf/bpf.h>
 
 #include "ebpf_metricsd/bpf_support.h"
-#include "ebpf_metricsd/map_drain.h"
+#include "ebpf_metricsd/map_deltas.h"
 #include "ebpf_metricsd/tracer.h"
 
 // clang-format off
@@ -37,19 +37,19 @@ const char* op_name(std::uint32_t op) {
 
 class BlockIoTracer final : public Tracer {
  public:
-  explicit BlockIoTracer(MetricStore& store)
-      : store_(store),
-        latency_(store.declare({"ebpf_block_io_latency_seconds",
+  explicit BlockIoTracer(MetricScope& scope)
+      : scope_(scope),
+        latency_(scope.declare({"ebpf_block_io_latency_seconds",
                                 "Block request latency, from issue to the device until "
                                 "completion, by disk and operation.",
                                 MetricType::Histogram,
                                 {"device", "op"},
                                 Log2Layout{1e9, 10, 36}})),
-        bytes_(store.declare({"ebpf_block_io_bytes_total",
+        bytes_(scope.declare({"ebpf_block_io_bytes_total",
                               "Bytes completed by block requests, by disk and operation.",
                               MetricType::Counter,
                               {"device", "op"}})),
-        drops_(store, "block_io", {"map_full", "map_full"}, "never_completed") {}
+        drops_(scope, drop_reasons<BLOCKIO_DROP__COUNT>({"map_full", "map_full"}), "never_completed") {}
 
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 2> tps = {"block_rq_issue", "block_rq_complete"};
@@ -88,9 +88,9 @@ class BlockIoTracer final : public Tracer {
   void drain() override {
     static_assert(sizeof(blockio_value) == (BLOCKIO_SLOTS + 2) * 8);
     const auto add = [&](const MetricStore::LabelValues& labels, const std::uint64_t* d) {
-      store_.add_slots(latency_, labels, std::span<const std::uint64_t>(d, BLOCKIO_SLOTS),
+      scope_.add_slots(latency_, labels, std::span<const std::uint64_t>(d, BLOCKIO_SLOTS),
                        d[BLOCKIO_SLOTS]);
-      store_.add(bytes_, labels, d[BLOCKIO_SLOTS + 1]);
+      scope_.add(bytes_, labels, d[BLOCKIO_SLOTS + 1]);
     };
     slot_series_.drain_array(bpf_map__fd(skel_->maps.slot_series),
                              BLOCKIO_QUEUE_SLOTS * BLOCKIO_OPS,
@@ -119,8 +119,8 @@ class BlockIoTracer final : public Tracer {
     return fixed_name(q.disk);
   }
 
-  MetricStore& store_;
-  MetricStore::MetricId latency_, bytes_;
+  MetricScope& scope_;
+  MetricScope::Metric latency_, bytes_;
   PerCpuDeltas series_{BLOCKIO_SLOTS + 2};
   PerCpuDeltas slot_series_{BLOCKIO_SLOTS + 2};
   DropAccounting drops_;

@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "ebpf_metricsd/bpf_support.h"
-#include "ebpf_metricsd/map_drain.h"
+#include "ebpf_metricsd/map_deltas.h"
 #include "ebpf_metricsd/tracer.h"
 
 // clang-format off
@@ -25,32 +25,32 @@ using Skeleton = SkeletonPtr<kmalloc, kmalloc__destroy>;
 
 class KmallocTracer final : public Tracer {
  public:
-  KmallocTracer(MetricStore& store, KmallocOptions options)
-      : store_(store),
+  KmallocTracer(MetricScope& scope, KmallocOptions options)
+      : scope_(scope),
         options_(options),
-        kmalloc_calls_(store.declare(
+        kmalloc_calls_(scope.declare(
             {"ebpf_kmalloc_calls_total", "kmalloc() calls.", MetricType::Counter, {}})),
         kfree_calls_(
-            store.declare({"ebpf_kfree_calls_total", "kfree() calls.", MetricType::Counter, {}})),
-        bytes_(store.declare({"ebpf_kmalloc_bytes_total",
+            scope.declare({"ebpf_kfree_calls_total", "kfree() calls.", MetricType::Counter, {}})),
+        bytes_(scope.declare({"ebpf_kmalloc_bytes_total",
                               "Bytes asked of kmalloc (requested) and handed out by it "
                               "(allocated, rounded up to the slab size).",
                               MetricType::Counter,
                               {"kind"}})),
-        sizes_(store,
-               store.declare({"ebpf_kmalloc_size_bytes",
+        sizes_(scope,
+               scope.declare({"ebpf_kmalloc_size_bytes",
                               "Requested kmalloc() sizes.",
                               MetricType::Histogram,
                               {},
                               Log2Layout{1, 3, KMALLOC_SLOTS - 2}}),
                KMALLOC_SLOTS),
-        drops_(store, "kmalloc", {"map_full"}) {
+        drops_(scope, drop_reasons<KMALLOC_DROP__COUNT>({"map_full"})) {
     if (options_.caches) {
-      cache_alloc_ = store.declare({"ebpf_kmem_cache_alloc_calls_total",
+      cache_alloc_ = scope.declare({"ebpf_kmem_cache_alloc_calls_total",
                                     "kmem_cache_alloc() calls, by slab cache.",
                                     MetricType::Counter,
                                     {"cache"}});
-      cache_free_ = store.declare({"ebpf_kmem_cache_free_calls_total",
+      cache_free_ = scope.declare({"ebpf_kmem_cache_free_calls_total",
                                    "kmem_cache_free() calls, by slab cache.",
                                    MetricType::Counter,
                                    {"cache"}});
@@ -116,10 +116,10 @@ class KmallocTracer final : public Tracer {
     static_assert(sizeof(kmalloc_totals) == 4 * 8);
     totals_.drain_array(bpf_map__fd(skel_->maps.totals), 1,
                         [&](const void*, const std::uint64_t* d) {
-                          store_.add(kmalloc_calls_, {}, d[0]);
-                          store_.add(kfree_calls_, {}, d[1]);
-                          store_.add(bytes_, {"requested"}, d[2]);
-                          store_.add(bytes_, {"allocated"}, d[3]);
+                          scope_.add(kmalloc_calls_, {}, d[0]);
+                          scope_.add(kfree_calls_, {}, d[1]);
+                          scope_.add(bytes_, {"requested"}, d[2]);
+                          scope_.add(bytes_, {"allocated"}, d[3]);
                         });
     sizes_.drain_array(bpf_map__fd(skel_->maps.sizes), 1,
                        [](const void*) { return MetricStore::LabelValues{}; });
@@ -128,18 +128,18 @@ class KmallocTracer final : public Tracer {
                          [&](const void* key, const std::uint64_t* d) {
                            const auto* k = static_cast<const kmalloc_cache_key*>(key);
                            const std::string name = fixed_name(k->name);
-                           store_.add(*cache_alloc_, {name}, d[0]);
-                           store_.add(*cache_free_, {name}, d[1]);
+                           scope_.add(*cache_alloc_, {name}, d[0]);
+                           scope_.add(*cache_free_, {name}, d[1]);
                          });
     }
     drops_.drain();
   }
 
  private:
-  MetricStore& store_;
+  MetricScope& scope_;
   KmallocOptions options_;
-  MetricStore::MetricId kmalloc_calls_, kfree_calls_, bytes_;
-  std::optional<MetricStore::MetricId> cache_alloc_, cache_free_;
+  MetricScope::Metric kmalloc_calls_, kfree_calls_, bytes_;
+  std::optional<MetricScope::Metric> cache_alloc_, cache_free_;
   PerCpuDeltas totals_{4};
   PerCpuDeltas caches_{2};
   Log2HistDrain sizes_;
@@ -162,8 +162,8 @@ TracerDescriptor kmalloc_descriptor() {
             static_cast<std::uint32_t>(options.get_int("max_caches", KMALLOC_MAX_CACHES, 1, 65536));
         return o;
       },
-      [](MetricStore& store, const std::any& options) -> std::unique_ptr<Tracer> {
-        return std::make_unique<KmallocTracer>(store, std::any_cast<KmallocOptions>(options));
+      [](MetricScope& scope, const std::any& options) -> std::unique_ptr<Tracer> {
+        return std::make_unique<KmallocTracer>(scope, std::any_cast<KmallocOptions>(options));
       },
   };
 }

@@ -5,7 +5,7 @@
 #include <bpf/bpf.h>
 
 #include "ebpf_metricsd/bpf_support.h"
-#include "ebpf_metricsd/map_drain.h"
+#include "ebpf_metricsd/map_deltas.h"
 #include "ebpf_metricsd/tracer.h"
 
 // clang-format off
@@ -22,23 +22,23 @@ using Skeleton = SkeletonPtr<net_xmit_latency, net_xmit_latency__destroy>;
 
 class NetXmitLatencyTracer final : public Tracer {
  public:
-  explicit NetXmitLatencyTracer(MetricStore& store)
-      : store_(store),
-        latency_(store.declare({"ebpf_net_xmit_queue_latency_seconds",
+  explicit NetXmitLatencyTracer(MetricScope& scope)
+      : scope_(scope),
+        latency_(scope.declare({"ebpf_net_xmit_queue_latency_seconds",
                                 "Time from a packet being queued for a device to the driver "
                                 "taking it, by interface.",
                                 MetricType::Histogram,
                                 {"interface"},
                                 Log2Layout{1e9, 6, 36}})),
-        packets_(store.declare({"ebpf_net_xmit_packets_total",
+        packets_(scope.declare({"ebpf_net_xmit_packets_total",
                                 "Packets handed to the driver, by interface.",
                                 MetricType::Counter,
                                 {"interface"}})),
-        bytes_(store.declare({"ebpf_net_xmit_bytes_total",
+        bytes_(scope.declare({"ebpf_net_xmit_bytes_total",
                               "Bytes handed to the driver, by interface.",
                               MetricType::Counter,
                               {"interface"}})),
-        drops_(store, "net_xmit_latency", {"map_full", "map_full"}, "unmatched_queue") {}
+        drops_(scope, drop_reasons<NETXMIT_DROP__COUNT>({"map_full", "map_full"}), "unmatched_queue") {}
 
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 2> tps = {"net_dev_queue", "net_dev_xmit"};
@@ -69,10 +69,10 @@ class NetXmitLatencyTracer final : public Tracer {
     static_assert(sizeof(netxmit_value) == (NETXMIT_SLOTS + 3) * 8);
     const auto add = [&](const std::string& ifname, const std::uint64_t* d) {
       const MetricStore::LabelValues labels = {ifname};
-      store_.add_slots(latency_, labels, std::span<const std::uint64_t>(d, NETXMIT_SLOTS),
+      scope_.add_slots(latency_, labels, std::span<const std::uint64_t>(d, NETXMIT_SLOTS),
                        d[NETXMIT_SLOTS]);
-      store_.add(packets_, labels, d[NETXMIT_SLOTS + 1]);
-      store_.add(bytes_, labels, d[NETXMIT_SLOTS + 2]);
+      scope_.add(packets_, labels, d[NETXMIT_SLOTS + 1]);
+      scope_.add(bytes_, labels, d[NETXMIT_SLOTS + 2]);
     };
     dev_series_.drain_array(bpf_map__fd(skel_->maps.dev_series), NETXMIT_DEV_SLOTS,
                             [&](const void* key, const std::uint64_t* d) {
@@ -94,8 +94,8 @@ class NetXmitLatencyTracer final : public Tracer {
   }
 
  private:
-  MetricStore& store_;
-  MetricStore::MetricId latency_, packets_, bytes_;
+  MetricScope& scope_;
+  MetricScope::Metric latency_, packets_, bytes_;
   PerCpuDeltas series_{NETXMIT_SLOTS + 3};
   PerCpuDeltas dev_series_{NETXMIT_SLOTS + 3};
   DropAccounting drops_;

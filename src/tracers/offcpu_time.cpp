@@ -7,9 +7,9 @@ namespace {
 
 class OffcpuTimeTracer final : public SchedHistTracer {
  public:
-  OffcpuTimeTracer(MetricStore& store, SchedHistKind kind, SchedLabelOptions labels)
-      : SchedHistTracer(store, std::move(kind), labels),
-        switches_(store, store.declare({"ebpf_context_switches_total",
+  OffcpuTimeTracer(MetricScope& scope, SchedHistKind kind, SchedLabelOptions labels)
+      : SchedHistTracer(scope, std::move(kind), labels),
+        switches_(scope, scope.declare({"ebpf_context_switches_total",
                                         "Context switches: voluntary (the task blocked) or "
                                         "involuntary (it was preempted while runnable).",
                                         MetricType::Counter,
@@ -42,7 +42,7 @@ TracerDescriptor offcpu_time_descriptor() {
       "offcpu_time",
       "Off-CPU time while blocked, and context switches",
       [](YamlMapReader& options) -> std::any { return SchedLabelOptions::read(options); },
-      [](MetricStore& store, const std::any& options) -> std::unique_ptr<Tracer> {
+      [](MetricScope& scope, const std::any& options) -> std::unique_ptr<Tracer> {
         SchedHistKind kind{
             "offcpu_time",
             {"ebpf_offcpu_seconds",
@@ -56,9 +56,9 @@ TracerDescriptor offcpu_time_descriptor() {
             &sched_config::offcpu_by_comm,
             [](scheduler* s) { return s->maps.offcpu_hist; },
             [](scheduler* s) { return s->maps.offcpu_hist_labelled; },
-            {"task_state", "", "map_full"},
+            drop_reasons<SCHED_DROP__COUNT>({"task_state", "", "map_full"}),
         };
-        return std::make_unique<OffcpuTimeTracer>(store, std::move(kind),
+        return std::make_unique<OffcpuTimeTracer>(scope, std::move(kind),
                                                   std::any_cast<SchedLabelOptions>(options));
       },
   };

@@ -5,7 +5,7 @@
 #include <filesystem>
 
 #include "ebpf_metricsd/bpf_support.h"
-#include "ebpf_metricsd/map_drain.h"
+#include "ebpf_metricsd/map_deltas.h"
 #include "ebpf_metricsd/tracer.h"
 
 // clang-format off
@@ -22,22 +22,22 @@ using Skeleton = SkeletonPtr<page_cache, page_cache__destroy>;
 
 class PageCacheTracer final : public Tracer {
  public:
-  explicit PageCacheTracer(MetricStore& store)
-      : store_(store),
-        accesses_(store.declare({"ebpf_page_cache_accesses_total",
+  explicit PageCacheTracer(MetricScope& scope)
+      : scope_(scope),
+        accesses_(scope.declare({"ebpf_page_cache_accesses_total",
                                  "Page cache pages looked up by reads and file mmap faults.",
                                  MetricType::Counter,
                                  {}})),
-        misses_(store.declare({"ebpf_page_cache_misses_total",
+        misses_(scope.declare({"ebpf_page_cache_misses_total",
                                "Pages added to the page cache because a lookup missed "
                                "(including readahead).",
                                MetricType::Counter,
                                {}})),
-        dirtied_(store.declare({"ebpf_page_cache_dirtied_total",
+        dirtied_(scope.declare({"ebpf_page_cache_dirtied_total",
                                 "Page cache pages marked dirty.",
                                 MetricType::Counter,
                                 {}})),
-        drops_(store, "page_cache", {}) {}
+        drops_(scope, {}) {}
 
   // How accesses are counted: fentry (else a kprobe) on the kernel's mark-accessed
   // function (exact, as cachestat), else the read and fault tracepoints (an estimate, see
@@ -168,16 +168,16 @@ class PageCacheTracer final : public Tracer {
     static_assert(sizeof(page_cache_totals) == 3 * 8);
     totals_.drain_array(bpf_map__fd(skel_->maps.totals), 1,
                         [&](const void*, const std::uint64_t* d) {
-                          store_.add(accesses_, {}, d[0]);
-                          store_.add(misses_, {}, d[1]);
-                          store_.add(dirtied_, {}, d[2]);
+                          scope_.add(accesses_, {}, d[0]);
+                          scope_.add(misses_, {}, d[1]);
+                          scope_.add(dirtied_, {}, d[2]);
                         });
     drops_.drain();
   }
 
  private:
-  MetricStore& store_;
-  MetricStore::MetricId accesses_, misses_, dirtied_;
+  MetricScope& scope_;
+  MetricScope::Metric accesses_, misses_, dirtied_;
   PerCpuDeltas totals_{3};
   DropAccounting drops_;
   Skeleton skel_;

@@ -2,7 +2,7 @@
 #include <linux/perf_event.h>
 
 #include "ebpf_metricsd/bpf_support.h"
-#include "ebpf_metricsd/map_drain.h"
+#include "ebpf_metricsd/map_deltas.h"
 #include "ebpf_metricsd/tracer.h"
 
 // clang-format off
@@ -19,13 +19,13 @@ using Skeleton = SkeletonPtr<page_faults, page_faults__destroy>;
 
 class PageFaultsTracer final : public Tracer {
  public:
-  explicit PageFaultsTracer(MetricStore& store)
-      : faults_(store, store.declare({"ebpf_page_faults_total",
+  explicit PageFaultsTracer(MetricScope& scope)
+      : faults_(scope, scope.declare({"ebpf_page_faults_total",
                                       "Page faults: minor (no I/O) or major (the page had to "
                                       "be read in).",
                                       MetricType::Counter,
                                       {"type"}})),
-        drops_(store, "page_faults", {}) {}
+        drops_(scope, {}) {}
 
   void start(HookProber&, HookPreference) override {
     Skeleton skel(page_faults__open_and_load());

@@ -8,7 +8,7 @@ TracerDescriptor runqueue_latency_descriptor() {
       "runqueue_latency",
       "Run-queue latency (runnable to running)",
       [](YamlMapReader& options) -> std::any { return SchedLabelOptions::read(options); },
-      [](MetricStore& store, const std::any& options) -> std::unique_ptr<Tracer> {
+      [](MetricScope& scope, const std::any& options) -> std::unique_ptr<Tracer> {
         SchedHistKind kind{
             "runqueue_latency",
             {"ebpf_runqueue_latency_seconds",
@@ -22,9 +22,9 @@ TracerDescriptor runqueue_latency_descriptor() {
             &sched_config::runq_by_comm,
             [](scheduler* s) { return s->maps.runq_hist; },
             [](scheduler* s) { return s->maps.runq_hist_labelled; },
-            {"task_state", "map_full", ""},
+            drop_reasons<SCHED_DROP__COUNT>({"task_state", "map_full", ""}),
         };
-        return std::make_unique<SchedHistTracer>(store, std::move(kind),
+        return std::make_unique<SchedHistTracer>(scope, std::move(kind),
                                                  std::any_cast<SchedLabelOptions>(options));
       },
   };

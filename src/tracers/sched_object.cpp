@@ -102,11 +102,11 @@ MetricSpec with_labels(MetricSpec spec, const SchedLabelOptions& labels) {
 }
 }  // namespace
 
-SchedHistTracer::SchedHistTracer(MetricStore& store, SchedHistKind kind, SchedLabelOptions labels)
+SchedHistTracer::SchedHistTracer(MetricScope& scope, SchedHistKind kind, SchedLabelOptions labels)
     : kind_(std::move(kind)),
       labels_(labels),
-      hist_(store, store.declare(with_labels(kind_.spec, labels_)), SCHED_SLOTS),
-      drops_(store, kind_.tracer, kind_.drop_reasons) {}
+      hist_(scope, scope.declare(with_labels(kind_.spec, labels_)), SCHED_SLOTS),
+      drops_(scope, kind_.drop_reasons) {}
 
 SchedHistTracer::~SchedHistTracer() {
   if (obj_) skel()->bss->sched_cfg.*kind_.on = 0;

@@ -8,8 +8,8 @@
 #include "ebpf_metricsd/bpf_support.h"
 #include "ebpf_metricsd/cgroup_names.h"
 #include "ebpf_metricsd/hook_probe.h"
-#include "ebpf_metricsd/map_drain.h"
-#include "ebpf_metricsd/metric_store.h"
+#include "ebpf_metricsd/map_deltas.h"
+#include "ebpf_metricsd/metric_scope.h"
 #include "ebpf_metricsd/tracer.h"
 #include "ebpf_metricsd/yaml_reader.h"
 
@@ -73,7 +73,7 @@ struct SchedHistKind {
 
 class SchedHistTracer : public Tracer {
  public:
-  SchedHistTracer(MetricStore& store, SchedHistKind kind, SchedLabelOptions labels);
+  SchedHistTracer(MetricScope& scope, SchedHistKind kind, SchedLabelOptions labels);
   ~SchedHistTracer() override;
   void start(HookProber& prober, HookPreference preference) override;
   std::string hook() const override { return obj_->hook(); }

@@ -4,7 +4,7 @@
 #include <set>
 
 #include "ebpf_metricsd/bpf_support.h"
-#include "ebpf_metricsd/map_drain.h"
+#include "ebpf_metricsd/map_deltas.h"
 #include "ebpf_metricsd/syscall_names.h"
 #include "ebpf_metricsd/tracer.h"
 
@@ -55,10 +55,10 @@ constexpr std::uint32_t kThreadMapEntries = 65536;
 
 class SyscallLatencyTracer final : public Tracer {
  public:
-  SyscallLatencyTracer(MetricStore& store, SyscallLatencyOptions options)
+  SyscallLatencyTracer(MetricScope& scope, SyscallLatencyOptions options)
       : options_(std::move(options)),
-        hists_(store, store.declare(latency_spec()), SYSLAT_SLOTS),
-        drops_(store, "syscall_latency", {"map_full", "unknown_syscall"}) {}
+        hists_(scope, scope.declare(latency_spec()), SYSLAT_SLOTS),
+        drops_(scope, drop_reasons<SYSLAT_DROP__COUNT>({"map_full", "unknown_syscall"})) {}
 
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 3> tracepoints = {"sys_enter", "sys_exit",
@@ -131,9 +131,9 @@ TracerDescriptor syscall_latency_descriptor() {
         o.exclude = read_syscall_list(options, "exclude");
         return o;
       },
-      [](MetricStore& store, const std::any& options) -> std::unique_ptr<Tracer> {
+      [](MetricScope& scope, const std::any& options) -> std::unique_ptr<Tracer> {
         return std::make_unique<SyscallLatencyTracer>(
-            store, std::any_cast<const SyscallLatencyOptions&>(options));
+            scope, std::any_cast<const SyscallLatencyOptions&>(options));
       },
   };
 }

@@ -2,7 +2,7 @@
 #include <array>
 
 #include "ebpf_metricsd/bpf_support.h"
-#include "ebpf_metricsd/map_drain.h"
+#include "ebpf_metricsd/map_deltas.h"
 #include "ebpf_metricsd/tracer.h"
 
 // clang-format off
@@ -23,21 +23,21 @@ MetricStore::LabelValues family_label(const void* key) {
 
 class TcpConnectLatencyTracer final : public Tracer {
  public:
-  explicit TcpConnectLatencyTracer(MetricStore& store)
-      : latency_(store,
-                 store.declare({"ebpf_tcp_connect_latency_seconds",
+  explicit TcpConnectLatencyTracer(MetricScope& scope)
+      : latency_(scope,
+                 scope.declare({"ebpf_tcp_connect_latency_seconds",
                                 "Time from an active TCP open (SYN sent) to the connection "
                                 "being established.",
                                 MetricType::Histogram,
                                 {"family"},
                                 Log2Layout{1e9, 10, 36}}),
                  TCPCONN_SLOTS),
-        failures_(store, store.declare({"ebpf_tcp_connect_failures_total",
+        failures_(scope, scope.declare({"ebpf_tcp_connect_failures_total",
                                         "Active TCP opens that went from SYN_SENT to CLOSE "
                                         "(refused, timed out, reset).",
                                         MetricType::Counter,
                                         {"family"}})),
-        drops_(store, "tcp_connect_latency", {"map_full"}, "never_finished") {}
+        drops_(scope, drop_reasons<TCPCONN_DROP__COUNT>({"map_full"}), "never_finished") {}
 
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 1> tps = {"inet_sock_set_state"};

@@ -20,18 +20,26 @@ inline std::string auto_hook_with_task_storage() {
   return libbpf_probe_bpf_map_type(BPF_MAP_TYPE_TASK_STORAGE, nullptr) == 1 ? "tp_btf" : "raw_tp";
 }
 
-// Creates and starts tracer `name` with the YAML option lines `options` (each indented by
-// four spaces, e.g. "    hook: raw_tp\n").
-inline std::unique_ptr<Tracer> start_tracer(MetricStore& store, const std::string& name,
-                                            const std::string& options = "") {
+// A started tracer with the scope its metrics live in (declared first: outlives it).
+struct StartedTracer {
+  std::unique_ptr<MetricScope> scope;
+  std::unique_ptr<Tracer> tracer;
+  Tracer* operator->() const { return tracer.get(); }
+  Tracer& operator*() const { return *tracer; }
+};
+
+// Builds and starts tracer `name` as the daemon does (build_tracer), with the YAML option
+// lines `options` (each indented by four spaces, e.g. "    hook: raw_tp\n").
+inline StartedTracer start_tracer(MetricStore& store, const std::string& name,
+                                  const std::string& options = "") {
   const Config cfg =
       parse_config("tracers:\n  " + name + ":\n    enabled: true\n" + options, "test.yaml");
   for (const auto& tc : cfg.tracers) {
     if (tc.name != name) continue;
-    auto tracer = find_tracer(name)->create(store, tc.options);
+    StartedTracer t{std::make_unique<MetricScope>(store, name), nullptr};
     KernelHookProber prober;
-    tracer->start(prober, tc.hook);
-    return tracer;
+    t.tracer = build_tracer(tc, *t.scope, prober);
+    return t;
   }
   throw std::runtime_error("tracer " + name + " is not registered");
 }

@@ -1,4 +1,5 @@
-// The drain loop pings the systemd watchdog only after rounds in which every drain worked.
+// The drain loop pings the systemd watchdog only after rounds in which every drain of the
+// tracer set worked; the set drains a tracer it stops one last time.
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -10,7 +11,8 @@
 
 #include "../metrics_lookup.h"
 #include "../test_support.h"
-#include "ebpf_metricsd/drain.h"
+#include "ebpf_metricsd/drain_loop.h"
+#include "ebpf_metricsd/tracer_set.h"
 
 using namespace ebpf_metricsd;
 using namespace std::chrono_literals;
@@ -28,6 +30,26 @@ class FlakyTracer : public Tracer {
     if (fail) throw std::runtime_error("map read failed");
   }
 };
+
+// The set owns what its builder returns: this one passes drains on to a tracer the test
+// keeps.
+class ForwardingTracer : public Tracer {
+ public:
+  explicit ForwardingTracer(FlakyTracer& t) : t_(t) {}
+  void start(HookProber& p, HookPreference h) override { t_.start(p, h); }
+  std::string hook() const override { return t_.hook(); }
+  void drain() override { t_.drain(); }
+
+ private:
+  FlakyTracer& t_;
+};
+
+TracerConfig flaky_config() {
+  TracerConfig tc;
+  tc.name = "flaky";
+  tc.enabled = true;
+  return tc;
+}
 
 // Datagrams sent to NOTIFY_SOCKET, which this sets for the process.
 class NotifyCapture {
@@ -67,8 +89,11 @@ TEST_CASE("WATCHDOG=1 only after rounds in which every drain succeeded") {
   NotifyCapture notify;
   MetricStore store;
   FlakyTracer tracer;
-  DrainLoop loop(store, 50ms);
-  loop.add("flaky", &tracer);
+  TracerSet set(store, [&](const TracerConfig&, MetricScope&) {
+    return std::unique_ptr<Tracer>(new ForwardingTracer(tracer));
+  });
+  REQUIRE(set.apply({flaky_config()}).empty());
+  DrainLoop loop([&] { return set.drain(); }, 50ms);
   loop.start();
   REQUIRE(test::wait_until([&] { return tracer.drains >= 5; }, 5s));
   CHECK(notify.count("WATCHDOG=1") == 0);
@@ -82,14 +107,19 @@ TEST_CASE("WATCHDOG=1 only after rounds in which every drain succeeded") {
   CHECK(tracer.drains == drains);  // stopped means stopped
 }
 
-TEST_CASE("remove drains a tracer one last time") {
+TEST_CASE("a tracer disabled by apply is drained one last time, then no more") {
   MetricStore store;
   FlakyTracer tracer;
   tracer.fail = false;
-  DrainLoop loop(store, 1h);
-  loop.add("t", &tracer);
-  loop.remove("t");
+  TracerSet set(store, [&](const TracerConfig&, MetricScope&) {
+    return std::unique_ptr<Tracer>(new ForwardingTracer(tracer));
+  });
+  REQUIRE(set.apply({flaky_config()}).empty());
+  TracerConfig off = flaky_config();
+  off.enabled = false;
+  set.apply({off});
   CHECK(tracer.drains == 1);
-  CHECK(loop.drain_once());  // nothing left to drain
+  CHECK(set.drain());  // nothing left to drain
   CHECK(tracer.drains == 1);
+  CHECK(set.running() == 0);
 }

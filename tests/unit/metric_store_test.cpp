@@ -47,17 +47,10 @@ TEST_CASE("label values that are not UTF-8 are stored with U+FFFD") {
 
 TEST_CASE("a released owner's metrics keep their series for a restarted owner") {
   MetricStore store;
-  MetricStore::MetricId id;
-  {
-    MetricStore::OwnerScope scope(store, "tracer_a");
-    id = store.declare(kCounter);
-  }
+  const MetricStore::MetricId id = store.declare(kCounter, "tracer_a");
   store.add(id, {"x"}, 42);
   store.release_owner("tracer_a");
-  {
-    MetricStore::OwnerScope scope(store, "tracer_a");
-    CHECK(store.declare(kCounter) == id);  // same spec: adopted, counting on
-  }
+  CHECK(store.declare(kCounter, "tracer_a") == id);  // same spec: adopted, counting on
   store.drop_unowned();
   store.add(id, {"x"}, 1);
   CHECK(test::counter_value(store, "test_events_total", {{"comm", "x"}}) == 43);
@@ -65,24 +58,18 @@ TEST_CASE("a released owner's metrics keep their series for a restarted owner") 
   // Declared with other labels while owned: a programming error.
   MetricSpec other = kCounter;
   other.labels = {"cgroup"};
-  CHECK_THROWS_AS(store.declare(other), std::invalid_argument);
+  CHECK_THROWS_AS(store.declare(other, "tracer_a"), std::invalid_argument);
   // Released, the new spec replaces the old one and its series.
   store.release_owner("tracer_a");
-  {
-    MetricStore::OwnerScope scope(store, "tracer_a");
-    store.declare(other);
-  }
+  store.declare(other, "tracer_a");
   CHECK(series_of(store, "test_events_total") == 0);
 }
 
 TEST_CASE("metrics nobody declares again are dropped; series of one tracer can be erased") {
   MetricStore store;
-  MetricStore::MetricId drops, own;
-  {
-    MetricStore::OwnerScope scope(store, "tracer_b");
-    own = store.declare({"test_b_total", "B.", MetricType::Counter, {}});
-    drops = store.declare({"test_drops_total", "Drops.", MetricType::Counter, {"tracer"}});
-  }
+  const auto own = store.declare({"test_b_total", "B.", MetricType::Counter, {}}, "tracer_b");
+  const auto drops =
+      store.declare({"test_drops_total", "Drops.", MetricType::Counter, {"tracer"}}, "tracer_b");
   store.declare({"test_drops_total", "Drops.", MetricType::Counter, {"tracer"}});  // core too
   store.add(own, {}, 1);
   store.add(drops, {"tracer_b"}, 2);

@@ -1,4 +1,4 @@
-#include "ebpf_metricsd/map_drain.h"
+#include "ebpf_metricsd/map_deltas.h"
 
 #include <bpf/bpf.h>
 
@@ -67,7 +67,7 @@ void PerCpuDeltas::drain_hash(int map_fd, std::size_t key_size, const Visit& vis
 
 PerCpuDeltas::Visit Log2HistDrain::visitor(const Labels& labels) {
   return [this, &labels](const void* key, const std::uint64_t* delta) {
-    store_.add_slots(metric_, labels(key), std::span<const std::uint64_t>(delta, slots_),
+    scope_.add_slots(metric_, labels(key), std::span<const std::uint64_t>(delta, slots_),
                      delta[slots_]);
   };
 }
@@ -82,7 +82,7 @@ void Log2HistDrain::drain_hash(int map_fd, std::size_t key_size, const Labels& l
 
 void CounterDrain::drain_array(int map_fd, std::uint32_t entries, const Labels& labels) {
   deltas_.drain_array(map_fd, entries, [&](const void* key, const std::uint64_t* delta) {
-    store_.add(metric_, labels(key), delta[0]);
+    scope_.add(metric_, labels(key), delta[0]);
   });
 }
 

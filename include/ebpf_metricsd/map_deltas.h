@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "ebpf_metricsd/bpf_support.h"
-#include "ebpf_metricsd/metric_store.h"
+#include "ebpf_metricsd/metric_scope.h"
 
 namespace ebpf_metricsd {
 
@@ -41,8 +41,8 @@ class PerCpuDeltas {
 // The common value layouts: a log2 histogram {u64 slots[n]; u64 sum;} and a plain counter.
 class Log2HistDrain {
  public:
-  Log2HistDrain(MetricStore& store, MetricStore::MetricId metric, std::size_t slots)
-      : store_(store), metric_(metric), slots_(slots), deltas_(slots + 1) {}
+  Log2HistDrain(MetricScope& scope, MetricScope::Metric metric, std::size_t slots)
+      : scope_(scope), metric_(metric), slots_(slots), deltas_(slots + 1) {}
   using Labels = std::function<MetricStore::LabelValues(const void* key)>;
   void drain_array(int map_fd, std::uint32_t entries, const Labels& labels);
   void drain_hash(int map_fd, std::size_t key_size, const Labels& labels);
@@ -50,23 +50,23 @@ class Log2HistDrain {
 
  private:
   PerCpuDeltas::Visit visitor(const Labels& labels);
-  MetricStore& store_;
-  MetricStore::MetricId metric_;
+  MetricScope& scope_;
+  MetricScope::Metric metric_;
   std::size_t slots_;
   PerCpuDeltas deltas_;
 };
 
 class CounterDrain {
  public:
-  CounterDrain(MetricStore& store, MetricStore::MetricId metric)
-      : store_(store), metric_(metric), deltas_(1) {}
+  CounterDrain(MetricScope& scope, MetricScope::Metric metric)
+      : scope_(scope), metric_(metric), deltas_(1) {}
   using Labels = std::function<MetricStore::LabelValues(const void* key)>;
   void drain_array(int map_fd, std::uint32_t entries, const Labels& labels);
   void rebase_next() { deltas_.rebase_next(); }
 
  private:
-  MetricStore& store_;
-  MetricStore::MetricId metric_;
+  MetricScope& scope_;
+  MetricScope::Metric metric_;
   PerCpuDeltas deltas_;
 };
 

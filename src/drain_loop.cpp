@@ -1,6 +1,5 @@
-#include "ebpf_metricsd/drain.h"
+#include "ebpf_metricsd/drain_loop.h"
 
-#include <spdlog/spdlog.h>
 #include <systemd/sd-daemon.h>
 
 #include <algorithm>
@@ -15,34 +14,10 @@ std::int64_t steady_now_ns() {
 }
 }  // namespace
 
-DrainLoop::DrainLoop(MetricStore& store, std::chrono::milliseconds interval)
-    : store_(store),
-      duration_metric_(store.declare({"ebpf_metricsd_drain_duration_seconds",
-                                      "How long the last drain of a tracer's maps took.",
-                                      MetricType::Gauge,
-                                      {"tracer"}})),
-      errors_metric_(store.declare({"ebpf_metricsd_drain_errors_total",
-                                    "Drains of a tracer's maps that failed.",
-                                    MetricType::Counter,
-                                    {"tracer"}})),
-      interval_(interval) {}
+DrainLoop::DrainLoop(std::function<bool()> round, std::chrono::milliseconds interval)
+    : round_(std::move(round)), interval_(interval) {}
 
 DrainLoop::~DrainLoop() { stop(); }
-
-void DrainLoop::add(std::string name, Tracer* tracer) {
-  std::lock_guard lock(tracers_mutex_);
-  store_.add(errors_metric_, {name}, 0);
-  tracers_.push_back({std::move(name), tracer});
-}
-
-void DrainLoop::remove(const std::string& name) {
-  std::lock_guard lock(tracers_mutex_);
-  bool ok = true;
-  for (auto& e : tracers_) {
-    if (e.name == name) drain_entry(e, ok);
-  }
-  std::erase_if(tracers_, [&](const Entry& e) { return e.name == name; });
-}
 
 void DrainLoop::set_interval(std::chrono::milliseconds interval) {
   {
@@ -52,26 +27,6 @@ void DrainLoop::set_interval(std::chrono::milliseconds interval) {
   wake_.notify_all();
 }
 
-void DrainLoop::drain_entry(Entry& e, bool& all_ok) {
-  const auto t0 = std::chrono::steady_clock::now();
-  try {
-    e.tracer->drain();
-  } catch (const std::exception& ex) {
-    all_ok = false;
-    store_.add(errors_metric_, {e.name}, 1);
-    spdlog::error("drain of tracer {} failed: {}", e.name, ex.what());
-  }
-  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - t0;
-  store_.set(duration_metric_, {e.name}, took.count());
-}
-
-bool DrainLoop::drain_once() {
-  std::lock_guard lock(tracers_mutex_);
-  bool all_ok = true;
-  for (auto& e : tracers_) drain_entry(e, all_ok);
-  return all_ok;
-}
-
 void DrainLoop::start() {
   // The first rounds get the same grace as any later ones.
   last_success_ns_ = steady_now_ns();
@@ -79,7 +34,7 @@ void DrainLoop::start() {
     std::unique_lock lock(mutex_);
     while (!stopping_) {
       lock.unlock();
-      if (drain_once()) {
+      if (round_()) {
         last_success_ns_ = steady_now_ns();
         sd_notify(0, "WATCHDOG=1");
       }

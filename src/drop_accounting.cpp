@@ -1,0 +1,56 @@
+#include "ebpf_metricsd/drop_accounting.h"
+
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+
+namespace ebpf_metricsd {
+
+DropAccounting::DropAccounting(MetricScope& scope, std::vector<std::string> reasons,
+                               std::string swept_reason)
+    : scope_(scope), reasons_(std::move(reasons)), swept_reason_(std::move(swept_reason)) {
+  if (!swept_reason_.empty()) scope_.add_dropped(swept_reason_, 0);
+  // Zero series up front, so "no drops" is visible rather than absent.
+  for (const auto& r : reasons_) {
+    if (!r.empty()) scope_.add_dropped(r, 0);
+  }
+  scope_.add_dropped("recursion", 0);
+}
+
+void DropAccounting::bind(int drops_map_fd, const std::vector<ProgramChoice>& programs) {
+  map_fd_ = drops_map_fd;
+  prog_fds_.clear();
+  for (const auto& p : programs) {
+    if (p.wanted) prog_fds_.push_back(bpf_program__fd(p.prog));
+  }
+}
+
+void DropAccounting::drain() {
+  if (map_fd_ >= 0) {
+    deltas_.drain_array(map_fd_, static_cast<std::uint32_t>(reasons_.size()),
+                        [&](const void* key, const std::uint64_t* delta) {
+                          const auto& reason = reasons_[*static_cast<const std::uint32_t*>(key)];
+                          if (!reason.empty()) scope_.add_dropped(reason, delta[0]);
+                        });
+  }
+  // The kernel skips a program that would re-enter itself on one CPU (e.g. from NMI) and
+  // counts that as a recursion miss: an event this tracer did not see.
+  std::uint64_t misses = 0;
+  for (int fd : prog_fds_) {
+    bpf_prog_info info{};
+    __u32 len = sizeof info;
+    if (bpf_obj_get_info_by_fd(fd, &info, &len) == 0) misses += info.recursion_misses;
+  }
+  if (misses > last_misses_ && !rebase_misses_) {
+    scope_.add_dropped("recursion", misses - last_misses_);
+  }
+  last_misses_ = misses;
+  rebase_misses_ = false;
+}
+
+void DropAccounting::sweep(int stamps_map_fd, std::chrono::nanoseconds max_age) {
+  if (const auto n = sweep_stale_stamps(stamps_map_fd, max_age)) {
+    scope_.add_dropped(swept_reason_, n);
+  }
+}
+
+}  // namespace ebpf_metricsd
