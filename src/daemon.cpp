@@ -15,11 +15,11 @@
 #include "ebpf_metricsd/config.h"
 #include "ebpf_metricsd/drain_loop.h"
 #include "ebpf_metricsd/exposition.h"
+#include "ebpf_metricsd/http/server.h"
+#include "ebpf_metricsd/http/web_config.h"
 #include "ebpf_metricsd/metric_store.h"
 #include "ebpf_metricsd/tracer.h"
 #include "ebpf_metricsd/tracer_set.h"
-#include "ebpf_metricsd/http/server.h"
-#include "ebpf_metricsd/http/web_config.h"
 
 namespace ebpf_metricsd {
 
@@ -249,7 +249,7 @@ int Daemon::run() {
   sd_notify(0, "STOPPING=1\nSTATUS=stopping");
   drain_->stop();
   tracers_->stop_all();  // detach and unload every BPF object
-  web_.reset();      // ends the connections in progress at once
+  web_.reset();          // ends the connections in progress at once
   spdlog::info("stopped: all tracers detached");
   spdlog::shutdown();
   return 0;

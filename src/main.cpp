@@ -1,8 +1,8 @@
 // ebpf-metricsd: exports what eBPF tracers see in the kernel as Prometheus metrics.
+#include <malloc.h>
 #include <spdlog/pattern_formatter.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
-#include <malloc.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -14,8 +14,8 @@
 
 #include "ebpf_metricsd/config.h"
 #include "ebpf_metricsd/daemon.h"
-#include "ebpf_metricsd/tracer.h"
 #include "ebpf_metricsd/http/web_config.h"
+#include "ebpf_metricsd/tracer.h"
 
 namespace {
 

@@ -94,8 +94,8 @@ void TracerSet::stop(Slot& slot, bool keep_series) {
   const std::string& name = slot.config.name;
   if (slot.tracer) {
     bool ok = true;
-    drain(slot, ok);       // what it counted since the last drain is not lost
-    slot.tracer.reset();   // detaches and unloads its BPF side
+    drain(slot, ok);      // what it counted since the last drain is not lost
+    slot.tracer.reset();  // detaches and unloads its BPF side
   }
   store_.release_owner(name);
   store_.erase_series_with(tracer_up_, "tracer", name);
@@ -155,14 +155,14 @@ std::vector<TracerStatus> TracerSet::statuses() const {
 
 std::size_t TracerSet::running() const {
   std::lock_guard lock(status_mutex_);
-  return static_cast<std::size_t>(
-      std::count_if(statuses_.begin(), statuses_.end(), [](const TracerStatus& s) { return s.up; }));
+  return static_cast<std::size_t>(std::count_if(statuses_.begin(), statuses_.end(),
+                                                [](const TracerStatus& s) { return s.up; }));
 }
 
 std::size_t TracerSet::enabled() const {
   std::lock_guard lock(status_mutex_);
-  return static_cast<std::size_t>(std::count_if(
-      statuses_.begin(), statuses_.end(), [](const TracerStatus& s) { return s.enabled; }));
+  return static_cast<std::size_t>(std::count_if(statuses_.begin(), statuses_.end(),
+                                                [](const TracerStatus& s) { return s.enabled; }));
 }
 
 }  // namespace ebpf_metricsd

@@ -10,7 +10,6 @@
 #include <thread>
 #include <vector>
 
-
 namespace ebpf_metricsd {
 
 // Every interval runs a round (draining every running tracer: TracerSet::drain). Pings the

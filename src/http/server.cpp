@@ -153,8 +153,8 @@ std::size_t connections_that_fit(std::size_t wanted) {
 
 // The certificate comes from the credentials each connection is given as it starts
 // (Impl::on_connection); libmicrohttpd only needs a source of one to start with TLS.
-int no_certificate(gnutls_session_t, const gnutls_datum_t*, int, const gnutls_pk_algorithm_t*,
-                   int, gnutls_pcert_st**, unsigned int*, gnutls_privkey_t*) {
+int no_certificate(gnutls_session_t, const gnutls_datum_t*, int, const gnutls_pk_algorithm_t*, int,
+                   gnutls_pcert_st**, unsigned int*, gnutls_privkey_t*) {
   return -1;
 }
 
@@ -278,8 +278,8 @@ void WebServer::Impl::on_connection(void* cls, MHD_Connection* connection, void*
   if (code == MHD_CONNECTION_NOTIFY_STARTED) {
     auto* c = new (std::nothrow) Connection();
     if (!c) return;  // not watched: libmicrohttpd's own timeout still ends it
-    const MHD_ConnectionInfo* fd = MHD_get_connection_info(connection,
-                                                           MHD_CONNECTION_INFO_CONNECTION_FD);
+    const MHD_ConnectionInfo* fd =
+        MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD);
     c->socket.fd = fd ? fd->connect_fd : -1;
     if (self->settings.security.tls) {
       // The credentials current now serve this connection to its end, also across a reload.
@@ -345,8 +345,8 @@ MHD_Result WebServer::Impl::on_request(void* cls, MHD_Connection* connection, co
   return MHD_NO;  // the library closes the connection
 }
 
-MHD_Result WebServer::Impl::request(MHD_Connection* connection, const char* url,
-                                    const char* method, PendingRequest& pending) {
+MHD_Result WebServer::Impl::request(MHD_Connection* connection, const char* url, const char* method,
+                                    PendingRequest& pending) {
   using Auth = PendingRequest::Auth;
   const std::string_view m(method), path(url);
   if (m != "GET" && m != "HEAD") {
@@ -397,21 +397,21 @@ bool WebServer::Impl::authenticate(MHD_Connection* connection, PendingRequest& p
   }
   // bcrypt is slow on purpose: it runs on a worker while this connection waits suspended,
   // and the event loop serves the others. The job always resumes the connection.
-  WorkQueue::Job job{
-      [this, connection, &pending, value = std::string(*header)] {
-        Auth verdict = Auth::Denied;
-        try {
-          verdict = auth.check(std::string_view(value)) ? Auth::Allowed : Auth::Denied;
-        } catch (...) {
-          verdict = Auth::Unavailable;
-        }
-        pending.auth = verdict;
-        MHD_resume_connection(connection);
-      },
-      [connection, &pending] {
-        pending.auth = Auth::Unavailable;
-        MHD_resume_connection(connection);
-      }};
+  WorkQueue::Job job{[this, connection, &pending, value = std::string(*header)] {
+                       Auth verdict = Auth::Denied;
+                       try {
+                         verdict =
+                             auth.check(std::string_view(value)) ? Auth::Allowed : Auth::Denied;
+                       } catch (...) {
+                         verdict = Auth::Unavailable;
+                       }
+                       pending.auth = verdict;
+                       MHD_resume_connection(connection);
+                     },
+                     [connection, &pending] {
+                       pending.auth = Auth::Unavailable;
+                       MHD_resume_connection(connection);
+                     }};
   if (bcrypt.submit(std::move(job), [connection] { MHD_suspend_connection(connection); })) {
     return false;
   }
@@ -426,24 +426,23 @@ MHD_Result WebServer::Impl::render_off_loop(MHD_Connection* connection, const Ro
     --limited_in_flight;
     return send(connection, busy("503 too many concurrent scrapes (web.max_requests)"), false);
   }
-  WorkQueue::Job job{
-      [this, connection, &pending, &route, gzip_ok, req = std::move(req)] {
-        try {
-          HttpResponse r = route.handler(req);
-          finish(r, gzip_ok);  // here, not on the event loop
-          pending.response = std::move(r);
-        } catch (const std::exception& e) {
-          spdlog::error("web server: {} {}: {}", req.method, req.path, e.what());
-          pending.response = text(500, "500 internal error");
-        }
-        --limited_in_flight;
-        MHD_resume_connection(connection);
-      },
-      [this, connection, &pending] {
-        pending.response = busy("503 the server is stopping");
-        --limited_in_flight;
-        MHD_resume_connection(connection);
-      }};
+  WorkQueue::Job job{[this, connection, &pending, &route, gzip_ok, req = std::move(req)] {
+                       try {
+                         HttpResponse r = route.handler(req);
+                         finish(r, gzip_ok);  // here, not on the event loop
+                         pending.response = std::move(r);
+                       } catch (const std::exception& e) {
+                         spdlog::error("web server: {} {}: {}", req.method, req.path, e.what());
+                         pending.response = text(500, "500 internal error");
+                       }
+                       --limited_in_flight;
+                       MHD_resume_connection(connection);
+                     },
+                     [this, connection, &pending] {
+                       pending.response = busy("503 the server is stopping");
+                       --limited_in_flight;
+                       MHD_resume_connection(connection);
+                     }};
   if (render.submit(std::move(job), [connection] { MHD_suspend_connection(connection); })) {
     return MHD_YES;
   }
@@ -545,7 +544,8 @@ void WebServer::Impl::start() {
                             MHD_OPTION_ARRAY, options.data(), MHD_OPTION_END);
   // On failure the library has closed the listening socket itself, on most paths; closing
   // it again could close a descriptor another thread just opened, so it is left.
-  if (!daemon) throw std::runtime_error("cannot start the web server on " + settings.listen_address);
+  if (!daemon)
+    throw std::runtime_error("cannot start the web server on " + settings.listen_address);
 }
 
 void WebServer::Impl::stop() {

@@ -71,8 +71,8 @@ std::shared_ptr<const TlsCredentials> TlsCredentials::load(const TlsServerConfig
   int err = gnutls_x509_crt_list_import2(&chain, &chain_size, &cert, GNUTLS_X509_FMT_PEM,
                                          GNUTLS_X509_CRT_LIST_FAIL_IF_UNSORTED);
   if (err < 0) {
-    throw TlsSetupError("cert_file", "cannot load certificate " + config.cert_file + ": " +
-                                         gnutls_strerror(err));
+    throw TlsSetupError(
+        "cert_file", "cannot load certificate " + config.cert_file + ": " + gnutls_strerror(err));
   }
   for (unsigned int i = 0; i < chain_size; ++i) gnutls_x509_crt_deinit(chain[i]);
   gnutls_free(chain);
@@ -81,8 +81,8 @@ std::shared_ptr<const TlsCredentials> TlsCredentials::load(const TlsServerConfig
   err = gnutls_x509_privkey_import2(parsed_key, &key, GNUTLS_X509_FMT_PEM, nullptr, 0);
   gnutls_x509_privkey_deinit(parsed_key);
   if (err < 0) {
-    throw TlsSetupError("key_file", "cannot load private key " + config.key_file + ": " +
-                                        gnutls_strerror(err));
+    throw TlsSetupError("key_file",
+                        "cannot load private key " + config.key_file + ": " + gnutls_strerror(err));
   }
 
   if ((err = gnutls_certificate_allocate_credentials(&c->credentials_)) < 0) {

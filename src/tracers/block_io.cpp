@@ -6,6 +6,7 @@
 
 #include "ebpf_metricsd/bpf_support.h"
 #include "ebpf_metricsd/map_deltas.h"
+#include "ebpf_metricsd/skeleton.h"
 #include "ebpf_metricsd/tracer.h"
 
 // clang-format off
@@ -18,7 +19,7 @@ namespace ebpf_metricsd {
 
 namespace {
 
-using Skeleton = SkeletonPtr<block_io, block_io__destroy>;
+using Object = EBPF_METRICSD_SKELETON(block_io);
 
 const char* op_name(std::uint32_t op) {
   switch (op) {
@@ -49,38 +50,31 @@ class BlockIoTracer final : public Tracer {
                               "Bytes completed by block requests, by disk and operation.",
                               MetricType::Counter,
                               {"device", "op"}})),
-        drops_(scope, drop_reasons<BLOCKIO_DROP__COUNT>({"map_full", "map_full"}), "never_completed") {}
+        drops_(scope, drop_reasons<BLOCKIO_DROP__COUNT>({"map_full", "map_full"}),
+               "never_completed") {}
 
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 2> tps = {"block_rq_issue", "block_rq_complete"};
-    const HookKind kind = start_first_loadable(usable_hooks(prober, tps, preference), "block_io",
-                                               [&](HookKind k) { start_with(k); });
-    hook_ = std::string(hook_name(kind));
-  }
-
-  void start_with(HookKind kind) {
     // block_rq_issue(rq) since 5.11, block_rq_issue(q, rq) before: ask the kernel's BTF.
     const auto args = tracepoint_arg_count("block_rq_issue");
     const bool with_queue = args && *args == 2;
-    std::string btf_path;
-    const auto open_opts = skeleton_open_opts(btf_path);
-    Skeleton skel(block_io__open_opts(&open_opts));
-    if (!skel) throw BpfError(bpf_error_text("open block_io", errno));
-    auto& p = skel->progs;
-    const bool btf = kind == HookKind::TpBtf;
-    const std::vector<ProgramChoice> programs = {
-        {p.block_rq_issue_btf, btf && !with_queue},
-        {p.block_rq_issue_q_btf, btf && with_queue},
-        {p.block_rq_complete_btf, btf},
-        {p.block_rq_issue_raw, !btf && !with_queue},
-        {p.block_rq_issue_q_raw, !btf && with_queue},
-        {p.block_rq_complete_raw, !btf},
-    };
-    auto links = load_and_attach(
-        programs, [&] { return block_io__load(skel.get()); }, "block_io");
-    drops_.bind(bpf_map__fd(skel->maps.drops), programs);
-    links_ = std::move(links);
-    skel_ = std::move(skel);
+    HookKind kind{};
+    skel_ = Object::load_probed(
+        scope_.tracer(), drops_, prober, tps, preference,
+        [with_queue](block_io* s, HookKind k) {
+          auto& p = s->progs;
+          const bool btf = k == HookKind::TpBtf;
+          return std::vector<ProgramChoice>{
+              {p.block_rq_issue_btf, btf && !with_queue},
+              {p.block_rq_issue_q_btf, btf && with_queue},
+              {p.block_rq_complete_btf, btf},
+              {p.block_rq_issue_raw, !btf && !with_queue},
+              {p.block_rq_issue_q_raw, !btf && with_queue},
+              {p.block_rq_complete_raw, !btf},
+          };
+        },
+        kind);
+    hook_ = std::string(hook_name(kind));
   }
 
   std::string hook() const override { return hook_; }
@@ -124,8 +118,7 @@ class BlockIoTracer final : public Tracer {
   PerCpuDeltas series_{BLOCKIO_SLOTS + 2};
   PerCpuDeltas slot_series_{BLOCKIO_SLOTS + 2};
   DropAccounting drops_;
-  Skeleton skel_;
-  std::vector<BpfLink> links_;
+  Object skel_;
   std::string hook_;
 };
 

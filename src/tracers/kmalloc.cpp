@@ -4,6 +4,7 @@
 
 #include "ebpf_metricsd/bpf_support.h"
 #include "ebpf_metricsd/map_deltas.h"
+#include "ebpf_metricsd/skeleton.h"
 #include "ebpf_metricsd/tracer.h"
 
 // clang-format off
@@ -21,7 +22,7 @@ struct KmallocOptions {
   std::uint32_t max_caches = KMALLOC_MAX_CACHES;
 };
 
-using Skeleton = SkeletonPtr<kmalloc, kmalloc__destroy>;
+using Object = EBPF_METRICSD_SKELETON(kmalloc);
 
 class KmallocTracer final : public Tracer {
  public:
@@ -64,36 +65,34 @@ class KmallocTracer final : public Tracer {
       tps.push_back("kmem_cache_alloc");
       tps.push_back("kmem_cache_free");
     }
-    const HookKind kind = require_hook(prober, tps, preference);
-    // Before 6.1, kmalloc_node() fired a tracepoint of its own.
-    // (Its BTF answers for tp_btf without libbpf warning about a missing name.)
-    const bool node = kind == HookKind::TpBtf ? tracepoint_arg_count("kmalloc_node").has_value()
-                                              : prober.can_attach(kind, "kmalloc_node");
-    std::string btf_path;
-    const auto open_opts = skeleton_open_opts(btf_path);
-    Skeleton skel(kmalloc__open_opts(&open_opts));
-    if (!skel) throw BpfError(bpf_error_text("open kmalloc", errno));
-    auto& p = skel->progs;
-    const bool btf = kind == HookKind::TpBtf;
     const bool caches = options_.caches;
-    const std::vector<ProgramChoice> programs = {
-        {p.kmalloc_btf, btf},
-        {p.kmalloc_node_btf, btf && node},
-        {p.kfree_btf, btf},
-        {p.cache_alloc_btf, btf && caches},
-        {p.cache_free_btf, btf && caches},
-        {p.kmalloc_raw, !btf},
-        {p.kmalloc_node_raw, !btf && node},
-        {p.kfree_raw, !btf},
-        {p.cache_alloc_raw, !btf && caches},
-        {p.cache_free_raw, !btf && caches},
-    };
-    bpf_map__set_max_entries(skel->maps.caches, options_.max_caches);
-    links_ = load_and_attach(
-        programs, [&] { return kmalloc__load(skel.get()); }, "kmalloc");
-    drops_.bind(bpf_map__fd(skel->maps.drops), programs);
+    const std::uint32_t max_caches = options_.max_caches;
+    HookKind kind{};
+    skel_ = Object::load_probed(
+        scope_.tracer(), drops_, prober, tps, preference,
+        [&prober, caches, max_caches](kmalloc* s, HookKind k) {
+          const bool btf = k == HookKind::TpBtf;
+          // Before 6.1, kmalloc_node() fired a tracepoint of its own. (Its BTF answers for
+          // tp_btf without libbpf warning about a missing name.)
+          const bool node = btf ? tracepoint_arg_count("kmalloc_node").has_value()
+                                : prober.can_attach(k, "kmalloc_node");
+          bpf_map__set_max_entries(s->maps.caches, max_caches);
+          auto& p = s->progs;
+          return std::vector<ProgramChoice>{
+              {p.kmalloc_btf, btf},
+              {p.kmalloc_node_btf, btf && node},
+              {p.kfree_btf, btf},
+              {p.cache_alloc_btf, btf && caches},
+              {p.cache_free_btf, btf && caches},
+              {p.kmalloc_raw, !btf},
+              {p.kmalloc_node_raw, !btf && node},
+              {p.kfree_raw, !btf},
+              {p.cache_alloc_raw, !btf && caches},
+              {p.cache_free_raw, !btf && caches},
+          };
+        },
+        kind);
     hook_ = std::string(hook_name(kind));
-    skel_ = std::move(skel);
   }
 
   // The per-cache programs read the slab cache from the tracepoints' third argument, which
@@ -144,8 +143,7 @@ class KmallocTracer final : public Tracer {
   PerCpuDeltas caches_{2};
   Log2HistDrain sizes_;
   DropAccounting drops_;
-  Skeleton skel_;
-  std::vector<BpfLink> links_;
+  Object skel_;
   std::string hook_;
 };
 

@@ -6,6 +6,7 @@
 
 #include "ebpf_metricsd/bpf_support.h"
 #include "ebpf_metricsd/map_deltas.h"
+#include "ebpf_metricsd/skeleton.h"
 #include "ebpf_metricsd/tracer.h"
 
 // clang-format off
@@ -18,7 +19,7 @@ namespace ebpf_metricsd {
 
 namespace {
 
-using Skeleton = SkeletonPtr<net_xmit_latency, net_xmit_latency__destroy>;
+using Object = EBPF_METRICSD_SKELETON(net_xmit_latency);
 
 class NetXmitLatencyTracer final : public Tracer {
  public:
@@ -38,29 +39,28 @@ class NetXmitLatencyTracer final : public Tracer {
                               "Bytes handed to the driver, by interface.",
                               MetricType::Counter,
                               {"interface"}})),
-        drops_(scope, drop_reasons<NETXMIT_DROP__COUNT>({"map_full", "map_full"}), "unmatched_queue") {}
+        drops_(scope, drop_reasons<NETXMIT_DROP__COUNT>({"map_full", "map_full"}),
+               "unmatched_queue") {}
 
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 2> tps = {"net_dev_queue", "net_dev_xmit"};
-    const HookKind kind = require_hook(prober, tps, preference);
-    std::string btf_path;
-    const auto open_opts = skeleton_open_opts(btf_path);
-    Skeleton skel(net_xmit_latency__open_opts(&open_opts));
-    if (!skel) throw BpfError(bpf_error_text("open net_xmit_latency", errno));
-    auto& p = skel->progs;
-    const bool btf = kind == HookKind::TpBtf;
-    // xmit before queue: a queue stamp without its xmit hook would only go stale.
-    const std::vector<ProgramChoice> programs = {
-        {p.net_dev_xmit_btf, btf},
-        {p.net_dev_queue_btf, btf},
-        {p.net_dev_xmit_raw, !btf},
-        {p.net_dev_queue_raw, !btf},
-    };
-    links_ = load_and_attach(
-        programs, [&] { return net_xmit_latency__load(skel.get()); }, "net_xmit_latency");
-    drops_.bind(bpf_map__fd(skel->maps.drops), programs);
+    HookKind kind{};
+    skel_ = Object::load_probed(
+        scope_.tracer(), drops_, prober, tps, preference,
+        [](net_xmit_latency* s, HookKind k) {
+          auto& p = s->progs;
+          const bool btf = k == HookKind::TpBtf;
+          // xmit before queue: a queue stamp without its xmit hook
+          // would only go stale.
+          return std::vector<ProgramChoice>{
+              {p.net_dev_xmit_btf, btf},
+              {p.net_dev_queue_btf, btf},
+              {p.net_dev_xmit_raw, !btf},
+              {p.net_dev_queue_raw, !btf},
+          };
+        },
+        kind);
     hook_ = std::string(hook_name(kind));
-    skel_ = std::move(skel);
   }
 
   std::string hook() const override { return hook_; }
@@ -99,8 +99,7 @@ class NetXmitLatencyTracer final : public Tracer {
   PerCpuDeltas series_{NETXMIT_SLOTS + 3};
   PerCpuDeltas dev_series_{NETXMIT_SLOTS + 3};
   DropAccounting drops_;
-  Skeleton skel_;
-  std::vector<BpfLink> links_;
+  Object skel_;
   std::string hook_;
 };
 

@@ -44,7 +44,6 @@ TracerDescriptor offcpu_time_descriptor() {
       [](YamlMapReader& options) -> std::any { return SchedLabelOptions::read(options); },
       [](MetricScope& scope, const std::any& options) -> std::unique_ptr<Tracer> {
         SchedHistKind kind{
-            "offcpu_time",
             {"ebpf_offcpu_seconds",
              "Time tasks spent switched out while blocked, until switched in again.",
              MetricType::Histogram,

@@ -6,6 +6,7 @@
 
 #include "ebpf_metricsd/bpf_support.h"
 #include "ebpf_metricsd/map_deltas.h"
+#include "ebpf_metricsd/skeleton.h"
 #include "ebpf_metricsd/tracer.h"
 
 // clang-format off
@@ -18,7 +19,7 @@ namespace ebpf_metricsd {
 
 namespace {
 
-using Skeleton = SkeletonPtr<page_cache, page_cache__destroy>;
+using Object = EBPF_METRICSD_SKELETON(page_cache);
 
 class PageCacheTracer final : public Tracer {
  public:
@@ -88,8 +89,8 @@ class PageCacheTracer final : public Tracer {
         } catch (const BpfError& e) {
           why += (why.empty() ? "" : "; ") + std::string(hook_name(kind)) + " with " +
                  access_name(a) + ": " + e.what();
-          spdlog::info("tracer page_cache: {} with {} does not load here ({}), trying the next",
-                       hook_name(kind), access_name(a), e.what());
+          spdlog::info("tracer {}: {} with {} does not load here ({}), trying the next",
+                       scope_.tracer(), hook_name(kind), access_name(a), e.what());
         }
       }
     }
@@ -127,15 +128,16 @@ class PageCacheTracer final : public Tracer {
   }
 
   void start_with(HookKind kind, Access access) {
-    std::string btf_path;
-    const auto open_opts = skeleton_open_opts(btf_path);
-    Skeleton skel(page_cache__open_opts(&open_opts));
-    if (!skel) throw BpfError(bpf_error_text("open page_cache", errno));
+    skel_ = Object::load(scope_.tracer(), drops_,
+                         [&](page_cache* s) { return choose(s, kind, access); });
+  }
+
+  std::vector<ProgramChoice> choose(page_cache* skel, HookKind kind, Access access) const {
     auto& p = skel->progs;
     const bool btf = kind == HookKind::TpBtf;
     const bool tp_access = access == Access::Tracepoints;
     const bool dirty_folio = dirty_tp_ == "writeback_dirty_folio";
-    const std::vector<ProgramChoice> programs = {
+    return {
         {p.mark_accessed_fentry, access == Access::FolioFentry},
         {p.mark_page_accessed_fentry, access == Access::PageFentry},
         {p.mark_accessed_kprobe, access == Access::FolioKprobe},
@@ -155,11 +157,6 @@ class PageCacheTracer final : public Tracer {
         {p.dirty_folio_raw, !btf && dirty_folio},
         {p.dirty_page_raw, !btf && !dirty_folio},
     };
-    auto links = load_and_attach(
-        programs, [&] { return page_cache__load(skel.get()); }, "page_cache");
-    drops_.bind(-1, programs);
-    links_ = std::move(links);
-    skel_ = std::move(skel);
   }
 
   std::string hook() const override { return hook_; }
@@ -180,8 +177,7 @@ class PageCacheTracer final : public Tracer {
   MetricScope::Metric accesses_, misses_, dirtied_;
   PerCpuDeltas totals_{3};
   DropAccounting drops_;
-  Skeleton skel_;
-  std::vector<BpfLink> links_;
+  Object skel_;
   std::string hook_;
   bool folio_added_ = true;  // mm_filemap_add_to_page_cache passes a folio (5.16+)
   std::string dirty_tp_;

@@ -10,7 +10,6 @@ TracerDescriptor runqueue_latency_descriptor() {
       [](YamlMapReader& options) -> std::any { return SchedLabelOptions::read(options); },
       [](MetricScope& scope, const std::any& options) -> std::unique_ptr<Tracer> {
         SchedHistKind kind{
-            "runqueue_latency",
             {"ebpf_runqueue_latency_seconds",
              "Time tasks spent runnable, waiting for a CPU (wakeup or preemption to running).",
              MetricType::Histogram,

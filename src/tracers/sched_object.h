@@ -60,7 +60,6 @@ struct SchedLabelOptions {
 // One histogram tracer on the shared object: runqueue_latency and offcpu_time differ only
 // in the data below.
 struct SchedHistKind {
-  std::string tracer;
   MetricSpec spec;     // labels are appended per the options
   bool wants_wakeups;  // attach sched_wakeup/_new as well
   std::uint8_t sched_config::*on;

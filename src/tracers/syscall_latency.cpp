@@ -5,6 +5,7 @@
 
 #include "ebpf_metricsd/bpf_support.h"
 #include "ebpf_metricsd/map_deltas.h"
+#include "ebpf_metricsd/skeleton.h"
 #include "ebpf_metricsd/syscall_names.h"
 #include "ebpf_metricsd/tracer.h"
 
@@ -48,7 +49,7 @@ std::set<int> read_syscall_list(YamlMapReader& options, const std::string& key) 
   return out;
 }
 
-using Skeleton = SkeletonPtr<syscall_latency, syscall_latency__destroy>;
+using Object = EBPF_METRICSD_SKELETON(syscall_latency);
 
 // Threads with a stamp at once in the raw_tp variant's hash; more count as map_full.
 constexpr std::uint32_t kThreadMapEntries = 65536;
@@ -56,25 +57,23 @@ constexpr std::uint32_t kThreadMapEntries = 65536;
 class SyscallLatencyTracer final : public Tracer {
  public:
   SyscallLatencyTracer(MetricScope& scope, SyscallLatencyOptions options)
-      : options_(std::move(options)),
+      : scope_(scope),
+        options_(std::move(options)),
         hists_(scope, scope.declare(latency_spec()), SYSLAT_SLOTS),
         drops_(scope, drop_reasons<SYSLAT_DROP__COUNT>({"map_full", "unknown_syscall"})) {}
 
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 3> tracepoints = {"sys_enter", "sys_exit",
                                                            "sched_process_exit"};
-    const HookKind kind =
-        start_first_loadable(usable_hooks(prober, tracepoints, preference), "syscall_latency",
-                             [&](HookKind k) { start_with(k); });
+    HookKind kind{};
+    skel_ = Object::load_probed(
+        scope_.tracer(), drops_, prober, tracepoints, preference,
+        [this](syscall_latency* s, HookKind k) { return choose(s, k); }, kind);
     hook_ = std::string(hook_name(kind));
     names_.resize(SYSLAT_MAX_SYSCALLS);
   }
 
-  void start_with(HookKind kind) {
-    std::string btf_path;
-    const auto open_opts = skeleton_open_opts(btf_path);
-    Skeleton skel(syscall_latency__open_opts(&open_opts));
-    if (!skel) throw BpfError(bpf_error_text("open syscall_latency", errno));
+  std::vector<ProgramChoice> choose(syscall_latency* skel, HookKind kind) const {
     for (int nr = 0; nr < SYSLAT_MAX_SYSCALLS; ++nr) {
       const bool wanted = options_.include.empty() || options_.include.count(nr);
       skel->rodata->traced[nr] = wanted && !options_.exclude.count(nr);
@@ -84,16 +83,11 @@ class SyscallLatencyTracer final : public Tracer {
     bpf_map__set_autocreate(skel->maps.start, btf);
     bpf_map__set_max_entries(skel->maps.start_by_tid, btf ? 1 : kThreadMapEntries);
     // Exits before enters: an enter without its exit attached would only leave stale stamps.
-    const std::vector<ProgramChoice> programs = {
+    return {
         {skel->progs.sys_exit_btf, btf},     {skel->progs.sys_enter_btf, btf},
         {skel->progs.thread_exit_raw, !btf}, {skel->progs.sys_exit_raw, !btf},
         {skel->progs.sys_enter_raw, !btf},
     };
-    auto links = load_and_attach(
-        programs, [&] { return syscall_latency__load(skel.get()); }, "syscall_latency");
-    drops_.bind(bpf_map__fd(skel->maps.drops), programs);
-    links_ = std::move(links);
-    skel_ = std::move(skel);
   }
 
   std::string hook() const override { return hook_; }
@@ -109,12 +103,12 @@ class SyscallLatencyTracer final : public Tracer {
   }
 
  private:
+  MetricScope& scope_;
   SyscallLatencyOptions options_;
   Log2HistDrain hists_;
   DropAccounting drops_;
   // Links before the skeleton in destruction order: detach, then unload.
-  Skeleton skel_;
-  std::vector<BpfLink> links_;
+  Object skel_;
   std::string hook_;
   std::vector<std::string> names_;
 };

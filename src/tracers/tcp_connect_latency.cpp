@@ -3,6 +3,7 @@
 
 #include "ebpf_metricsd/bpf_support.h"
 #include "ebpf_metricsd/map_deltas.h"
+#include "ebpf_metricsd/skeleton.h"
 #include "ebpf_metricsd/tracer.h"
 
 // clang-format off
@@ -15,7 +16,7 @@ namespace ebpf_metricsd {
 
 namespace {
 
-using Skeleton = SkeletonPtr<tcp_connect_latency, tcp_connect_latency__destroy>;
+using Object = EBPF_METRICSD_SKELETON(tcp_connect_latency);
 
 MetricStore::LabelValues family_label(const void* key) {
   return {*static_cast<const std::uint32_t*>(key) == TCPCONN_IPV4 ? "ipv4" : "ipv6"};
@@ -24,7 +25,8 @@ MetricStore::LabelValues family_label(const void* key) {
 class TcpConnectLatencyTracer final : public Tracer {
  public:
   explicit TcpConnectLatencyTracer(MetricScope& scope)
-      : latency_(scope,
+      : scope_(scope),
+        latency_(scope,
                  scope.declare({"ebpf_tcp_connect_latency_seconds",
                                 "Time from an active TCP open (SYN sent) to the connection "
                                 "being established.",
@@ -41,21 +43,18 @@ class TcpConnectLatencyTracer final : public Tracer {
 
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 1> tps = {"inet_sock_set_state"};
-    const HookKind kind = require_hook(prober, tps, preference);
-    std::string btf_path;
-    const auto open_opts = skeleton_open_opts(btf_path);
-    Skeleton skel(tcp_connect_latency__open_opts(&open_opts));
-    if (!skel) throw BpfError(bpf_error_text("open tcp_connect_latency", errno));
-    const bool btf = kind == HookKind::TpBtf;
-    const std::vector<ProgramChoice> programs = {
-        {skel->progs.inet_sock_set_state_btf, btf},
-        {skel->progs.inet_sock_set_state_raw, !btf},
-    };
-    links_ = load_and_attach(
-        programs, [&] { return tcp_connect_latency__load(skel.get()); }, "tcp_connect_latency");
-    drops_.bind(bpf_map__fd(skel->maps.drops), programs);
+    HookKind kind{};
+    skel_ = Object::load_probed(
+        scope_.tracer(), drops_, prober, tps, preference,
+        [](tcp_connect_latency* s, HookKind k) {
+          const bool btf = k == HookKind::TpBtf;
+          return std::vector<ProgramChoice>{
+              {s->progs.inet_sock_set_state_btf, btf},
+              {s->progs.inet_sock_set_state_raw, !btf},
+          };
+        },
+        kind);
     hook_ = std::string(hook_name(kind));
-    skel_ = std::move(skel);
   }
 
   std::string hook() const override { return hook_; }
@@ -70,11 +69,11 @@ class TcpConnectLatencyTracer final : public Tracer {
   }
 
  private:
+  MetricScope& scope_;
   Log2HistDrain latency_;
   CounterDrain failures_;
   DropAccounting drops_;
-  Skeleton skel_;
-  std::vector<BpfLink> links_;
+  Object skel_;
   std::string hook_;
 };
 

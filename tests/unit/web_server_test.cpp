@@ -14,9 +14,9 @@
 
 #include "../test_support.h"
 #include "ebpf_metricsd/config_error.h"
-#include "ebpf_metricsd/http/server.h"
 #include "ebpf_metricsd/exposition.h"
 #include "ebpf_metricsd/http/basic_auth.h"
+#include "ebpf_metricsd/http/server.h"
 #include "ebpf_metricsd/http/web_config.h"
 
 using namespace ebpf_metricsd;
@@ -274,8 +274,8 @@ TEST_CASE("TLS: the other client_auth_types behave as exporter-toolkit's") {
     CHECK(curl_status(t.ca + t.client("rogue") + t.url) == "200");
   }
   SECTION("VerifyClientCertIfGiven: none, or one of the CA") {
-    TlsServer t(
-        "  client_auth_type: VerifyClientCertIfGiven\n  client_ca_file: {pki}/ca.pem\n", "");
+    TlsServer t("  client_auth_type: VerifyClientCertIfGiven\n  client_ca_file: {pki}/ca.pem\n",
+                "");
     CHECK(curl_status(t.ca + t.url) == "200");
     CHECK(curl_status(t.ca + t.client("client") + t.url) == "200");
     CHECK(curl_status(t.ca + t.client("rogue") + t.url) == "000");
@@ -350,7 +350,8 @@ TEST_CASE("bcrypt hashes from htpasswd-style $2y$ and $2b$ verify") {
 TEST_CASE("malformed and oversized requests get 4xx and the server serves on") {
   auto metrics = std::make_shared<GateCollectable>();
   const int port = free_port();
-  WebServer server(local(port), exporter_routes(metrics, [] { return std::string("<html></html>"); }));
+  WebServer server(local(port),
+                   exporter_routes(metrics, [] { return std::string("<html></html>"); }));
   CHECK(http_get(port, "/" + std::string(100000, 'a')).status == 414);  // URI too long
   std::string many;
   for (int i = 0; i < 5000; ++i) many += "X-Filler: " + std::to_string(i) + "\r\n";
@@ -368,9 +369,9 @@ TEST_CASE("/-/healthy follows the health callback") {
   auto metrics = std::make_shared<GateCollectable>();
   std::atomic<bool> healthy{false};
   const int port = free_port();
-  WebServer server(local(port), exporter_routes(
-                                    metrics, [] { return std::string(); },
-                                    [&] { return healthy.load(); }));
+  WebServer server(local(port),
+                   exporter_routes(
+                       metrics, [] { return std::string(); }, [&] { return healthy.load(); }));
   CHECK(http_get(port, "/-/healthy").status == 503);
   healthy = true;
   CHECK(http_get(port, "/-/healthy").status == 200);
@@ -384,7 +385,8 @@ TEST_CASE("stopping the server does not wait for stalled clients") {
   const int port = free_port();
   WebSettings s = local(port);
   s.request_timeout = 20s;
-  auto server = std::make_unique<WebServer>(s, exporter_routes(metrics, [] { return std::string(); }));
+  auto server =
+      std::make_unique<WebServer>(s, exporter_routes(metrics, [] { return std::string(); }));
   // A client that sends half a request and then nothing.
   const int fd = connect_loopback(port);
   REQUIRE(fd >= 0);

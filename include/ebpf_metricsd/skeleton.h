@@ -1,0 +1,75 @@
+#pragma once
+// The one step that brings a tracer's BPF object into the kernel: open the bpftool skeleton
+// (CO-RE against the kernel's BTF, or btf_path), set it up, load it, attach the programs
+// this start uses and bind the tracer's drop accounting. The result owns all of it.
+
+#include <bpf/libbpf.h>
+
+#include <cerrno>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ebpf_metricsd/bpf_support.h"
+#include "ebpf_metricsd/drop_accounting.h"
+#include "ebpf_metricsd/hook_probe.h"
+
+namespace ebpf_metricsd {
+
+template <typename Skel, Skel* (*Open)(const bpf_object_open_opts*), int (*Load)(Skel*),
+          void (*Destroy)(Skel*)>
+class LoadedSkeleton {
+ public:
+  // Sets read-only data and map sizes on the opened skeleton and says which programs this
+  // start uses, in attach order.
+  using Choose = std::function<std::vector<ProgramChoice>(Skel*)>;
+
+  LoadedSkeleton() = default;
+
+  // Throws BpfError naming `tracer` and the kernel's reason. `drops` reads the object's
+  // "drops" map where it has one, and the recursion misses of the chosen programs.
+  static LoadedSkeleton load(const std::string& tracer, DropAccounting& drops,
+                             const Choose& choose) {
+    std::string btf_path;
+    const auto open_opts = skeleton_open_opts(btf_path);
+    LoadedSkeleton l;
+    l.skel_.reset(Open(&open_opts));
+    if (!l.skel_) throw BpfError(bpf_error_text("open " + tracer, errno));
+    const std::vector<ProgramChoice> programs = choose(l.skel_.get());
+    l.links_ = load_and_attach(
+        programs, [&] { return Load(l.skel_.get()); }, tracer);
+    const bpf_map* map = bpf_object__find_map_by_name(l.skel_->obj, "drops");
+    drops.bind(map ? bpf_map__fd(map) : -1, programs);
+    return l;
+  }
+
+  // load() with probing first: the hook kinds every tracepoint of `tracepoints` accepts
+  // under `preference`, best first, and the first kind whose object loads (a kind can pass
+  // its attach probe and still fail to load where a map type or helper it needs is missing).
+  // `choose` gets the kind; `kind` is set to the one in use.
+  static LoadedSkeleton load_probed(
+      const std::string& tracer, DropAccounting& drops, HookProber& prober,
+      std::span<const std::string> tracepoints, HookPreference preference,
+      const std::function<std::vector<ProgramChoice>(Skel*, HookKind)>& choose, HookKind& kind) {
+    LoadedSkeleton l;
+    kind = start_first_loadable(
+        usable_hooks(prober, tracepoints, preference), tracer,
+        [&](HookKind k) { l = load(tracer, drops, [&](Skel* s) { return choose(s, k); }); });
+    return l;
+  }
+
+  Skel* operator->() const { return skel_.get(); }
+  Skel* get() const { return skel_.get(); }
+  explicit operator bool() const { return static_cast<bool>(skel_); }
+
+ private:
+  SkeletonPtr<Skel, Destroy> skel_;
+  std::vector<BpfLink> links_;  // declared after skel_: detached before it is unloaded
+};
+
+// The LoadedSkeleton type of the bpftool skeleton `name` (bpf/<name>.bpf.c).
+#define EBPF_METRICSD_SKELETON(name) \
+  ::ebpf_metricsd::LoadedSkeleton<name, name##__open_opts, name##__load, name##__destroy>
+
+}  // namespace ebpf_metricsd
