@@ -128,10 +128,10 @@ long read_proc_files() {
 struct Io {
   int listener = -1;
   sockaddr_in listen_addr{};
-  std::unique_ptr<fixture::VethPair> veth;
+  std::unique_ptr<test::VethPair> veth;
   int udp = -1;
   sockaddr_in udp_to{};
-  std::unique_ptr<fixture::LoopDevice> loop;
+  std::unique_ptr<test::LoopDevice> loop;
   int loop_fd = -1;
   void* aligned = nullptr;
   int cached_fd = -1;
@@ -145,12 +145,12 @@ struct Io {
         getsockname(listener, reinterpret_cast<sockaddr*>(&listen_addr), &len)) {
       throw std::runtime_error("listen");
     }
-    veth = std::make_unique<fixture::VethPair>();
+    veth = std::make_unique<test::VethPair>();
     udp = socket(AF_INET, SOCK_DGRAM, 0);
     udp_to.sin_family = AF_INET;
     udp_to.sin_port = htons(9);
     inet_pton(AF_INET, "169.254.77.2", &udp_to.sin_addr);
-    loop = std::make_unique<fixture::LoopDevice>();
+    loop = std::make_unique<test::LoopDevice>();
     loop_fd = open(loop->dev().c_str(), O_RDONLY | O_DIRECT);
     if (loop_fd < 0 || posix_memalign(&aligned, 4096, 4096)) throw std::runtime_error("loop");
     char path[] = "/var/tmp/emd-bench-XXXXXX";

@@ -5,10 +5,8 @@
 #include <systemd/sd-daemon.h>
 
 #include <ctime>
-#include <map>
 #include <memory>
-#include <mutex>
-#include <tuple>
+#include <stdexcept>
 #include <vector>
 
 #include "ebpf_metricsd/bpf_support.h"
@@ -68,7 +66,13 @@ class Daemon {
   // Brings the tracers in line with cfg. False when a tracer failed to start and --strict
   // is set.
   bool reconcile(const Config& cfg);
-  void reload();
+  // Re-reads the configuration and applies what changed; false when the daemon must exit
+  // (--strict and a tracer down, or no web server could be had).
+  bool reload();
+  // Brings the web server to `wanted`: a new server where settings changed (the old one
+  // back where the new one cannot start), else the TLS files read again. False when that
+  // did not take; throws std::runtime_error when no server can be had at all.
+  bool reload_web(const WebSettings& wanted);
   void notify_ready();
   std::unique_ptr<WebServer> make_web(const WebSettings& settings);
 
@@ -126,7 +130,39 @@ std::unique_ptr<WebServer> Daemon::make_web(const WebSettings& settings) {
                     }));
 }
 
-void Daemon::reload() {
+bool Daemon::reload_web(const WebSettings& wanted) {
+  const WebSettings& have = web_->settings();
+  if (wanted == have) {
+    if (!wanted.security.tls) return true;
+    // Same settings, but certificate files may have been rotated in place.
+    try {
+      web_->reload_tls();
+      return true;
+    } catch (const std::exception& e) {
+      spdlog::error("reload: {}; keeping the loaded certificates", e.what());
+      return false;
+    }
+  }
+  // One server at a time: the new one may need the same port.
+  const WebSettings previous = have;
+  web_.reset();
+  try {
+    web_ = make_web(wanted);
+    spdlog::info("web server restarted on {}{}", wanted.listen_address,
+                 wanted.security.tls ? " with TLS" : "");
+    return true;
+  } catch (const std::exception& e) {
+    spdlog::error("reload: {}; keeping the previous web settings", e.what());
+  }
+  try {
+    web_ = make_web(previous);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("cannot serve metrics any more: " + std::string(e.what()));
+  }
+  return false;
+}
+
+bool Daemon::reload() {
   sd_notifyf(0, "RELOADING=1\nMONOTONIC_USEC=%llu\nSTATUS=reloading %s",
              static_cast<unsigned long long>(monotonic_usec()), options_.config_path.c_str());
   spdlog::info("SIGHUP: reloading {}", options_.config_path);
@@ -137,40 +173,17 @@ void Daemon::reload() {
     spdlog::error("reload failed, keeping the running configuration: {}", e.what());
     store_->set(reload_ok_, {}, 0);
     notify_ready();
-    return;
+    return true;
   }
   bool ok = true;
-  const WebSettings& wanted = cfg.web;
-  const WebSettings& have = web_->settings();
-  if (wanted != have) {
-    // One server at a time: the new one may need the same port.
-    const WebSettings previous = have;
-    web_.reset();
-    try {
-      web_ = make_web(wanted);
-      spdlog::info("web server restarted on {}{}", wanted.listen_address,
-                   wanted.security.tls ? " with TLS" : "");
-    } catch (const std::exception& e) {
-      spdlog::error("reload: {}; keeping the previous web settings", e.what());
-      ok = false;
-      try {
-        web_ = make_web(previous);
-      } catch (const std::exception& again) {
-        spdlog::critical("cannot serve metrics any more: {}", again.what());
-        std::exit(1);
-      }
-    }
-  } else if (wanted.security.tls) {
-    // Same settings, but certificate files may have been rotated in place.
-    try {
-      web_->reload_tls();
-    } catch (const std::exception& e) {
-      spdlog::error("reload: {}; keeping the loaded certificates", e.what());
-      ok = false;
-    }
+  try {
+    ok = reload_web(cfg.web);
+  } catch (const std::exception& e) {
+    spdlog::critical("{}", e.what());
+    return false;
   }
   set_kernel_btf_path(cfg.btf_path);
-  if (!reconcile(cfg)) std::exit(1);
+  if (!reconcile(cfg)) return false;
   drain_->set_interval(cfg.drain_interval);
   store_->set_series_limit(cfg.max_series);
   cfg_ = std::move(cfg);
@@ -181,6 +194,7 @@ void Daemon::reload() {
                  status_line(tracers_->running(), tracers_->enabled(), store_->series_count()));
   }
   notify_ready();
+  return true;
 }
 
 int Daemon::run() {
@@ -235,13 +249,15 @@ int Daemon::run() {
                status_line(tracers_->running(), tracers_->enabled(), store_->series_count()),
                cfg_.drain_interval.count());
 
+  int exit_code = 0;
   for (;;) {
     int sig = 0;
     const sigset_t signals = handled_signals();
     if (sigwait(&signals, &sig) != 0) continue;
     if (sig == SIGHUP) {
-      reload();
-      continue;
+      if (reload()) continue;
+      exit_code = 1;
+      break;
     }
     spdlog::info("received {}, shutting down", strsignal(sig));
     break;
@@ -252,7 +268,7 @@ int Daemon::run() {
   web_.reset();          // ends the connections in progress at once
   spdlog::info("stopped: all tracers detached");
   spdlog::shutdown();
-  return 0;
+  return exit_code;
 }
 
 }  // namespace

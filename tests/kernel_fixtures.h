@@ -15,26 +15,9 @@
 #include <stdexcept>
 #include <string>
 
-namespace ebpf_metricsd::fixture {
+#include "test_support.h"
 
-inline int sh(const std::string& cmd) {
-  const int st = std::system((cmd + " >/dev/null 2>&1").c_str());
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-inline void must(const std::string& cmd) {
-  if (sh(cmd) != 0) throw std::runtime_error("failed: " + cmd);
-}
-
-inline std::string capture(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  char buf[256];
-  while (p && fgets(buf, sizeof buf, p)) out += buf;
-  if (p) pclose(p);
-  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-  return out;
-}
+namespace ebpf_metricsd::test {
 
 // A file of `pages` pages filled with `fill` on a real disk (/var/tmp: tmpfs pages are never
 // read in), written out and evicted from the page cache. Unlinked at once; closed when
@@ -74,17 +57,17 @@ inline void remove_leftovers() {
     return !pid.empty() && pid.find_first_not_of("0123456789") == std::string::npos &&
            access(("/proc/" + pid).c_str(), F_OK) != 0;
   };
-  std::istringstream links(capture("ls /sys/class/net"));
+  std::istringstream links(run_capture_line("ls /sys/class/net"));
   std::string name;
   while (links >> name) {
-    if (dead(name, "emdv")) sh("ip link del " + name);
+    if (dead(name, "emdv")) run_quiet("ip link del " + name);
   }
-  std::istringstream nss(capture("ip netns list | cut -d' ' -f1"));
+  std::istringstream nss(run_capture_line("ip netns list | cut -d' ' -f1"));
   while (nss >> name) {
-    if (dead(name, "emdtest")) sh("ip netns del " + name);
+    if (dead(name, "emdtest")) run_quiet("ip netns del " + name);
   }
   // Backing files are /var/tmp/emd-loop-<pid>-XXXXXX.
-  std::istringstream loops(capture("losetup -a -O NAME,BACK-FILE -n"));
+  std::istringstream loops(run_capture_line("losetup -a -O NAME,BACK-FILE -n"));
   std::string line;
   while (std::getline(loops, line)) {
     std::istringstream f(line);
@@ -92,7 +75,7 @@ inline void remove_leftovers() {
     if (!(f >> dev >> file) || file.rfind("/var/tmp/emd-loop-", 0) != 0) continue;
     const std::string rest = file.substr(std::string("/var/tmp/emd-loop-").size());
     if (dead("p" + rest.substr(0, rest.find('-')), "p")) {
-      sh("losetup -d " + dev);
+      run_quiet("losetup -d " + dev);
       unlink(file.c_str());
     }
   }
@@ -110,7 +93,7 @@ class LoopDevice {
     const bool sized = ftruncate(fd, 16 << 20) == 0;
     close(fd);
     file_ = path;
-    dev_ = capture("losetup --find --show " + file_);
+    dev_ = run_capture_line("losetup --find --show " + file_);
     if (!sized || dev_.rfind("/dev/loop", 0) != 0) {
       unlink(file_.c_str());
       throw std::runtime_error("losetup failed: " + dev_);
@@ -118,7 +101,7 @@ class LoopDevice {
     name_ = dev_.substr(5);
   }
   ~LoopDevice() {
-    sh("losetup -d " + dev_);
+    run_quiet("losetup -d " + dev_);
     unlink(file_.c_str());
   }
   LoopDevice(const LoopDevice&) = delete;
@@ -150,21 +133,22 @@ class VethPair {
     host_ = "emdv" + id;
     peer_ = "emdp" + id;
     try {
-      must("ip netns add " + ns_);
-      must("ip link add " + host_ + " type veth peer name " + peer_ + " netns " + ns_);
-      sh("sysctl -w net.ipv6.conf." + host_ + ".disable_ipv6=1");
-      sh("ip netns exec " + ns_ + " sysctl -w net.ipv6.conf." + peer_ + ".disable_ipv6=1");
-      must("ip addr add 169.254.77.1/24 dev " + host_);
-      must("ip netns exec " + ns_ + " ip addr add 169.254.77.2/24 dev " + peer_);
+      must_run("ip netns add " + ns_);
+      must_run("ip link add " + host_ + " type veth peer name " + peer_ + " netns " + ns_);
+      run_quiet("sysctl -w net.ipv6.conf." + host_ + ".disable_ipv6=1");
+      run_quiet("ip netns exec " + ns_ + " sysctl -w net.ipv6.conf." + peer_ + ".disable_ipv6=1");
+      must_run("ip addr add 169.254.77.1/24 dev " + host_);
+      must_run("ip netns exec " + ns_ + " ip addr add 169.254.77.2/24 dev " + peer_);
       const std::string peer_mac =
-          capture("ip netns exec " + ns_ + " cat /sys/class/net/" + peer_ + "/address");
-      const std::string host_mac = capture("cat /sys/class/net/" + host_ + "/address");
-      must("ip neigh replace 169.254.77.2 lladdr " + peer_mac + " dev " + host_ + " nud permanent");
+          run_capture_line("ip netns exec " + ns_ + " cat /sys/class/net/" + peer_ + "/address");
+      const std::string host_mac = run_capture_line("cat /sys/class/net/" + host_ + "/address");
+      must_run("ip neigh replace 169.254.77.2 lladdr " + peer_mac + " dev " + host_ +
+               " nud permanent");
       // The peer answers each datagram (ICMP port unreachable): it must not ARP for us.
-      must("ip netns exec " + ns_ + " ip neigh replace 169.254.77.1 lladdr " + host_mac + " dev " +
-           peer_ + " nud permanent");
-      must("ip netns exec " + ns_ + " ip link set " + peer_ + " up");
-      must("ip link set " + host_ + " up");
+      must_run("ip netns exec " + ns_ + " ip neigh replace 169.254.77.1 lladdr " + host_mac +
+               " dev " + peer_ + " nud permanent");
+      must_run("ip netns exec " + ns_ + " ip link set " + peer_ + " up");
+      must_run("ip link set " + host_ + " up");
     } catch (...) {
       cleanup();
       throw;
@@ -195,10 +179,10 @@ class VethPair {
 
  private:
   void cleanup() {
-    sh("ip link del " + host_);
-    sh("ip netns del " + ns_);
+    run_quiet("ip link del " + host_);
+    run_quiet("ip netns del " + ns_);
   }
   std::string ns_, host_, peer_;
 };
 
-}  // namespace ebpf_metricsd::fixture
+}  // namespace ebpf_metricsd::test

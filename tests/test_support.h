@@ -124,9 +124,18 @@ inline std::string read_file(const std::string& path) {
   return ss.str();
 }
 
+// Runs a shell command; its exit status (-1 when it did not exit).
 inline int run_command(const std::string& cmd) {
   const int st = std::system(cmd.c_str());
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+// The same with the command's output discarded.
+inline int run_quiet(const std::string& cmd) { return run_command(cmd + " >/dev/null 2>&1"); }
+
+// Runs a setup command that must work; throws std::runtime_error naming it otherwise.
+inline void must_run(const std::string& cmd) {
+  if (run_quiet(cmd) != 0) throw std::runtime_error("failed: " + cmd);
 }
 
 // Runs a shell command and returns its standard output.
@@ -138,6 +147,13 @@ inline std::string run_capture(const std::string& cmd) {
   std::size_t n;
   while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
   pclose(p);
+  return out;
+}
+
+// run_capture's output without trailing newlines and spaces (a one-line answer).
+inline std::string run_capture_line(const std::string& cmd) {
+  std::string out = run_capture(cmd);
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
   return out;
 }
 

@@ -21,7 +21,7 @@ using namespace ebpf_metricsd;
 TEST_CASE("direct 4 KiB reads and writes on a loop device are counted exactly", "[block_io]") {
   const std::string hook = GENERATE(std::string("auto"), std::string("raw_tp"));
   INFO("hook " << hook);
-  fixture::LoopDevice loop;
+  test::LoopDevice loop;
   MetricStore store;
   auto tracer = test::start_tracer(store, "block_io", "    hook: " + hook + "\n");
   CHECK(tracer->hook() == (hook == "auto" ? "tp_btf" : "raw_tp"));

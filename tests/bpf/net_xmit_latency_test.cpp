@@ -18,7 +18,7 @@ TEST_CASE("UDP datagrams over a veth pair: packets, bytes and latency per interf
           "[net_xmit]") {
   const std::string hook = GENERATE(std::string("auto"), std::string("raw_tp"));
   INFO("hook " << hook);
-  fixture::VethPair veth;
+  test::VethPair veth;
   MetricStore store;
   auto tracer = test::start_tracer(store, "net_xmit_latency", "    hook: " + hook + "\n");
   // Let anything the link sends when it comes up go out before the window opens.
@@ -65,10 +65,10 @@ TEST_CASE("UDP datagrams over a veth pair: packets, bytes and latency per interf
 
 TEST_CASE("packets held back by a rate-limiting qdisc: timed through the shared map",
           "[net_xmit]") {
-  fixture::VethPair veth;
+  test::VethPair veth;
   // 1 Mbit/s with a one-packet burst: the datagrams wait in the qdisc and reach the driver
   // from its timer, after later packets were queued (so their stamps move to the hash).
-  REQUIRE(fixture::sh("tc qdisc replace dev " + veth.host() +
+  REQUIRE(test::run_quiet("tc qdisc replace dev " + veth.host() +
                       " root tbf rate 1mbit burst 1600 latency 500ms") == 0);
   MetricStore store;
   auto tracer = test::start_tracer(store, "net_xmit_latency");

@@ -41,7 +41,7 @@ TEST_CASE("misses when evicted, hits when cached, dirtied on write", "[page_cach
   INFO("hook " << hook);
   const long page = sysconf(_SC_PAGESIZE);
   constexpr long kPages = 512;
-  fixture::EvictedFile file(kPages, 'y');
+  test::EvictedFile file(kPages, 'y');
   const int fd = file.fd();
   const std::vector<char> data(file.size(), 'y');
 

@@ -31,7 +31,7 @@ TEST_CASE("minor and major faults match what the test caused and /proc/vmstat", 
   const long page = sysconf(_SC_PAGESIZE);
   // Read through a mapping, an evicted file faults every page in (major).
   constexpr int kFilePages = 512;
-  fixture::EvictedFile evicted(kFilePages, 'x');
+  test::EvictedFile evicted(kFilePages, 'x');
   const int fd = evicted.fd();
   const std::size_t file_len = evicted.size();
 

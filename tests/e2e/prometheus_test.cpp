@@ -16,8 +16,8 @@
 using namespace ebpf_metricsd::test;
 using namespace std::chrono_literals;
 using json = nlohmann::json;
-using ebpf_metricsd::fixture::EvictedFile;
-using ebpf_metricsd::fixture::LoopDevice;
+using ebpf_metricsd::test::EvictedFile;
+using ebpf_metricsd::test::LoopDevice;
 namespace workload = ebpf_metricsd::workload;
 
 namespace {
