@@ -215,7 +215,7 @@ static __always_inline int on_complete(struct request *rq,
 	}
 	if (!v)
 		return 0;
-	emd_hist_add(v, delta);
+	emd_hist_add_ns(v, delta);
 	v->bytes += nr_bytes;
 	return 0;
 }

@@ -2,8 +2,10 @@
 #ifndef EBPF_METRICSD_BLOCK_IO_H
 #define EBPF_METRICSD_BLOCK_IO_H
 
-/* Slot k: (2^(k-1), 2^k] ns; the last slot holds anything longer. */
-#define BLOCKIO_SLOTS 40
+#include "common/log2_slot.h"
+
+/* Histogram slots: powers of two of seconds (common/log2_slot.h). */
+#define BLOCKIO_SLOTS EMD_HIST_SLOTS
 #define BLOCKIO_DISK_NAME_LEN 32
 #define BLOCKIO_MAX_SERIES 4096 /* (queue slot or disk, op) pairs */
 #define BLOCKIO_MAX_IN_FLIGHT 65536

@@ -56,7 +56,7 @@ static __always_inline int on_kmalloc(size_t requested, size_t allocated)
 	}
 	h = bpf_map_lookup_elem(&sizes, &zero);
 	if (h)
-		emd_hist_add(h, requested);
+		emd_hist_add_bytes(h, requested);
 	return 0;
 }
 

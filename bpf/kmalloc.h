@@ -2,9 +2,10 @@
 #ifndef EBPF_METRICSD_KMALLOC_H
 #define EBPF_METRICSD_KMALLOC_H
 
-/* Slot k: requested sizes in (2^(k-1), 2^k] bytes; kmalloc tops out at a few
- * MiB, the last slot holds anything larger. */
-#define KMALLOC_SLOTS 28
+#include "common/log2_slot.h"
+
+/* Histogram slots: powers of two of bytes (common/log2_slot.h). */
+#define KMALLOC_SLOTS EMD_HIST_SLOTS
 #define KMALLOC_CACHE_NAME_LEN 32
 #define KMALLOC_MAX_CACHES 1024
 

@@ -126,7 +126,7 @@ static __always_inline int on_xmit(struct sk_buff *skb, int rc,
 	if (!v)
 		return 0;
 	if (ts)
-		emd_hist_add(v, bpf_ktime_get_ns() - ts);
+		emd_hist_add_ns(v, bpf_ktime_get_ns() - ts);
 	v->packets += 1;
 	v->bytes += len;
 	return 0;

@@ -2,8 +2,10 @@
 #ifndef EBPF_METRICSD_NET_XMIT_LATENCY_H
 #define EBPF_METRICSD_NET_XMIT_LATENCY_H
 
-/* Slot k: (2^(k-1), 2^k] ns; the last slot holds anything longer. */
-#define NETXMIT_SLOTS 40
+#include "common/log2_slot.h"
+
+/* Histogram slots: powers of two of seconds (common/log2_slot.h). */
+#define NETXMIT_SLOTS EMD_HIST_SLOTS
 #define NETXMIT_IFNAME_LEN 16
 #define NETXMIT_MAX_INTERFACES 1024
 #define NETXMIT_MAX_IN_FLIGHT 65536

@@ -197,7 +197,7 @@ static __always_inline int on_switch(bool preempt, struct task_struct *prev,
 			     sched_cfg.runq_by_cgroup, sched_cfg.runq_by_comm,
 			     SCHED_DROP_RUNQ_LABELS);
 		if (h)
-			emd_hist_add(h, now - s->enqueued);
+			emd_hist_add_ns(h, now - s->enqueued);
 	}
 	s->enqueued = 0;
 	if (s->blocked && sched_cfg.offcpu_on) {
@@ -205,7 +205,7 @@ static __always_inline int on_switch(bool preempt, struct task_struct *prev,
 			     sched_cfg.offcpu_by_cgroup, sched_cfg.offcpu_by_comm,
 			     SCHED_DROP_OFFCPU_LABELS);
 		if (h)
-			emd_hist_add(h, now - s->blocked);
+			emd_hist_add_ns(h, now - s->blocked);
 	}
 	s->blocked = 0;
 	return 0;

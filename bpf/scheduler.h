@@ -6,8 +6,10 @@
 #ifndef EBPF_METRICSD_SCHEDULER_H
 #define EBPF_METRICSD_SCHEDULER_H
 
-/* Slot k: (2^(k-1), 2^k] ns; the last slot holds everything longer. */
-#define SCHED_SLOTS 40
+#include "common/log2_slot.h"
+
+/* Histogram slots: powers of two of seconds (common/log2_slot.h). */
+#define SCHED_SLOTS EMD_HIST_SLOTS
 
 struct sched_hist {
 	__u64 slots[SCHED_SLOTS];

@@ -104,7 +104,7 @@ static __always_inline int on_exit(bool raw)
 	h = bpf_map_lookup_elem(&hists, &nr);
 	if (!h)
 		return 0;
-	emd_hist_add(h, delta);
+	emd_hist_add_ns(h, delta);
 	return 0;
 }
 

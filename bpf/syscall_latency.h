@@ -3,11 +3,12 @@
 #ifndef EBPF_METRICSD_SYSCALL_LATENCY_H
 #define EBPF_METRICSD_SYSCALL_LATENCY_H
 
+#include "common/log2_slot.h"
+
 /* Syscall numbers at or above this are counted as drops (x32 numbers, -1). */
 #define SYSLAT_MAX_SYSCALLS 512
-/* Slot k holds latencies in (2^(k-1), 2^k] ns; the last slot also holds
- * everything longer (2^39 ns is about 9 minutes). */
-#define SYSLAT_SLOTS 40
+/* Histogram slots: powers of two of seconds (common/log2_slot.h). */
+#define SYSLAT_SLOTS EMD_HIST_SLOTS
 
 /* One entry per syscall number in a per-CPU array: no hashing, no locks. */
 struct syscall_latency_hist {

@@ -86,7 +86,7 @@ static __always_inline int on_set_state(struct sock *sk, int oldstate,
 		struct tcpconn_hist *h = bpf_map_lookup_elem(&latency, &family);
 
 		if (h)
-			emd_hist_add(h, now);
+			emd_hist_add_ns(h, now);
 	} else {
 		__u64 *n = bpf_map_lookup_elem(&failures, &family);
 

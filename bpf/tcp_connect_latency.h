@@ -2,8 +2,10 @@
 #ifndef EBPF_METRICSD_TCP_CONNECT_LATENCY_H
 #define EBPF_METRICSD_TCP_CONNECT_LATENCY_H
 
-/* Slot k: (2^(k-1), 2^k] ns; the last slot holds anything longer. */
-#define TCPCONN_SLOTS 40
+#include "common/log2_slot.h"
+
+/* Histogram slots: powers of two of seconds (common/log2_slot.h). */
+#define TCPCONN_SLOTS EMD_HIST_SLOTS
 
 enum tcpconn_family {
 	TCPCONN_IPV4 = 0,

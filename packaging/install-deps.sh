@@ -8,7 +8,8 @@ BUILD_PKGS=(
   clang llvm                         # BPF objects are compiled by clang -target bpf
   bpftool                            # vmlinux.h and skeleton generation at build time
   libbpf-dev libelf-dev zlib1g-dev
-  prometheus-cpp-dev libcrypt-dev      # metrics model; bcrypt for basic auth
+  libprotobuf-dev protobuf-compiler  # the protobuf exposition (proto/metrics.proto)
+  libcrypt-dev                       # bcrypt for basic auth
   libmicrohttpd-dev libgnutls28-dev    # the web server: HTTP on libmicrohttpd, TLS on GnuTLS
   libspdlog-dev libfmt-dev libyaml-cpp-dev libsystemd-dev libseccomp-dev
   catch2 nlohmann-json3-dev          # tests: Catch2; JSON of Grafana and the Prometheus API

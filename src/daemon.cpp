@@ -119,7 +119,7 @@ void Daemon::notify_ready() {
 std::unique_ptr<WebServer> Daemon::make_web(const WebSettings& settings) {
   return std::make_unique<WebServer>(
       settings, exporter_routes(
-                    store_,
+                    [store = store_](ExpositionFormat format) { return render(*store, format); },
                     [tracers = std::weak_ptr<TracerSet>(tracers_)] {
                       const auto t = tracers.lock();
                       return landing_page(t ? t->statuses() : std::vector<TracerStatus>());

@@ -1,8 +1,5 @@
 #include "ebpf_metricsd/exposition.h"
 
-#include <prometheus/collectable.h>
-#include <prometheus/text_serializer.h>
-
 namespace ebpf_metricsd {
 
 std::string html_escape(const std::string& text) {
@@ -50,15 +47,19 @@ std::string landing_page(const std::vector<TracerStatus>& states) {
          rows + "</table>\n</body></html>\n";
 }
 
-std::vector<Route> exporter_routes(std::shared_ptr<prometheus::Collectable> metrics,
+std::vector<Route> exporter_routes(MetricsRenderer metrics,
                                    std::function<std::string()> landing_html,
                                    std::function<bool()> healthy) {
   std::vector<Route> routes;
   routes.push_back({"/metrics",
-                    [metrics](const HttpRequest&) {
+                    [metrics = std::move(metrics)](const HttpRequest& request) {
+                      const auto format = negotiate_format(request.header("Accept").value_or(""));
                       HttpResponse r;
-                      r.content_type = "text/plain; version=0.0.4; charset=utf-8";
-                      r.body = prometheus::TextSerializer().Serialize(metrics->Collect());
+                      r.content_type = format == ExpositionFormat::Protobuf
+                                           ? kProtobufContentType
+                                           : kTextContentType;
+                      r.body = metrics(format);
+                      r.headers.emplace_back("Vary", "Accept");
                       r.compressible = true;
                       return r;
                     },

@@ -1,12 +1,27 @@
 #include "ebpf_metricsd/metric_store.h"
 
-#include <prometheus/check_names.h>
-
 #include <algorithm>
+#include <mutex>
 #include <stdexcept>
 #include <utility>
 
 namespace ebpf_metricsd {
+
+namespace {
+
+// Prometheus' metric and label name syntax; label names starting "__" are reserved.
+bool valid_name(const std::string& name, bool metric) {
+  if (name.empty()) return false;
+  for (std::size_t i = 0; i < name.size(); ++i) {
+    const char c = name[i];
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
+                    (metric && c == ':') || (i > 0 && c >= '0' && c <= '9');
+    if (!ok) return false;
+  }
+  return metric || name.rfind("__", 0) != 0;
+}
+
+}  // namespace
 
 MetricStore::MetricStore() {
   limited_metric_ = declare_locked({"ebpf_metricsd_series_limited_total",
@@ -18,22 +33,24 @@ MetricStore::MetricStore() {
 }
 
 MetricStore::MetricId MetricStore::declare(const MetricSpec& spec, const std::string& owner) {
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
   return declare_locked(spec, true, owner);
 }
 
 MetricStore::MetricId MetricStore::declare_locked(const MetricSpec& spec, bool limited,
                                                   const std::string& owner) {
-  if (!prometheus::CheckMetricName(spec.name)) {
+  if (!valid_name(spec.name, true)) {
     throw std::invalid_argument("invalid metric name: " + spec.name);
   }
   for (const auto& l : spec.labels) {
-    if (!prometheus::CheckLabelName(l) || l == "le") {
+    if (!valid_name(l, false) || l == "le") {
       throw std::invalid_argument("invalid label name '" + l + "' on " + spec.name);
     }
   }
   if (spec.type == MetricType::Histogram &&
-      (spec.buckets.max_log2 < spec.buckets.min_log2 || spec.buckets.units_per_base <= 0)) {
+      (spec.buckets.max_exp < spec.buckets.min_exp || spec.buckets.units_per_base <= 0 ||
+       spec.buckets.min_exp <= spec.buckets.zero_exp ||
+       spec.buckets.max_exp >= spec.buckets.zero_exp + static_cast<int>(Log2Layout::kSlots))) {
     throw std::invalid_argument("invalid bucket layout on " + spec.name);
   }
   for (std::size_t i = 0; i < metrics_.size(); ++i) {
@@ -57,12 +74,12 @@ MetricStore::MetricId MetricStore::declare_locked(const MetricSpec& spec, bool l
 }
 
 void MetricStore::release_owner(const std::string& owner) {
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
   for (auto& m : metrics_) m.owners.erase(owner);
 }
 
 void MetricStore::drop_unowned() {
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
   for (auto& m : metrics_) {
     if (m.owners.empty()) m.series.clear();
   }
@@ -79,18 +96,18 @@ void erase_in(M& m, const std::string& label, const std::string& value) {
 }  // namespace
 
 void MetricStore::erase_series_with(const std::string& label, const std::string& value) {
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
   for (auto& m : metrics_) erase_in(m, label, value);
 }
 
 void MetricStore::erase_series_with(MetricId id, const std::string& label,
                                     const std::string& value) {
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
   erase_in(metrics_.at(id), label, value);
 }
 
 void MetricStore::set_series_limit(std::size_t max_series) {
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
   series_limit_ = max_series;
 }
 
@@ -120,7 +137,7 @@ MetricStore::Series* MetricStore::series_for(Metric& m, const LabelValues& label
       break;
     case MetricType::Histogram: {
       Log2HistogramState h;
-      h.buckets.assign(m.spec.buckets.finite_buckets() + 1, 0);
+      h.slots.assign(Log2Layout::kSlots, 0);
       fresh = std::move(h);
       break;
     }
@@ -129,14 +146,14 @@ MetricStore::Series* MetricStore::series_for(Metric& m, const LabelValues& label
 }
 
 void MetricStore::add(MetricId id, const LabelValues& labels, std::uint64_t delta) {
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
   Metric& m = metrics_.at(id);
   if (m.spec.type != MetricType::Counter) throw std::logic_error(m.spec.name + " is no counter");
   if (Series* s = series_for(m, labels)) std::get<std::uint64_t>(*s) += delta;
 }
 
 void MetricStore::set(MetricId id, const LabelValues& labels, double value) {
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
   Metric& m = metrics_.at(id);
   if (m.spec.type != MetricType::Gauge) throw std::logic_error(m.spec.name + " is no gauge");
   if (Series* s = series_for(m, labels)) std::get<double>(*s) = value;
@@ -144,69 +161,43 @@ void MetricStore::set(MetricId id, const LabelValues& labels, double value) {
 
 void MetricStore::add_slots(MetricId id, const LabelValues& labels,
                             std::span<const std::uint64_t> slots, std::uint64_t sum_delta) {
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
   Metric& m = metrics_.at(id);
   if (m.spec.type != MetricType::Histogram) {
     throw std::logic_error(m.spec.name + " is no histogram");
   }
   Series* s = series_for(m, labels);
   if (!s) return;
+  if (slots.size() > Log2Layout::kSlots) {
+    throw std::logic_error(m.spec.name + ": more kernel slots than the layout has");
+  }
   auto& h = std::get<Log2HistogramState>(*s);
-  m.spec.buckets.fold(slots, h.buckets);
+  for (std::size_t k = 0; k < slots.size(); ++k) h.slots[k] += slots[k];
   h.sum_raw += sum_delta;
 }
 
 std::size_t MetricStore::series_count() const {
-  std::lock_guard lock(mutex_);
+  std::shared_lock lock(mutex_);
   std::size_t n = 0;
   for (const auto& m : metrics_) n += m.series.size();
   return n;
 }
 
-std::vector<prometheus::MetricFamily> MetricStore::Collect() const {
-  std::lock_guard lock(mutex_);
-  std::vector<prometheus::MetricFamily> out;
-  out.reserve(metrics_.size());
+void MetricStore::visit(MetricVisitor& visitor) const {
+  std::shared_lock lock(mutex_);
   for (const auto& m : metrics_) {
     if (m.series.empty()) continue;
-    prometheus::MetricFamily fam;
-    fam.name = m.spec.name;
-    fam.help = m.spec.help;
-    switch (m.spec.type) {
-      case MetricType::Counter:
-        fam.type = prometheus::MetricType::Counter;
-        break;
-      case MetricType::Gauge:
-        fam.type = prometheus::MetricType::Gauge;
-        break;
-      case MetricType::Histogram:
-        fam.type = prometheus::MetricType::Histogram;
-        break;
-    }
-    fam.metric.reserve(m.series.size());
+    visitor.family(m.spec);
     for (const auto& [labels, series] : m.series) {
-      prometheus::ClientMetric cm;
-      for (std::size_t i = 0; i < labels.size(); ++i) {
-        cm.label.push_back({m.spec.labels[i], labels[i]});
-      }
       if (const auto* c = std::get_if<std::uint64_t>(&series)) {
-        cm.counter.value = static_cast<double>(*c) / m.spec.units_per_base;
+        visitor.counter(labels, static_cast<double>(*c) / m.spec.units_per_base);
       } else if (const auto* g = std::get_if<double>(&series)) {
-        cm.gauge.value = *g;
+        visitor.gauge(labels, *g);
       } else {
-        const auto& h = std::get<Log2HistogramState>(series);
-        const auto cumulative = h.cumulative();
-        cm.histogram.sample_count = h.count();
-        cm.histogram.sample_sum = static_cast<double>(h.sum_raw) / m.spec.buckets.units_per_base;
-        for (std::size_t i = 0; i < cumulative.size(); ++i) {
-          cm.histogram.bucket.push_back({cumulative[i], m.spec.buckets.upper_bound(i)});
-        }
+        visitor.histogram(labels, std::get<Log2HistogramState>(series));
       }
-      fam.metric.push_back(std::move(cm));
     }
-    out.push_back(std::move(fam));
   }
-  return out;
 }
 
 std::string sanitize_utf8(std::string_view in) {

@@ -1,11 +1,11 @@
 #pragma once
-// Reading values back out of a MetricStore, for tests.
-
-#include <prometheus/metric_family.h>
+// Reading values back out of a MetricStore, for tests: collect() copies every series out as
+// the exposition would show it (classic buckets in base units).
 
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "ebpf_metricsd/metric_store.h"
 
@@ -13,9 +13,70 @@ namespace ebpf_metricsd::test {
 
 using Labels = std::map<std::string, std::string>;
 
-inline const prometheus::ClientMetric* find_series(
-    const std::vector<prometheus::MetricFamily>& fams, const std::string& name,
-    const Labels& labels) {
+struct CollectedBucket {
+  std::uint64_t cumulative_count = 0;
+  double upper_bound = 0;
+};
+struct CollectedSeries {
+  struct Label {
+    std::string name, value;
+  };
+  std::vector<Label> label;
+  struct {
+    double value = 0;
+  } counter, gauge;
+  struct {
+    std::uint64_t sample_count = 0;
+    double sample_sum = 0;
+    std::vector<CollectedBucket> bucket;  // finite ones
+    std::vector<std::uint64_t> slots;     // the kernel's, as stored
+  } histogram;
+};
+struct CollectedFamily {
+  std::string name;
+  MetricType type = MetricType::Counter;
+  std::vector<CollectedSeries> metric;
+};
+
+inline std::vector<CollectedFamily> collect(const MetricStore& store) {
+  struct Collector final : MetricVisitor {
+    std::vector<CollectedFamily> out;
+    const MetricSpec* spec = nullptr;
+    void family(const MetricSpec& s) override {
+      spec = &s;
+      out.push_back({s.name, s.type, {}});
+    }
+    CollectedSeries& series(const std::vector<std::string>& labels) {
+      CollectedSeries m;
+      for (std::size_t i = 0; i < labels.size(); ++i) m.label.push_back({spec->labels[i], labels[i]});
+      out.back().metric.push_back(std::move(m));
+      return out.back().metric.back();
+    }
+    void counter(const std::vector<std::string>& labels, double value) override {
+      series(labels).counter.value = value;
+    }
+    void gauge(const std::vector<std::string>& labels, double value) override {
+      series(labels).gauge.value = value;
+    }
+    void histogram(const std::vector<std::string>& labels,
+                   const Log2HistogramState& state) override {
+      auto& h = series(labels).histogram;
+      h.sample_count = state.count();
+      h.sample_sum = static_cast<double>(state.sum_raw) / spec->buckets.units_per_base;
+      std::vector<std::uint64_t> cumulative;
+      spec->buckets.classic(state.slots, cumulative);
+      for (std::size_t i = 0; i < cumulative.size(); ++i) {
+        h.bucket.push_back({cumulative[i], spec->buckets.upper_bound(i)});
+      }
+      h.slots = state.slots;
+    }
+  } collector;
+  store.visit(collector);
+  return std::move(collector.out);
+}
+
+inline const CollectedSeries* find_series(const std::vector<CollectedFamily>& fams,
+                                          const std::string& name, const Labels& labels) {
   for (const auto& f : fams) {
     if (f.name != name) continue;
     for (const auto& m : f.metric) {
@@ -30,14 +91,14 @@ inline const prometheus::ClientMetric* find_series(
 // Sample count of a histogram series, 0 when the series does not exist (yet).
 inline std::uint64_t histogram_count(const MetricStore& store, const std::string& name,
                                      const Labels& labels) {
-  const auto fams = store.Collect();
+  const auto fams = test::collect(store);
   const auto* m = find_series(fams, name, labels);
   return m ? m->histogram.sample_count : 0;
 }
 
 inline double counter_value(const MetricStore& store, const std::string& name,
                             const Labels& labels) {
-  const auto fams = store.Collect();
+  const auto fams = test::collect(store);
   const auto* m = find_series(fams, name, labels);
   return m ? m->counter.value : 0;
 }

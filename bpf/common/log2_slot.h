@@ -3,9 +3,17 @@
  * Log2 histogram slots, shared by the BPF programs and by user space (which
  * unit-tests the very same code).
  *
- * Slot k counts values v with 2^(k-1) < v <= 2^k (slot 0 counts 0 and 1), so
- * the Prometheus upper bound of slot k is exactly 2^k units and "le" is exact
- * for integer values.
+ * Every histogram slot is a power of two of the exported unit, so that a
+ * Prometheus "le" bound is exact and a native histogram of schema 0 (bucket e
+ * holds (2^(e-1), 2^e]) carries the slots unchanged:
+ *
+ * - latencies, measured in ns and exported in seconds: slot 0 holds 0 ns (the
+ *   native zero bucket), slot k >= 1 holds (2^(k-31), 2^(k-30)] s, i.e.
+ *   exponent e = k - 30 (slot 1: 1 ns <= 2^-29 s, slot 30: (0.5 s, 1 s]);
+ * - bytes: slot 0 holds 0, slot k >= 1 holds (2^(k-2), 2^(k-1)] bytes.
+ *
+ * The last slot also holds everything beyond it (2^33 s, 2^62 bytes: never
+ * reached by real values).
  *
  * Branch-free: comparisons are done as "(c - v) >> 63" so that clang emits no
  * jumps, and no __builtin_clzll, which clang 14 cannot lower for BPF.
@@ -56,6 +64,51 @@ static __always_inline __u64 emd_log2_slot(__u64 v, __u64 max_slot)
 
 	if (slot > max_slot)
 		slot = max_slot;
+	return slot;
+}
+
+/* Slots of every histogram: slot k >= 1 is exponent k + EMD_*_ZERO_EXP. */
+#define EMD_HIST_SLOTS 64
+/* Exponent (in the exported unit) whose bucket slot 0 stands in for: values
+ * at or below 2^EMD_SECONDS_ZERO_EXP s (only 0 ns) or 2^EMD_BYTES_ZERO_EXP
+ * bytes (only 0) are counted in slot 0. */
+#define EMD_SECONDS_ZERO_EXP (-30)
+#define EMD_BYTES_ZERO_EXP (-1)
+
+/*
+ * floor(2^(s-30) * 1e9) for s in 0..63: the largest ns count that is at most
+ * 2^(s-30) seconds. 1e9 * 2^33 still fits in 63 bits, so one right shift of
+ * that constant gives the whole table exactly (tests/unit compares it with
+ * the table computed in 128-bit integers).
+ */
+#define EMD_NS_PER_S_SHL33 (1000000000ULL << 33)
+static __always_inline __u64 emd_ns_threshold(__u64 s)
+{
+	return EMD_NS_PER_S_SHL33 >> (63 - s);
+}
+
+/*
+ * Slot of a latency of ns nanoseconds: the smallest e with ns <= 2^e * 1e9,
+ * as slot e + 30. The log2 step gives s = ceil(log2(ns)), so that
+ * 2^(s-1) < ns <= 2^s; since 2^(s-30) s = 0.93 * 2^s ns and 2^(s-29) s =
+ * 1.86 * 2^s ns, e is s - 30 or s - 29, and one comparison with the threshold
+ * of 2^(s-30) s decides.
+ */
+static __always_inline __u64 emd_seconds_slot(__u64 ns)
+{
+	__u64 s = emd_log2_slot(ns, 63);
+	__u64 slot = s + EMD_GT(ns, emd_ns_threshold(s));
+
+	if (slot > EMD_HIST_SLOTS - 1)
+		slot = EMD_HIST_SLOTS - 1;
+	return slot;
+}
+
+/* Slot of a byte count: 0 for 0, else ceil(log2(v)) + 1. */
+static __always_inline __u64 emd_bytes_slot(__u64 v)
+{
+	__u64 slot = emd_log2_slot(v, EMD_HIST_SLOTS - 2) + ((0 - v) >> 63);
+
 	return slot;
 }
 

@@ -28,12 +28,21 @@ static __always_inline void emd_count_drop(void *drops_map, __u32 reason)
 		*n += 1;
 }
 
-/* Adds value v to a log2 histogram struct {__u64 slots[N]; __u64 sum;}. */
-#define emd_hist_add(h, v)                                                     \
+/*
+ * Adds a latency of ns nanoseconds, or a byte count, to a histogram struct
+ * {__u64 slots[EMD_HIST_SLOTS]; __u64 sum;} (slot layout: log2_slot.h).
+ */
+#define emd_hist_add_ns(h, ns)                                                 \
 	do {                                                                   \
-		__u64 __v = (v);                                               \
-		(h)->slots[emd_log2_slot(__v, sizeof((h)->slots) /             \
-						  sizeof((h)->slots[0]) - 1)] += 1;    \
+		__u64 __v = (ns);                                              \
+		(h)->slots[emd_seconds_slot(__v)] += 1;                        \
+		(h)->sum += __v;                                               \
+	} while (0)
+
+#define emd_hist_add_bytes(h, bytes)                                           \
+	do {                                                                   \
+		__u64 __v = (bytes);                                           \
+		(h)->slots[emd_bytes_slot(__v)] += 1;                          \
 		(h)->sum += __v;                                               \
 	} while (0)
 

@@ -1,18 +1,15 @@
 #pragma once
-// What the daemon serves over HTTP: /metrics in the Prometheus text format, a landing page
-// at / and /-/healthy, as routes for the web server.
+// What the daemon serves over HTTP: /metrics (the text or the protobuf format, as the
+// scraper asks), a landing page at / and /-/healthy, as routes for the web server.
 
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "ebpf_metricsd/exposition_format.h"
 #include "ebpf_metricsd/http/server.h"
 #include "ebpf_metricsd/tracer_set.h"
-
-namespace prometheus {
-class Collectable;
-}  // namespace prometheus
 
 namespace ebpf_metricsd {
 
@@ -21,9 +18,13 @@ std::string html_escape(const std::string& text);
 // The page at /: the version and every tracer with its state, hook and error.
 std::string landing_page(const std::vector<TracerStatus>& tracers);
 
-// /metrics from `metrics` (gzip when asked, counted against web.max_requests), / from
-// `landing_html`, /-/healthy 200 while `healthy` says so (503 otherwise; 200 without one).
-std::vector<Route> exporter_routes(std::shared_ptr<prometheus::Collectable> metrics,
+// The body of /metrics in a format; the daemon's renders its MetricStore.
+using MetricsRenderer = std::function<std::string(ExpositionFormat)>;
+
+// /metrics from `metrics` in the format the Accept header asks for (gzip when asked, counted
+// against web.max_requests), / from `landing_html`, /-/healthy 200 while `healthy` says so
+// (503 otherwise; 200 without one).
+std::vector<Route> exporter_routes(MetricsRenderer metrics,
                                    std::function<std::string()> landing_html,
                                    std::function<bool()> healthy = {});
 

@@ -1,11 +1,8 @@
 #pragma once
 
-#include <prometheus/collectable.h>
-#include <prometheus/metric_family.h>
-
 #include <cstdint>
 #include <map>
-#include <mutex>
+#include <shared_mutex>
 #include <set>
 #include <span>
 #include <string>
@@ -28,9 +25,22 @@ struct MetricSpec {
   double units_per_base = 1.0;  // counters: raw units per exported unit
 };
 
+// Sees every exported series of a store, family by family, in declaration order; the
+// series of a family in the order of their label values. Families without series are left
+// out. Serializers (exposition_format.h) are visitors.
+class MetricVisitor {
+ public:
+  virtual ~MetricVisitor() = default;
+  virtual void family(const MetricSpec& spec) = 0;
+  virtual void counter(const std::vector<std::string>& labels, double value) = 0;
+  virtual void gauge(const std::vector<std::string>& labels, double value) = 0;
+  virtual void histogram(const std::vector<std::string>& labels,
+                         const Log2HistogramState& state) = 0;
+};
+
 // All series the daemon exports, kept as exact integers until they are serialized.
 // Counters and histograms only ever grow; the drain adds deltas to them.
-class MetricStore : public prometheus::Collectable {
+class MetricStore {
  public:
   MetricStore();
   using MetricId = std::size_t;
@@ -62,7 +72,8 @@ class MetricStore : public prometheus::Collectable {
   void add_slots(MetricId id, const LabelValues& labels, std::span<const std::uint64_t> slots,
                  std::uint64_t sum_delta);
 
-  std::vector<prometheus::MetricFamily> Collect() const override;
+  // Visits every series; scrapes visit at once, updates wait until they are done.
+  void visit(MetricVisitor& visitor) const;
 
   std::size_t series_count() const;
 
@@ -78,7 +89,7 @@ class MetricStore : public prometheus::Collectable {
   // nullptr when the label set is new and the metric is at its limit (counted).
   Series* series_for(Metric& m, const LabelValues& labels);
 
-  mutable std::mutex mutex_;
+  mutable std::shared_mutex mutex_;
   std::vector<Metric> metrics_;
   std::size_t series_limit_ = 0;
   MetricId limited_metric_ = 0;

@@ -11,6 +11,7 @@
 #include "ebpf_metricsd/bpf_support.h"
 #include "ebpf_metricsd/drop_accounting.h"
 #include "ebpf_metricsd/hook_probe.h"
+#include "ebpf_metricsd/log2_histogram.h"
 #include "ebpf_metricsd/map_deltas.h"
 #include "ebpf_metricsd/metric_scope.h"
 #include "ebpf_metricsd/yaml_reader.h"
@@ -55,6 +56,20 @@ TracerDescriptor descriptor_without_options(std::string name, std::string summar
             return std::make_unique<T>(scope);
           },
           std::move(single_hook)};
+}
+
+// The descriptor of a tracer whose one option is its histogram's `buckets` range
+// (T(MetricScope&, const Log2Layout&)).
+template <typename T>
+TracerDescriptor descriptor_with_buckets(std::string name, std::string summary,
+                                         Log2Layout default_buckets) {
+  return {std::move(name), std::move(summary),
+          [default_buckets](YamlMapReader& options) -> std::any {
+            return read_buckets(options, default_buckets);
+          },
+          [](MetricScope& scope, const std::any& options) -> std::unique_ptr<Tracer> {
+            return std::make_unique<T>(scope, std::any_cast<const Log2Layout&>(options));
+          }};
 }
 
 // All tracers this build ships, in the order they are started.

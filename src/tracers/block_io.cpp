@@ -38,14 +38,14 @@ const char* op_name(std::uint32_t op) {
 
 class BlockIoTracer final : public Tracer {
  public:
-  explicit BlockIoTracer(MetricScope& scope)
+  BlockIoTracer(MetricScope& scope, const Log2Layout& buckets)
       : scope_(scope),
         latency_(scope.declare({"ebpf_block_io_latency_seconds",
                                 "Block request latency, from issue to the device until "
                                 "completion, by disk and operation.",
                                 MetricType::Histogram,
                                 {"device", "op"},
-                                Log2Layout{1e9, 10, 36}})),
+                                buckets})),
         bytes_(scope.declare({"ebpf_block_io_bytes_total",
                               "Bytes completed by block requests, by disk and operation.",
                               MetricType::Counter,
@@ -125,8 +125,10 @@ class BlockIoTracer final : public Tracer {
 }  // namespace
 
 TracerDescriptor block_io_descriptor() {
-  return descriptor_without_options<BlockIoTracer>(
-      "block_io", "Block I/O latency and bytes, by disk and operation");
+  // 8us .. 16s: from a fast NVMe read to a disk that retries.
+  return descriptor_with_buckets<BlockIoTracer>(
+      "block_io", "Block I/O latency and bytes, by disk and operation",
+      Log2Layout::seconds(-17, 4));
 }
 
 }  // namespace ebpf_metricsd

@@ -20,6 +20,8 @@ namespace {
 struct KmallocOptions {
   bool caches = false;
   std::uint32_t max_caches = KMALLOC_MAX_CACHES;
+  // 8 B .. 4 MiB: the kmalloc size classes, up to the largest allocation it makes.
+  Log2Layout buckets = Log2Layout::bytes(3, 22);
 };
 
 using Object = EBPF_METRICSD_SKELETON(kmalloc);
@@ -43,7 +45,7 @@ class KmallocTracer final : public Tracer {
                               "Requested kmalloc() sizes.",
                               MetricType::Histogram,
                               {},
-                              Log2Layout{1, 3, KMALLOC_SLOTS - 2}}),
+                              options.buckets}),
                KMALLOC_SLOTS),
         drops_(scope, drop_reasons<KMALLOC_DROP__COUNT>({"map_full"})) {
     if (options_.caches) {
@@ -158,6 +160,7 @@ TracerDescriptor kmalloc_descriptor() {
         o.caches = options.get_bool("caches", false);
         o.max_caches =
             static_cast<std::uint32_t>(options.get_int("max_caches", KMALLOC_MAX_CACHES, 1, 65536));
+        o.buckets = read_buckets(options, o.buckets);
         return o;
       },
       [](MetricScope& scope, const std::any& options) -> std::unique_ptr<Tracer> {

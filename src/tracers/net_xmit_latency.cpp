@@ -23,14 +23,14 @@ using Object = EBPF_METRICSD_SKELETON(net_xmit_latency);
 
 class NetXmitLatencyTracer final : public Tracer {
  public:
-  explicit NetXmitLatencyTracer(MetricScope& scope)
+  NetXmitLatencyTracer(MetricScope& scope, const Log2Layout& buckets)
       : scope_(scope),
         latency_(scope.declare({"ebpf_net_xmit_queue_latency_seconds",
                                 "Time from a packet being queued for a device to the driver "
                                 "taking it, by interface.",
                                 MetricType::Histogram,
                                 {"interface"},
-                                Log2Layout{1e9, 6, 36}})),
+                                buckets})),
         packets_(scope.declare({"ebpf_net_xmit_packets_total",
                                 "Packets handed to the driver, by interface.",
                                 MetricType::Counter,
@@ -106,8 +106,10 @@ class NetXmitLatencyTracer final : public Tracer {
 }  // namespace
 
 TracerDescriptor net_xmit_latency_descriptor() {
-  return descriptor_without_options<NetXmitLatencyTracer>(
-      "net_xmit_latency", "Packet queue-to-transmit latency, packets and bytes, by interface");
+  // 100ns .. 1s: most packets reach the driver within a microsecond.
+  return descriptor_with_buckets<NetXmitLatencyTracer>(
+      "net_xmit_latency", "Packet queue-to-transmit latency, packets and bytes, by interface",
+      Log2Layout::seconds(-24, 0));
 }
 
 }  // namespace ebpf_metricsd

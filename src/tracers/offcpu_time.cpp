@@ -41,14 +41,17 @@ TracerDescriptor offcpu_time_descriptor() {
   return {
       "offcpu_time",
       "Off-CPU time while blocked, and context switches",
-      [](YamlMapReader& options) -> std::any { return SchedLabelOptions::read(options); },
+      [](YamlMapReader& options) -> std::any {
+        // 1us .. 64s: from a short lock wait to an idle worker.
+        return SchedLabelOptions::read(options, Log2Layout::seconds(-20, 6));
+      },
       [](MetricScope& scope, const std::any& options) -> std::unique_ptr<Tracer> {
         SchedHistKind kind{
             {"ebpf_offcpu_seconds",
              "Time tasks spent switched out while blocked, until switched in again.",
              MetricType::Histogram,
              {},
-             Log2Layout{1e9, 10, 38}},
+             {}},  // buckets from the options
             /*wants_wakeups=*/false,
             &sched_config::offcpu_on,
             &sched_config::offcpu_by_cgroup,

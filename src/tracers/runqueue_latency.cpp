@@ -7,14 +7,17 @@ TracerDescriptor runqueue_latency_descriptor() {
   return {
       "runqueue_latency",
       "Run-queue latency (runnable to running)",
-      [](YamlMapReader& options) -> std::any { return SchedLabelOptions::read(options); },
+      [](YamlMapReader& options) -> std::any {
+        // 1us .. 1s: a second's wait for a CPU is already an outage.
+        return SchedLabelOptions::read(options, Log2Layout::seconds(-20, 0));
+      },
       [](MetricScope& scope, const std::any& options) -> std::unique_ptr<Tracer> {
         SchedHistKind kind{
             {"ebpf_runqueue_latency_seconds",
              "Time tasks spent runnable, waiting for a CPU (wakeup or preemption to running).",
              MetricType::Histogram,
              {},
-             Log2Layout{1e9, 8, 36}},
+             {}},  // buckets from the options
             /*wants_wakeups=*/true,
             &sched_config::runq_on,
             &sched_config::runq_by_cgroup,

@@ -73,10 +73,12 @@ bpf_program* SchedObject::wakeup_new_program() const {
   return raw() ? skel_->progs.sched_wakeup_new_raw : skel_->progs.sched_wakeup_new_btf;
 }
 
-SchedLabelOptions SchedLabelOptions::read(YamlMapReader& options) {
+SchedLabelOptions SchedLabelOptions::read(YamlMapReader& options,
+                                          const Log2Layout& default_buckets) {
   SchedLabelOptions o;
   o.cgroup = options.get_bool("cgroup", false);
   o.comm = options.get_bool("comm", false);
+  o.buckets = read_buckets(options, default_buckets);
   return o;
 }
 
@@ -98,6 +100,7 @@ MetricStore::LabelValues SchedLabelOptions::values(const sched_key& key,
 namespace {
 MetricSpec with_labels(MetricSpec spec, const SchedLabelOptions& labels) {
   for (auto& n : labels.names()) spec.labels.push_back(n);
+  spec.buckets = labels.buckets;
   return spec;
 }
 }  // namespace

@@ -52,7 +52,8 @@ class SchedObject {
 struct SchedLabelOptions {
   bool cgroup = false;
   bool comm = false;
-  static SchedLabelOptions read(YamlMapReader& options);
+  Log2Layout buckets;
+  static SchedLabelOptions read(YamlMapReader& options, const Log2Layout& default_buckets);
   std::vector<std::string> names() const;
   MetricStore::LabelValues values(const sched_key& key, CgroupNames& cgroups) const;
 };

@@ -19,34 +19,66 @@ namespace ebpf_metricsd {
 
 namespace {
 
+// The syscalls with series of their own unless the config says otherwise: file and network
+// I/O, syncs, waits and memory mapping, what latency questions are about. Every other
+// measured syscall is counted in syscall="other".
+constexpr const char* kDefaultPerSyscall[] = {
+    "read",    "write",   "pread64", "pwrite64", "readv",      "writev", "openat",
+    "close",   "fsync",   "fdatasync", "sendto", "recvfrom",   "sendmsg", "recvmsg",
+    "connect", "accept4", "epoll_wait", "futex", "mmap",       "munmap"};
+
 struct SyscallLatencyOptions {
   std::set<int> include;  // empty = all
   std::set<int> exclude;
+  std::set<int> per_syscall;  // with series of their own; the rest are "other"
+  bool all_per_syscall = false;
+  // 1us .. 16s: a syscall faster than a microsecond is not the problem; +Inf takes waits.
+  Log2Layout buckets = Log2Layout::seconds(-20, 4);
 };
 
-MetricSpec latency_spec() {
+MetricSpec latency_spec(const Log2Layout& buckets) {
   MetricSpec s;
   s.name = "ebpf_syscall_latency_seconds";
-  s.help = "Time from syscall entry to exit, by syscall.";
+  s.help = "Time from syscall entry to exit, by syscall (\"other\": the syscalls without "
+           "series of their own).";
   s.type = MetricType::Histogram;
   s.labels = {"syscall"};
-  // 32 ns .. 2^36 ns (68.7 s); longer goes to +Inf only.
-  s.buckets = {1e9, 5, 36};
+  s.buckets = buckets;
   return s;
+}
+
+int checked_syscall(YamlMapReader& options, const std::string& key, const std::string& name) {
+  const auto nr = syscall_number(name);
+  if (!nr) options.fail(key, "unknown syscall '" + name + "'");
+  if (*nr >= SYSLAT_MAX_SYSCALLS) {
+    options.fail(key, "syscall '" + name + "' (" + std::to_string(*nr) +
+                          ") is beyond the traced table");
+  }
+  return *nr;
 }
 
 std::set<int> read_syscall_list(YamlMapReader& options, const std::string& key) {
   std::set<int> out;
-  for (const auto& name : options.get_string_list(key)) {
-    const auto nr = syscall_number(name);
-    if (!nr) options.fail(key, "unknown syscall '" + name + "'");
-    if (*nr >= SYSLAT_MAX_SYSCALLS) {
-      options.fail(
-          key, "syscall '" + name + "' (" + std::to_string(*nr) + ") is beyond the traced table");
-    }
-    out.insert(*nr);
-  }
+  for (const auto& name : options.get_string_list(key)) out.insert(checked_syscall(options, key, name));
   return out;
+}
+
+// per_syscall: "all", or a list of names (absent: the default list).
+void read_per_syscall(YamlMapReader& options, SyscallLatencyOptions& o) {
+  const std::string key = "per_syscall";
+  if (options.has(key) && options.node()[key].IsScalar()) {
+    const std::string value = options.get_string(key, "");
+    if (value != "all") options.fail(key, "expected \"all\" or a list of syscalls, got '" + value + "'");
+    o.all_per_syscall = true;
+    return;
+  }
+  if (options.has(key)) {
+    o.per_syscall = read_syscall_list(options, key);
+    return;
+  }
+  for (const char* name : kDefaultPerSyscall) {
+    if (const auto nr = syscall_number(name); nr && *nr < SYSLAT_MAX_SYSCALLS) o.per_syscall.insert(*nr);
+  }
 }
 
 using Object = EBPF_METRICSD_SKELETON(syscall_latency);
@@ -59,7 +91,7 @@ class SyscallLatencyTracer final : public Tracer {
   SyscallLatencyTracer(MetricScope& scope, SyscallLatencyOptions options)
       : scope_(scope),
         options_(std::move(options)),
-        hists_(scope, scope.declare(latency_spec()), SYSLAT_SLOTS),
+        hists_(scope, scope.declare(latency_spec(options_.buckets)), SYSLAT_SLOTS),
         drops_(scope, drop_reasons<SYSLAT_DROP__COUNT>({"map_full", "unknown_syscall"})) {}
 
   void start(HookProber& prober, HookPreference preference) override {
@@ -96,7 +128,10 @@ class SyscallLatencyTracer final : public Tracer {
     static_assert(sizeof(syscall_latency_hist) == (SYSLAT_SLOTS + 1) * 8);
     hists_.drain_array(bpf_map__fd(skel_->maps.hists), SYSLAT_MAX_SYSCALLS, [&](const void* key) {
       const std::uint32_t nr = *static_cast<const std::uint32_t*>(key);
-      if (names_[nr].empty()) names_[nr] = syscall_name(static_cast<int>(nr));
+      if (names_[nr].empty()) {
+        const bool own = options_.all_per_syscall || options_.per_syscall.count(static_cast<int>(nr));
+        names_[nr] = own ? syscall_name(static_cast<int>(nr)) : "other";
+      }
       return MetricStore::LabelValues{names_[nr]};
     });
     drops_.drain();
@@ -123,6 +158,8 @@ TracerDescriptor syscall_latency_descriptor() {
         SyscallLatencyOptions o;
         o.include = read_syscall_list(options, "include");
         o.exclude = read_syscall_list(options, "exclude");
+        read_per_syscall(options, o);
+        o.buckets = read_buckets(options, o.buckets);
         return o;
       },
       [](MetricScope& scope, const std::any& options) -> std::unique_ptr<Tracer> {

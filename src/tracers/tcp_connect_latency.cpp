@@ -24,7 +24,7 @@ MetricStore::LabelValues family_label(const void* key) {
 
 class TcpConnectLatencyTracer final : public Tracer {
  public:
-  explicit TcpConnectLatencyTracer(MetricScope& scope)
+  TcpConnectLatencyTracer(MetricScope& scope, const Log2Layout& buckets)
       : scope_(scope),
         latency_(scope,
                  scope.declare({"ebpf_tcp_connect_latency_seconds",
@@ -32,7 +32,7 @@ class TcpConnectLatencyTracer final : public Tracer {
                                 "being established.",
                                 MetricType::Histogram,
                                 {"family"},
-                                Log2Layout{1e9, 10, 36}}),
+                                buckets}),
                  TCPCONN_SLOTS),
         failures_(scope, scope.declare({"ebpf_tcp_connect_failures_total",
                                         "Active TCP opens that went from SYN_SENT to CLOSE "
@@ -80,8 +80,10 @@ class TcpConnectLatencyTracer final : public Tracer {
 }  // namespace
 
 TracerDescriptor tcp_connect_latency_descriptor() {
-  return descriptor_without_options<TcpConnectLatencyTracer>(
-      "tcp_connect_latency", "TCP connect latency and failures, by family");
+  // 8us .. 64s: loopback connects take tens of us, SYN retransmits go on for a minute.
+  return descriptor_with_buckets<TcpConnectLatencyTracer>(
+      "tcp_connect_latency", "TCP connect latency and failures, by family",
+      Log2Layout::seconds(-17, 6));
 }
 
 }  // namespace ebpf_metricsd

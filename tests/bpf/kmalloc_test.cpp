@@ -122,7 +122,7 @@ TEST_CASE("a full cache map counts every call it cannot hold as map_full", "[kma
   auto tracer = test::start_tracer(store, "kmalloc", "    caches: true\n    max_caches: 2\n");
   auto cache_total = [&] {
     double sum = 0;
-    for (const auto& fam : store.Collect()) {
+    for (const auto& fam : test::collect(store)) {
       if (fam.name != "ebpf_kmem_cache_alloc_calls_total" &&
           fam.name != "ebpf_kmem_cache_free_calls_total") {
         continue;
@@ -132,7 +132,7 @@ TEST_CASE("a full cache map counts every call it cannot hold as map_full", "[kma
     return sum;
   };
   auto series = [&] {
-    for (const auto& fam : store.Collect()) {
+    for (const auto& fam : test::collect(store)) {
       if (fam.name == "ebpf_kmem_cache_alloc_calls_total") return fam.metric.size();
     }
     return std::size_t{0};

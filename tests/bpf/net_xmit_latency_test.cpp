@@ -94,7 +94,7 @@ TEST_CASE("packets held back by a rate-limiting qdisc: timed through the shared 
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   tracer->drain();
   const double packets = test::counter_value(store, "ebpf_net_xmit_packets_total", iface) - p0;
-  const auto fams = store.Collect();
+  const auto fams = test::collect(store);
   const auto* h = test::find_series(fams, "ebpf_net_xmit_queue_latency_seconds", iface);
   REQUIRE(h != nullptr);
   const std::uint64_t timed = h->histogram.sample_count - h0;

@@ -124,7 +124,7 @@ TEST_CASE("off-CPU time of a sleeping thread matches its sleeps", "[scheduler]")
   });
   t.join();
   offcpu->drain();
-  const auto fams = store.Collect();
+  const auto fams = test::collect(store);
   const auto* m = test::find_series(fams, "ebpf_offcpu_seconds", sleeper);
   REQUIRE(m != nullptr);
   INFO("drops: task_state "

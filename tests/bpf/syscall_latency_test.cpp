@@ -47,7 +47,7 @@ TEST_CASE("syscall_latency counts every getppid call", "[syscall_latency]") {
   CHECK(after - before >= kCalls);
   CHECK(after - before <= kCalls + kOtherCallers);
 
-  const auto fams = store.Collect();
+  const auto fams = test::collect(store);
   const auto* m = test::find_series(fams, kMetric, {{"syscall", "getppid"}});
   REQUIRE(m != nullptr);
   const auto& h = m->histogram;
@@ -96,7 +96,7 @@ TEST_CASE("include and exclude filter in the kernel", "[syscall_latency]") {
     syscall(SYS_getpid);
     tracer->drain();
     CHECK(histogram_count(store, kMetric, {{"syscall", "getppid"}}) >= 1000);
-    const auto fams = store.Collect();
+    const auto fams = test::collect(store);
     for (const auto& f : fams) {
       if (f.name != kMetric) continue;
       for (const auto& m : f.metric) CHECK(m.label.at(0).value == "getppid");

@@ -119,7 +119,7 @@ TEST_CASE("every loopback connect and refusal is counted, per family", "[tcp]") 
   CHECK(d_bad6 == kRefused);
   CHECK(static_cast<double>(d_ok4 + d_ok6) + d_bad4 + d_bad6 == static_cast<double>(opens));
 
-  const auto fams = store.Collect();
+  const auto fams = test::collect(store);
   const auto* h = test::find_series(fams, "ebpf_tcp_connect_latency_seconds", {{"family", "ipv4"}});
   REQUIRE(h != nullptr);
   CHECK(h->histogram.sample_sum > 0);

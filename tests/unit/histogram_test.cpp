@@ -1,5 +1,4 @@
 #include <linux/types.h>
-#include <prometheus/text_serializer.h>
 
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -8,10 +7,15 @@
 #include <random>
 
 #include "common/log2_slot.h"
+#include "../metrics_lookup.h"
+#include "ebpf_metricsd/exposition_format.h"
 #include "ebpf_metricsd/log2_histogram.h"
 #include "ebpf_metricsd/metric_store.h"
+#include "ebpf_metricsd/yaml_reader.h"
+#include "metrics.pb.h"
 
 using namespace ebpf_metricsd;
+using namespace ebpf_metricsd::test;
 
 namespace {
 
@@ -22,9 +26,23 @@ __u64 reference_slot(__u64 v) {
   return k;
 }
 
-std::string serialize(const MetricStore& store) {
-  prometheus::TextSerializer s;
-  return s.Serialize(store.Collect());
+std::string serialize(const MetricStore& store) { return render_text(store); }
+
+// floor(2^e * 1e9) in 128-bit integers: the largest ns count that is at most 2^e seconds.
+__u64 ns_at_most_pow2_seconds(int e) {
+  const __uint128_t ns_per_s = 1000000000;
+  if (e >= 0) return static_cast<__u64>(ns_per_s << e);
+  return static_cast<__u64>(ns_per_s >> -e);
+}
+
+// Reference seconds slot: the smallest e in -29..33 with ns <= 2^e s, as slot e + 30;
+// 0 ns is slot 0.
+__u64 reference_seconds_slot(__u64 ns) {
+  if (ns == 0) return 0;
+  for (int e = -29; e <= 33; ++e) {
+    if (ns <= ns_at_most_pow2_seconds(e)) return static_cast<__u64>(e + 30);
+  }
+  return 63;
 }
 
 int run(const std::string& cmd) {
@@ -59,32 +77,146 @@ TEST_CASE("log2 slot matches the reference on random values and clamps") {
   }
 }
 
-TEST_CASE("log2 layout: bounds are exact powers of two in base units") {
-  const Log2Layout ns{1e9, 5, 36};
-  REQUIRE(ns.finite_buckets() == 32);
-  CHECK(ns.upper_bound(0) == 32e-9);
-  CHECK(ns.upper_bound(5) == 1024e-9);
-  CHECK(ns.upper_bound(31) == std::ldexp(1.0, 36) / 1e9);
-  const Log2Layout bytes{1, 3, 10};
-  CHECK(bytes.upper_bound(0) == 8);
-  CHECK(bytes.upper_bound(7) == 1024);
+TEST_CASE("seconds slots: the threshold table is floor(2^e * 1e9) ns") {
+  for (__u64 s = 0; s < 64; ++s) {
+    INFO("s=" << s);
+    CHECK(emd_ns_threshold(s) == ns_at_most_pow2_seconds(static_cast<int>(s) - 30));
+  }
 }
 
-TEST_CASE("log2 layout folds slots below, inside and above the range") {
-  const Log2Layout l{1, 2, 4};  // buckets le=4, le=8, le=16, overflow
+TEST_CASE("seconds slots are exact powers of two of seconds on every edge") {
+  CHECK(emd_seconds_slot(0) == 0);
+  CHECK(emd_seconds_slot(1) == 1);  // 1 ns <= 2^-29 s (1.86 ns)
+  CHECK(emd_seconds_slot(2) == 2);  // 2 ns > 1.86 ns
+  CHECK(emd_seconds_slot(1000000000) == 30);  // 1 s: le="1"
+  CHECK(emd_seconds_slot(1000000001) == 31);
+  CHECK(emd_seconds_slot(500000000) == 29);   // 0.5 s: le="0.5"
+  CHECK(emd_seconds_slot(500000001) == 30);
+  for (int e = -29; e <= 32; ++e) {
+    const __u64 edge = ns_at_most_pow2_seconds(e);
+    INFO("e=" << e << " edge=" << edge);
+    if (edge > 0) CHECK(emd_seconds_slot(edge) == static_cast<__u64>(e + 30));
+    CHECK(emd_seconds_slot(edge + 1) == static_cast<__u64>(e + 31));
+  }
+  CHECK(emd_seconds_slot(~0ULL >> 1) == 63);  // clamped, never reached by real latencies
+}
+
+TEST_CASE("seconds slots match the reference on random values") {
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 300000; ++i) {
+    const __u64 v = rng() >> (rng() % 63 + 1);
+    REQUIRE(emd_seconds_slot(v) == reference_seconds_slot(v));
+  }
+}
+
+TEST_CASE("byte slots: 0 alone, then powers of two of bytes") {
+  CHECK(emd_bytes_slot(0) == 0);
+  CHECK(emd_bytes_slot(1) == 1);  // le=1
+  CHECK(emd_bytes_slot(2) == 2);  // le=2
+  CHECK(emd_bytes_slot(3) == 3);  // le=4
+  CHECK(emd_bytes_slot(4) == 3);
+  CHECK(emd_bytes_slot(4096) == 13);  // 2^12 -> exponent 12 -> slot 13
+  CHECK(emd_bytes_slot(4097) == 14);
+  const auto bytes = Log2Layout::bytes(0, 20);
+  for (__u64 k = 1; k < 62; ++k) {
+    const __u64 v = __u64(1) << k;
+    CHECK(bytes.exponent(emd_bytes_slot(v)) == static_cast<int>(k));
+    CHECK(bytes.exponent(emd_bytes_slot(v + 1)) == static_cast<int>(k) + 1);
+  }
+}
+
+TEST_CASE("log2 layout: classic bounds are exact powers of two, printed shortest") {
+  const auto s = Log2Layout::seconds(-20, 4);
+  REQUIRE(s.finite_buckets() == 25);
+  CHECK(s.upper_bound(0) == std::ldexp(1.0, -20));
+  CHECK(s.upper_bound(20) == 1);
+  CHECK(s.upper_bound(24) == 16);
+  CHECK(format_double(s.upper_bound(0)) == "9.5367431640625e-07");
+  CHECK(format_double(s.upper_bound(3)) == "7.62939453125e-06");
+  CHECK(format_double(s.upper_bound(19)) == "0.5");
+  CHECK(format_double(std::ldexp(1.0, -30)) == "9.313225746154785e-10");
+  for (int e = -29; e <= 33; ++e) {  // every bound parses back to the same double
+    const std::string text = format_double(std::ldexp(1.0, e));
+    CHECK(std::strtod(text.c_str(), nullptr) == std::ldexp(1.0, e));
+  }
+  const auto b = Log2Layout::bytes(3, 10);
+  CHECK(b.upper_bound(0) == 8);
+  CHECK(b.upper_bound(7) == 1024);
+  CHECK(b.zero_threshold() == 0.5);
+  CHECK(s.zero_threshold() == std::ldexp(1.0, -30));
+}
+
+TEST_CASE("log2 layout folds slots below, inside and above the classic range") {
+  const auto l = Log2Layout::bytes(2, 4);  // le=4, le=8, le=16; slot k is exponent k-1
   std::vector<std::uint64_t> slots(8, 0);
-  slots[0] = 1;  // v <= 1    -> le=4
-  slots[2] = 2;  // v in (2,4] -> le=4
-  slots[3] = 3;  // -> le=8
-  slots[4] = 4;  // -> le=16
-  slots[5] = 5;  // -> +Inf only
-  slots[7] = 6;  // -> +Inf only
-  std::vector<std::uint64_t> buckets(l.finite_buckets() + 1, 0);
-  l.fold(slots, buckets);
-  CHECK(buckets == std::vector<std::uint64_t>{3, 3, 4, 11});
-  Log2HistogramState h{buckets, 0};
+  slots[0] = 1;  // 0        -> le=4
+  slots[2] = 2;  // (1,2]    -> le=4
+  slots[3] = 3;  // (2,4]    -> le=4
+  slots[4] = 4;  // (4,8]    -> le=8
+  slots[5] = 5;  // (8,16]   -> le=16
+  slots[6] = 6;  // (16,32]  -> +Inf only
+  std::vector<std::uint64_t> cumulative;
+  l.classic(slots, cumulative);
+  CHECK(cumulative == std::vector<std::uint64_t>{6, 10, 15});
+  Log2HistogramState h{slots, 0};
   CHECK(h.count() == 21);
-  CHECK(h.cumulative() == std::vector<std::uint64_t>{3, 6, 10});
+}
+
+TEST_CASE("native buckets: spans and deltas of schema 0, small gaps kept in a span") {
+  const auto l = Log2Layout::seconds(-20, 4);
+  std::vector<std::uint64_t> slots(64, 0);
+  CHECK(native_buckets(l, slots).spans.empty());
+  slots[0] = 9;   // zero bucket: not a positive bucket
+  slots[10] = 3;  // exponent -20
+  slots[11] = 5;  // -19
+  slots[13] = 2;  // -17 (one empty bucket before it)
+  slots[20] = 4;  // -10 (six empty: a new span)
+  const auto n = native_buckets(l, slots);
+  REQUIRE(n.spans.size() == 2);
+  CHECK(n.spans[0].offset == -20);
+  CHECK(n.spans[0].length == 4);
+  CHECK(n.spans[1].offset == 6);
+  CHECK(n.spans[1].length == 1);
+  CHECK(n.deltas == std::vector<std::int64_t>{3, 2, -5, 2, 2});
+}
+
+TEST_CASE("buckets option: durations and sizes round outwards to powers of two") {
+  auto parse = [](const std::string& yaml, const Log2Layout& defaults) {
+    const YAML::Node node = parse_yaml(yaml, "t.yaml");
+    YamlMapReader r(node, "t.yaml", "tracers.x");
+    const auto out = read_buckets(r, defaults);
+    r.finish();
+    return out;
+  };
+  const auto s = Log2Layout::seconds(-20, 4);
+  CHECK(parse("{}", s) == s);
+  const auto a = parse("buckets: {min: 1us, max: 10s}", s);
+  CHECK(a.min_exp == -20);  // 2^-20 s = 954 ns <= 1 us
+  CHECK(a.max_exp == 4);    // 16 s >= 10 s
+  const auto b = parse("buckets: {min: 250ms, max: 1m}", s);
+  CHECK(b.min_exp == -2);
+  CHECK(b.max_exp == 6);
+  CHECK(parse("buckets: {min: 0.5s, max: 1s}", s).min_exp == -1);  // exact powers stay
+  CHECK(parse("buckets: {min: 0.5s, max: 1s}", s).max_exp == 0);
+  const auto k = parse("buckets: {min: 16, max: 4KiB}", Log2Layout::bytes(3, 22));
+  CHECK(k.min_exp == 4);
+  CHECK(k.max_exp == 12);
+  CHECK_THROWS_WITH(parse("buckets: {min: 1s, max: 1ms}", s),
+                    Catch::Matchers::Contains("tracers.x.buckets") &&
+                        Catch::Matchers::Contains("above max"));
+  CHECK_THROWS_WITH(parse("buckets: {min: 1 fortnight}", s),
+                    Catch::Matchers::Contains("tracers.x.buckets.min") &&
+                        Catch::Matchers::Contains("not a duration"));
+  CHECK_THROWS_WITH(parse("buckets: {min: 0s}", s), Catch::Matchers::Contains("not a duration"));
+  CHECK_THROWS_WITH(parse("buckets: {min: -1s}", s), Catch::Matchers::Contains("not a duration"));
+  CHECK_THROWS_WITH(parse("buckets: {max: 1000y}", s), Catch::Matchers::Contains("buckets.max"));
+  CHECK_THROWS_WITH(parse("buckets: {max: 100000000h}", s), Catch::Matchers::Contains("outside"));
+  CHECK_THROWS_WITH(parse("buckets: {min: 0.1ns}", s), Catch::Matchers::Contains("outside"));
+  CHECK_THROWS_WITH(parse("buckets: {min: 1us, mx: 1s}", s),
+                    Catch::Matchers::Contains("buckets.mx"));
+  CHECK_THROWS_WITH(parse("buckets: {min: 1ms}", Log2Layout::bytes(3, 22)),
+                    Catch::Matchers::Contains("not a size"));
+  CHECK_THROWS_WITH(parse("buckets: [1, 2]", s), Catch::Matchers::Contains("buckets"));
 }
 
 TEST_CASE("metric store exports cumulative buckets, +Inf == count, exact sum") {
@@ -93,17 +225,17 @@ TEST_CASE("metric store exports cumulative buckets, +Inf == count, exact sum") {
                   "Test latency.",
                   MetricType::Histogram,
                   {"op"},
-                  Log2Layout{1e9, 5, 8}};
+                  Log2Layout::seconds(-25, -22)};  // le 2^-25 s (29.8 ns) .. 2^-22 s (238 ns)
   const auto id = store.declare(spec);
   std::vector<std::uint64_t> slots(10, 0);
-  slots[3] = 2;  // <= 8ns     -> le 32ns
-  slots[6] = 5;  // (32,64]ns  -> le 64ns
-  slots[8] = 1;  // (128,256]  -> le 256ns
-  slots[9] = 7;  // > 256ns    -> +Inf
+  slots[3] = 2;  // 2^-27 s      -> le 2^-25
+  slots[6] = 5;  // 2^-24 s      -> le 2^-24
+  slots[8] = 1;  // 2^-22 s      -> le 2^-22
+  slots[9] = 7;  // 2^-21 s      -> +Inf
   store.add_slots(id, {"read"}, slots, 3'000'000'000ULL);
   store.add_slots(id, {"read"}, slots, 1'500'000'000ULL);  // deltas add up
 
-  const auto fams = store.Collect();
+  const auto fams = test::collect(store);
   REQUIRE(fams.size() == 1);
   REQUIRE(fams[0].metric.size() == 1);
   const auto& h = fams[0].metric[0].histogram;
@@ -114,7 +246,7 @@ TEST_CASE("metric store exports cumulative buckets, +Inf == count, exact sum") {
   CHECK(h.bucket[1].cumulative_count == 14);
   CHECK(h.bucket[2].cumulative_count == 14);
   CHECK(h.bucket[3].cumulative_count == 16);
-  CHECK(h.bucket[3].upper_bound == 256e-9);
+  CHECK(h.bucket[3].upper_bound == std::ldexp(1.0, -22));
 
   const std::string text = serialize(store);
   CHECK_THAT(text,
@@ -122,7 +254,7 @@ TEST_CASE("metric store exports cumulative buckets, +Inf == count, exact sum") {
   CHECK_THAT(text, Catch::Matchers::Contains("test_latency_seconds_count{op=\"read\"} 30"));
   CHECK_THAT(text, Catch::Matchers::Contains("test_latency_seconds_sum{op=\"read\"} 4.5"));
   CHECK_THAT(text, Catch::Matchers::Contains(
-                       "test_latency_seconds_bucket{op=\"read\",le=\"2.56e-07\"} 16"));
+                       "test_latency_seconds_bucket{op=\"read\",le=\"2.384185791015625e-07\"} 16"));
 }
 
 TEST_CASE("counters and gauges; empty metrics are not exported") {
@@ -167,11 +299,11 @@ TEST_CASE("exposition is accepted by promtool check metrics") {
                                 "Test latency.",
                                 MetricType::Histogram,
                                 {"syscall"},
-                                Log2Layout{1e9, 5, 36}});
+                                Log2Layout::seconds(-25, 6)});
   const auto c =
       store.declare({"ebpf_test_events_total", "Test events.", MetricType::Counter, {"reason"}});
   const auto g = store.declare({"ebpf_test_up", "Test up.", MetricType::Gauge, {"hook"}});
-  std::vector<std::uint64_t> slots(40, 0);
+  std::vector<std::uint64_t> slots(64, 0);
   for (std::size_t i = 0; i < slots.size(); ++i) slots[i] = i * 3;
   store.add_slots(h, {"read"}, slots, 123456789);
   store.add_slots(h, {"write"}, slots, 1);

@@ -9,7 +9,7 @@ using namespace ebpf_metricsd;
 namespace {
 
 std::size_t series_of(const MetricStore& store, const std::string& name) {
-  for (const auto& fam : store.Collect()) {
+  for (const auto& fam : test::collect(store)) {
     if (fam.name == name) return fam.metric.size();
   }
   return 0;

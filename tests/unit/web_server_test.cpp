@@ -1,7 +1,5 @@
 // The web server in process: basic auth, TLS with client certificates, the scrape limit and
 // slow clients. TLS clients are curl; certificates are made by the openssl command.
-#include <prometheus/collectable.h>
-#include <prometheus/metric_family.h>
 
 #include <atomic>
 #include <catch2/catch.hpp>
@@ -25,22 +23,15 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// One gauge; Collect() can be held until released, to keep scrapes in flight.
-class GateCollectable : public prometheus::Collectable {
+// One gauge; rendering can be held until released, to keep scrapes in flight.
+class GateCollectable {
  public:
-  std::vector<prometheus::MetricFamily> Collect() const override {
+  std::string render(ExpositionFormat) const {
     std::unique_lock lock(mutex_);
     ++entered_;
     entered_cv_.notify_all();
     open_cv_.wait(lock, [this] { return open_; });
-    prometheus::MetricFamily fam;
-    fam.name = "test_gauge";
-    fam.help = "A gauge.";
-    fam.type = prometheus::MetricType::Gauge;
-    prometheus::ClientMetric m;
-    m.gauge.value = 42;
-    fam.metric.push_back(m);
-    return {fam};
+    return "# HELP test_gauge A gauge.\n# TYPE test_gauge gauge\ntest_gauge 42\n";
   }
   void close() {
     std::lock_guard lock(mutex_);
@@ -64,6 +55,10 @@ class GateCollectable : public prometheus::Collectable {
   mutable int entered_ = 0;
   bool open_ = true;
 };
+
+MetricsRenderer renderer(const std::shared_ptr<GateCollectable>& metrics) {
+  return [metrics](ExpositionFormat f) { return metrics->render(f); };
+}
 
 // htpasswd-style ($2y$), cheap to make.
 std::string test_hash(const std::string& password) {
@@ -134,7 +129,7 @@ struct TlsServer {
                                       "/server.pem\n  key_file: " + pki.dir + "/server.key\n" +
                                       tls_extra + rest,
                                   "web.yml");
-    server = std::make_unique<WebServer>(s, exporter_routes(metrics, [] { return std::string(); }));
+    server = std::make_unique<WebServer>(s, exporter_routes(renderer(metrics), [] { return std::string(); }));
   }
   std::string client(const std::string& name) const {
     return " --cert " + pki.dir + "/" + name + ".pem --key " + pki.dir + "/" + name + ".key";
@@ -153,7 +148,7 @@ TEST_CASE("basic auth: no credentials and wrong password get 401, the right one 
   const int port = free_port();
   WebSettings s = local(port);
   s.security.basic_auth_users["prometheus"] = test_hash("s3cret:with colon");
-  WebServer server(s, exporter_routes(metrics, [] { return std::string("<html>landing</html>"); }));
+  WebServer server(s, exporter_routes(renderer(metrics), [] { return std::string("<html>landing</html>"); }));
 
   const auto none = http_get(port, "/metrics");
   CHECK(none.status == 401);
@@ -180,7 +175,7 @@ TEST_CASE("scrapes past max_requests get 503 at once, and the slot frees again")
   const int port = free_port();
   WebSettings s = local(port);
   s.max_requests = 1;
-  WebServer server(s, exporter_routes(metrics, [] { return std::string(); }));
+  WebServer server(s, exporter_routes(renderer(metrics), [] { return std::string(); }));
 
   metrics->close();
   auto held = std::async(std::launch::async, [&] { return http_get(port, "/metrics"); });
@@ -202,7 +197,7 @@ TEST_CASE("a client dripping its request does not delay a scrape and is cut off"
   WebSettings s = local(port);
   s.max_requests = 1;
   s.request_timeout = 1500ms;
-  WebServer server(s, exporter_routes(metrics, [] { return std::string(); }));
+  WebServer server(s, exporter_routes(renderer(metrics), [] { return std::string(); }));
 
   // Three slow clients, each sending one byte of its request header every 700 ms.
   const std::string request = "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n";
@@ -351,7 +346,7 @@ TEST_CASE("malformed and oversized requests get 4xx and the server serves on") {
   auto metrics = std::make_shared<GateCollectable>();
   const int port = free_port();
   WebServer server(local(port),
-                   exporter_routes(metrics, [] { return std::string("<html></html>"); }));
+                   exporter_routes(renderer(metrics), [] { return std::string("<html></html>"); }));
   CHECK(http_get(port, "/" + std::string(100000, 'a')).status == 414);  // URI too long
   std::string many;
   for (int i = 0; i < 5000; ++i) many += "X-Filler: " + std::to_string(i) + "\r\n";
@@ -370,13 +365,12 @@ TEST_CASE("/-/healthy follows the health callback") {
   std::atomic<bool> healthy{false};
   const int port = free_port();
   WebServer server(local(port),
-                   exporter_routes(
-                       metrics, [] { return std::string(); }, [&] { return healthy.load(); }));
+                   exporter_routes(renderer(metrics), [] { return std::string(); }, [&] { return healthy.load(); }));
   CHECK(http_get(port, "/-/healthy").status == 503);
   healthy = true;
   CHECK(http_get(port, "/-/healthy").status == 200);
   const int other = free_port();
-  WebServer without(local(other), exporter_routes(metrics, [] { return std::string(); }));
+  WebServer without(local(other), exporter_routes(renderer(metrics), [] { return std::string(); }));
   CHECK(http_get(other, "/-/healthy").status == 200);
 }
 
@@ -386,7 +380,7 @@ TEST_CASE("stopping the server does not wait for stalled clients") {
   WebSettings s = local(port);
   s.request_timeout = 20s;
   auto server =
-      std::make_unique<WebServer>(s, exporter_routes(metrics, [] { return std::string(); }));
+      std::make_unique<WebServer>(s, exporter_routes(renderer(metrics), [] { return std::string(); }));
   // A client that sends half a request and then nothing.
   const int fd = connect_loopback(port);
   REQUIRE(fd >= 0);
@@ -408,7 +402,7 @@ TEST_CASE(
   WebSettings s = local(port);
   s.request_timeout = 500ms;
   s.security.basic_auth_users["u"] = test_hash("p");
-  WebServer server(s, exporter_routes(metrics, [] { return std::string("<html></html>"); }));
+  WebServer server(s, exporter_routes(renderer(metrics), [] { return std::string("<html></html>"); }));
   const std::string valid =
       "GET /metrics?x=1 HTTP/1.1\r\nHost: localhost\r\nAuthorization: Basic dTpw\r\n"
       "Accept-Encoding: gzip, deflate\r\nConnection: close\r\n\r\n";
@@ -498,7 +492,7 @@ TEST_CASE("a kept-alive connection serves scrape after scrape, and is closed aft
   const int port = free_port();
   WebSettings s = local(port);
   s.idle_timeout = 700ms;
-  WebServer server(s, exporter_routes(metrics, [] { return std::string(); }));
+  WebServer server(s, exporter_routes(renderer(metrics), [] { return std::string(); }));
   const int fd = connect_loopback(port, 5);
   REQUIRE(fd >= 0);
   const std::string req = "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n";
@@ -522,7 +516,7 @@ TEST_CASE("connections past the per-address limit are closed at once; other addr
   const int port = free_port();
   WebSettings s = local(port);
   s.max_connections_per_address = 3;
-  WebServer server(s, exporter_routes(metrics, [] { return std::string(); }));
+  WebServer server(s, exporter_routes(renderer(metrics), [] { return std::string(); }));
   std::vector<int> held;
   for (int i = 0; i < 3; ++i) held.push_back(connect_from("127.0.0.2", port));
   for (int fd : held) REQUIRE(fd >= 0);
@@ -550,7 +544,7 @@ TEST_CASE("connections past max_connections are closed at once, whichever event 
   WebSettings s = local(port);
   s.max_connections = 6;
   s.max_connections_per_address = 6;
-  WebServer server(s, exporter_routes(metrics, [] { return std::string(); }));
+  WebServer server(s, exporter_routes(renderer(metrics), [] { return std::string(); }));
   std::vector<int> held;
   for (const char* from : {"127.0.0.2", "127.0.0.3", "127.0.0.4"}) {
     for (int i = 0; i < 2; ++i) held.push_back(connect_from(from, port));

@@ -1,0 +1,187 @@
+// The protobuf exposition: delimited io.prometheus.client.MetricFamily messages, every
+// histogram both classic and native (schema 0: the kernel's slots are its buckets).
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+
+#include "ebpf_metricsd/exposition_format.h"
+#include "ebpf_metricsd/metric_store.h"
+#include "metrics.pb.h"
+
+namespace ebpf_metricsd {
+
+namespace {
+
+namespace pb = io::prometheus::client;
+
+class ProtobufWriter final : public MetricVisitor {
+ public:
+  explicit ProtobufWriter(std::string& out) : out_(out) {}
+  ~ProtobufWriter() override { flush(); }
+
+  void family(const MetricSpec& spec) override {
+    flush();
+    spec_ = &spec;
+    family_.set_name(spec.name);
+    family_.set_help(spec.help);
+    switch (spec.type) {
+      case MetricType::Counter:
+        family_.set_type(pb::COUNTER);
+        break;
+      case MetricType::Gauge:
+        family_.set_type(pb::GAUGE);
+        break;
+      case MetricType::Histogram:
+        family_.set_type(pb::HISTOGRAM);
+        break;
+    }
+  }
+
+  void counter(const std::vector<std::string>& labels, double value) override {
+    metric(labels)->mutable_counter()->set_value(value);
+  }
+
+  void gauge(const std::vector<std::string>& labels, double value) override {
+    metric(labels)->mutable_gauge()->set_value(value);
+  }
+
+  void histogram(const std::vector<std::string>& labels,
+                 const Log2HistogramState& state) override {
+    const Log2Layout& layout = spec_->buckets;
+    auto* h = metric(labels)->mutable_histogram();
+    h->set_sample_count(state.count());
+    h->set_sample_sum(static_cast<double>(state.sum_raw) / layout.units_per_base);
+    layout.classic(state.slots, cumulative_);
+    for (std::size_t i = 0; i < cumulative_.size(); ++i) {
+      auto* b = h->add_bucket();
+      b->set_cumulative_count(cumulative_[i]);
+      b->set_upper_bound(layout.upper_bound(i));
+    }
+    h->set_schema(0);
+    h->set_zero_threshold(layout.zero_threshold());
+    h->set_zero_count(state.slots.empty() ? 0 : state.slots[0]);
+    const NativeBuckets native = native_buckets(layout, state.slots);
+    for (const auto& span : native.spans) {
+      auto* s = h->add_positive_span();
+      s->set_offset(span.offset);
+      s->set_length(span.length);
+    }
+    for (const auto d : native.deltas) h->add_positive_delta(d);
+  }
+
+ private:
+  pb::Metric* metric(const std::vector<std::string>& labels) {
+    auto* m = family_.add_metric();
+    for (std::size_t i = 0; i < labels.size(); ++i) {
+      auto* l = m->add_label();
+      l->set_name(spec_->labels[i]);
+      l->set_value(labels[i]);
+    }
+    return m;
+  }
+
+  void flush() {
+    if (!spec_) return;
+    const auto size = family_.ByteSizeLong();
+    {
+      google::protobuf::io::StringOutputStream stream(&out_);
+      google::protobuf::io::CodedOutputStream coded(&stream);
+      coded.WriteVarint32(static_cast<std::uint32_t>(size));
+      family_.SerializeWithCachedSizes(&coded);
+    }
+    family_.Clear();
+    spec_ = nullptr;
+  }
+
+  std::string& out_;
+  const MetricSpec* spec_ = nullptr;
+  pb::MetricFamily family_;
+  std::vector<std::uint64_t> cumulative_;
+};
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  std::transform(out.begin(), out.end(), out.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return out;
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+}  // namespace
+
+std::string render_protobuf(const MetricStore& store) {
+  std::string out;
+  out.reserve(64 * 1024);
+  {
+    ProtobufWriter writer(out);
+    store.visit(writer);
+  }
+  return out;
+}
+
+ExpositionFormat negotiate_format(std::string_view accept) {
+  double protobuf_q = 0;
+  double text_q = 0;
+  std::size_t start = 0;
+  while (start <= accept.size()) {
+    std::size_t end = accept.find(',', start);
+    if (end == std::string_view::npos) end = accept.size();
+    std::string_view range = accept.substr(start, end - start);
+    start = end + 1;
+    // type/subtype;param=value;...;q=0.5
+    std::string type;
+    std::string proto;
+    std::string encoding;
+    double q = 1;
+    bool first = true;
+    while (true) {
+      const std::size_t semi = range.find(';');
+      const std::string_view part = trim(range.substr(0, semi));
+      if (first) {
+        type = lower(part);
+        first = false;
+      } else if (const auto eq = part.find('='); eq != std::string_view::npos) {
+        const std::string key = lower(trim(part.substr(0, eq)));
+        std::string_view value = trim(part.substr(eq + 1));
+        if (value.size() >= 2 && value.front() == '"' && value.back() == '"') {
+          value = value.substr(1, value.size() - 2);
+        }
+        if (key == "q") {
+          double parsed = 0;
+          const auto res = std::from_chars(value.data(), value.data() + value.size(), parsed);
+          q = res.ec == std::errc() && res.ptr == value.data() + value.size() && parsed >= 0 &&
+                      parsed <= 1
+                  ? parsed
+                  : 0;
+        } else if (key == "proto") {
+          proto = std::string(value);
+        } else if (key == "encoding") {
+          encoding = lower(value);
+        }
+      }
+      if (semi == std::string_view::npos) break;
+      range.remove_prefix(semi + 1);
+    }
+    if (type == "application/vnd.google.protobuf") {
+      if (proto == "io.prometheus.client.MetricFamily" && encoding == "delimited") {
+        protobuf_q = std::max(protobuf_q, q);
+      }
+    } else if (type == "text/plain" || type == "text/*" || type == "*/*" ||
+               type == "application/openmetrics-text") {
+      text_q = std::max(text_q, q);
+    }
+    if (end == accept.size()) break;
+  }
+  return protobuf_q > 0 && protobuf_q >= text_q ? ExpositionFormat::Protobuf
+                                                : ExpositionFormat::Text;
+}
+
+}  // namespace ebpf_metricsd

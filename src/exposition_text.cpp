@@ -1,0 +1,141 @@
+// The Prometheus text format (version 0.0.4), written straight from the store.
+#include <charconv>
+#include <cmath>
+
+#include "ebpf_metricsd/exposition_format.h"
+#include "ebpf_metricsd/metric_store.h"
+
+namespace ebpf_metricsd {
+
+std::string format_double(double value) {
+  if (std::isnan(value)) return "NaN";
+  if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
+  char buf[32];
+  const auto res = std::to_chars(buf, buf + sizeof buf, value);
+  return std::string(buf, res.ptr);
+}
+
+namespace {
+
+void append_double(std::string& out, double value) {
+  if (!std::isfinite(value)) {
+    out += format_double(value);
+    return;
+  }
+  char buf[32];
+  out.append(buf, std::to_chars(buf, buf + sizeof buf, value).ptr);
+}
+
+void append_uint(std::string& out, std::uint64_t value) {
+  char buf[24];
+  out.append(buf, std::to_chars(buf, buf + sizeof buf, value).ptr);
+}
+
+// Label values escape \, " and newline; HELP text escapes \ and newline.
+void append_escaped(std::string& out, std::string_view text, bool quote) {
+  for (char c : text) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (quote && c == '"') {
+      out += "\\\"";
+    } else {
+      out += c;
+    }
+  }
+}
+
+class TextWriter final : public MetricVisitor {
+ public:
+  explicit TextWriter(std::string& out) : out_(out) {}
+
+  void family(const MetricSpec& spec) override {
+    spec_ = &spec;
+    static constexpr const char* kTypes[] = {"counter", "gauge", "histogram"};
+    out_ += "# HELP ";
+    out_ += spec.name;
+    out_ += ' ';
+    append_escaped(out_, spec.help, false);
+    out_ += "\n# TYPE ";
+    out_ += spec.name;
+    out_ += ' ';
+    out_ += kTypes[static_cast<int>(spec.type)];
+    out_ += '\n';
+    if (spec.type == MetricType::Histogram) {
+      bounds_.clear();
+      for (std::size_t i = 0; i < spec.buckets.finite_buckets(); ++i) {
+        bounds_.push_back(format_double(spec.buckets.upper_bound(i)));
+      }
+    }
+  }
+
+  void counter(const std::vector<std::string>& labels, double value) override {
+    sample_start("", labels);
+    label_end();
+    append_double(out_, value);
+    out_ += '\n';
+  }
+
+  void gauge(const std::vector<std::string>& labels, double value) override {
+    counter(labels, value);
+  }
+
+  void histogram(const std::vector<std::string>& labels,
+                 const Log2HistogramState& state) override {
+    const Log2Layout& layout = spec_->buckets;
+    layout.classic(state.slots, cumulative_);
+    const std::uint64_t count = state.count();
+    for (std::size_t i = 0; i <= cumulative_.size(); ++i) {
+      sample_start("_bucket", labels);
+      out_ += labels.empty() ? "le=\"" : ",le=\"";
+      out_ += i < cumulative_.size() ? std::string_view(bounds_[i]) : "+Inf";
+      out_ += "\"} ";
+      append_uint(out_, i < cumulative_.size() ? cumulative_[i] : count);
+      out_ += '\n';
+    }
+    sample_start("_sum", labels);
+    label_end();
+    append_double(out_, static_cast<double>(state.sum_raw) / layout.units_per_base);
+    out_ += '\n';
+    sample_start("_count", labels);
+    label_end();
+    append_uint(out_, count);
+    out_ += '\n';
+  }
+
+ private:
+  // name{l1="v1",l2="v2"  (the brace is closed by the caller, so "le" can follow)
+  void sample_start(std::string_view suffix, const std::vector<std::string>& labels) {
+    out_ += spec_->name;
+    out_ += suffix;
+    open_ = !labels.empty() || suffix == "_bucket";
+    if (open_) out_ += '{';
+    for (std::size_t i = 0; i < labels.size(); ++i) {
+      if (i) out_ += ',';
+      out_ += spec_->labels[i];
+      out_ += "=\"";
+      append_escaped(out_, labels[i], true);
+      out_ += '"';
+    }
+  }
+  void label_end() { out_ += open_ ? "} " : " "; }
+
+  std::string& out_;
+  const MetricSpec* spec_ = nullptr;
+  bool open_ = false;
+  std::vector<std::string> bounds_;
+  std::vector<std::uint64_t> cumulative_;
+};
+
+}  // namespace
+
+std::string render_text(const MetricStore& store) {
+  std::string out;
+  out.reserve(64 * 1024);
+  TextWriter writer(out);
+  store.visit(writer);
+  return out;
+}
+
+}  // namespace ebpf_metricsd
