@@ -55,12 +55,17 @@ def timeseries(title, queries, unit, x, w, description="", stack=False):
 
 
 def heatmap(title, metric, x, w, description=""):
-    expr = rate_by(metric + "_bucket", "le")
+    # Target A reads the classic buckets, B the native histogram (Prometheus with native
+    # histograms stores only that one): whichever the server has shows.
+    classic = rate_by(metric + "_bucket", "le")
+    native = f"sum(rate({metric}{{{SEL}}}[{RATE}]))"
     panels.append({
         "type": "heatmap", "id": _id(), "title": title, "description": description,
         "datasource": DS,
-        "targets": [{"datasource": DS, "expr": expr, "format": "heatmap",
-                     "legendFormat": "{{le}}", "refId": "A", "range": True}],
+        "targets": [{"datasource": DS, "expr": classic, "format": "heatmap",
+                     "legendFormat": "{{le}}", "refId": "A", "range": True},
+                    {"datasource": DS, "expr": native, "format": "heatmap",
+                     "refId": "B", "range": True}],
         "gridPos": {"h": 8, "w": w, "x": x, "y": _y[0]},
         "options": {"calculate": False, "cellGap": 1,
                     "color": {"mode": "scheme", "scheme": "Oranges", "exponent": 0.5,
@@ -126,7 +131,7 @@ timeseries("Syscall latency p99, slowest 10", [
     (f"topk(10, instance_syscall:ebpf_syscall_latency_seconds:p99_rate5m{{{SEL}}})",
      "{{instance}} {{syscall}}")], "s", 12, 6)
 timeseries("Syscalls per second, top 10", [
-    ("topk(10, " + rate_by("ebpf_syscall_latency_seconds_count", "instance, syscall") + ")",
+    (f"topk(10, instance_syscall:ebpf_syscall_latency_seconds_count:rate5m{{{SEL}}})",
      "{{instance}} {{syscall}}")], "ops", 18, 6)
 next_line()
 
@@ -136,7 +141,7 @@ timeseries("Connect latency p50 / p99",
            quantiles("instance_family", "ebpf_tcp_connect_latency_seconds",
                      "{{instance}} {{family}}"), "s", 8, 8)
 timeseries("Connects and failures per second", [
-    (rate_by("ebpf_tcp_connect_latency_seconds_count", "instance, family"),
+    (f"instance_family:ebpf_tcp_connect_latency_seconds_count:rate5m{{{SEL}}}",
      "established {{instance}} {{family}}"),
     (rate_by("ebpf_tcp_connect_failures_total", "instance, family"),
      "failed {{instance}} {{family}}")], "ops", 16, 8)
@@ -197,7 +202,7 @@ timeseries("Latency p50 / p99 by device and op",
            quantiles("instance_device_op", "ebpf_block_io_latency_seconds",
                      "{{instance}} {{device}} {{op}}"), "s", 8, 8)
 timeseries("IOPS and throughput by device and op", [
-    (rate_by("ebpf_block_io_latency_seconds_count", "instance, device, op"),
+    (f"instance_device_op:ebpf_block_io_latency_seconds_count:rate5m{{{SEL}}}",
      "IOPS {{instance}} {{device}} {{op}}"),
     (rate_by("ebpf_block_io_bytes_total", "instance, device, op"),
      "B/s {{instance}} {{device}} {{op}}")], "short", 16, 8)

@@ -48,8 +48,7 @@ class ProtobufWriter final : public MetricVisitor {
     metric(labels)->mutable_gauge()->set_value(value);
   }
 
-  void histogram(const std::vector<std::string>& labels,
-                 const Log2HistogramState& state) override {
+  void histogram(const std::vector<std::string>& labels, const Log2HistogramState& state) override {
     const Log2Layout& layout = spec_->buckets;
     auto* h = metric(labels)->mutable_histogram();
     h->set_sample_count(state.count());

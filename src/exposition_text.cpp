@@ -81,8 +81,7 @@ class TextWriter final : public MetricVisitor {
     counter(labels, value);
   }
 
-  void histogram(const std::vector<std::string>& labels,
-                 const Log2HistogramState& state) override {
+  void histogram(const std::vector<std::string>& labels, const Log2HistogramState& state) override {
     const Log2Layout& layout = spec_->buckets;
     layout.classic(state.slots, cumulative_);
     const std::uint64_t count = state.count();

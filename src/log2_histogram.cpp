@@ -23,11 +23,8 @@ struct Unit {
 double parse_amount(const std::string& text, bool seconds) {
   static const Unit time_units[] = {{"ns", 1e-9}, {"us", 1e-6}, {"µs", 1e-6}, {"ms", 1e-3},
                                     {"s", 1},     {"m", 60},    {"h", 3600}};
-  static const Unit size_units[] = {{"B", 1},
-                                    {"KiB", 1024},
-                                    {"MiB", 1024.0 * 1024},
-                                    {"GiB", 1024.0 * 1024 * 1024},
-                                    {"", 1}};
+  static const Unit size_units[] = {
+      {"B", 1}, {"KiB", 1024}, {"MiB", 1024.0 * 1024}, {"GiB", 1024.0 * 1024 * 1024}, {"", 1}};
   std::size_t used = 0;
   double number = 0;
   try {
@@ -40,7 +37,8 @@ double parse_amount(const std::string& text, bool seconds) {
     throw std::invalid_argument("");
   }
   const std::string unit = text.substr(used);
-  for (const auto& u : seconds ? std::span<const Unit>(time_units) : std::span<const Unit>(size_units)) {
+  for (const auto& u :
+       seconds ? std::span<const Unit>(time_units) : std::span<const Unit>(size_units)) {
     if (unit == u.suffix) return number * u.factor;
   }
   throw std::invalid_argument("");
@@ -52,8 +50,8 @@ std::string format_power(int exp, bool seconds) {
     return std::to_string(1ULL << (exp % 10)) + units[exp / 10];
   }
   const double v = std::ldexp(1.0, exp);
-  static const Unit units[] = {{"h", 3600}, {"m", 60}, {"s", 1}, {"ms", 1e-3}, {"us", 1e-6},
-                               {"ns", 1e-9}};
+  static const Unit units[] = {{"h", 3600},  {"m", 60},    {"s", 1},
+                               {"ms", 1e-3}, {"us", 1e-6}, {"ns", 1e-9}};
   for (const auto& u : units) {
     if (v >= u.factor || u.factor == 1e-9) {
       char buf[32];
@@ -122,8 +120,8 @@ Log2Layout read_buckets(YamlMapReader& options, const Log2Layout& defaults) {
   out.max_exp = read("max", defaults.max_exp, true);
   range.finish();
   if (out.min_exp > out.max_exp) {
-    options.fail("buckets", "min (" + format_power(out.min_exp, seconds) +
-                                ") is above max (" + format_power(out.max_exp, seconds) + ")");
+    options.fail("buckets", "min (" + format_power(out.min_exp, seconds) + ") is above max (" +
+                                format_power(out.max_exp, seconds) + ")");
   }
   return out;
 }

@@ -48,7 +48,8 @@ inline std::vector<CollectedFamily> collect(const MetricStore& store) {
     }
     CollectedSeries& series(const std::vector<std::string>& labels) {
       CollectedSeries m;
-      for (std::size_t i = 0; i < labels.size(); ++i) m.label.push_back({spec->labels[i], labels[i]});
+      for (std::size_t i = 0; i < labels.size(); ++i)
+        m.label.push_back({spec->labels[i], labels[i]});
       out.back().metric.push_back(std::move(m));
       return out.back().metric.back();
     }

@@ -2,8 +2,8 @@
 
 #include <cstdint>
 #include <map>
-#include <shared_mutex>
 #include <set>
+#include <shared_mutex>
 #include <span>
 #include <string>
 #include <variant>

@@ -23,9 +23,9 @@ namespace {
 // I/O, syncs, waits and memory mapping, what latency questions are about. Every other
 // measured syscall is counted in syscall="other".
 constexpr const char* kDefaultPerSyscall[] = {
-    "read",    "write",   "pread64", "pwrite64", "readv",      "writev", "openat",
-    "close",   "fsync",   "fdatasync", "sendto", "recvfrom",   "sendmsg", "recvmsg",
-    "connect", "accept4", "epoll_wait", "futex", "mmap",       "munmap"};
+    "read",    "write",   "pread64",    "pwrite64", "readv",    "writev",  "openat",
+    "close",   "fsync",   "fdatasync",  "sendto",   "recvfrom", "sendmsg", "recvmsg",
+    "connect", "accept4", "epoll_wait", "futex",    "mmap",     "munmap"};
 
 struct SyscallLatencyOptions {
   std::set<int> include;  // empty = all
@@ -39,8 +39,9 @@ struct SyscallLatencyOptions {
 MetricSpec latency_spec(const Log2Layout& buckets) {
   MetricSpec s;
   s.name = "ebpf_syscall_latency_seconds";
-  s.help = "Time from syscall entry to exit, by syscall (\"other\": the syscalls without "
-           "series of their own).";
+  s.help =
+      "Time from syscall entry to exit, by syscall (\"other\": the syscalls without "
+      "series of their own).";
   s.type = MetricType::Histogram;
   s.labels = {"syscall"};
   s.buckets = buckets;
@@ -51,15 +52,16 @@ int checked_syscall(YamlMapReader& options, const std::string& key, const std::s
   const auto nr = syscall_number(name);
   if (!nr) options.fail(key, "unknown syscall '" + name + "'");
   if (*nr >= SYSLAT_MAX_SYSCALLS) {
-    options.fail(key, "syscall '" + name + "' (" + std::to_string(*nr) +
-                          ") is beyond the traced table");
+    options.fail(key,
+                 "syscall '" + name + "' (" + std::to_string(*nr) + ") is beyond the traced table");
   }
   return *nr;
 }
 
 std::set<int> read_syscall_list(YamlMapReader& options, const std::string& key) {
   std::set<int> out;
-  for (const auto& name : options.get_string_list(key)) out.insert(checked_syscall(options, key, name));
+  for (const auto& name : options.get_string_list(key))
+    out.insert(checked_syscall(options, key, name));
   return out;
 }
 
@@ -68,7 +70,8 @@ void read_per_syscall(YamlMapReader& options, SyscallLatencyOptions& o) {
   const std::string key = "per_syscall";
   if (options.has(key) && options.node()[key].IsScalar()) {
     const std::string value = options.get_string(key, "");
-    if (value != "all") options.fail(key, "expected \"all\" or a list of syscalls, got '" + value + "'");
+    if (value != "all")
+      options.fail(key, "expected \"all\" or a list of syscalls, got '" + value + "'");
     o.all_per_syscall = true;
     return;
   }
@@ -77,7 +80,8 @@ void read_per_syscall(YamlMapReader& options, SyscallLatencyOptions& o) {
     return;
   }
   for (const char* name : kDefaultPerSyscall) {
-    if (const auto nr = syscall_number(name); nr && *nr < SYSLAT_MAX_SYSCALLS) o.per_syscall.insert(*nr);
+    if (const auto nr = syscall_number(name); nr && *nr < SYSLAT_MAX_SYSCALLS)
+      o.per_syscall.insert(*nr);
   }
 }
 
@@ -129,7 +133,8 @@ class SyscallLatencyTracer final : public Tracer {
     hists_.drain_array(bpf_map__fd(skel_->maps.hists), SYSLAT_MAX_SYSCALLS, [&](const void* key) {
       const std::uint32_t nr = *static_cast<const std::uint32_t*>(key);
       if (names_[nr].empty()) {
-        const bool own = options_.all_per_syscall || options_.per_syscall.count(static_cast<int>(nr));
+        const bool own =
+            options_.all_per_syscall || options_.per_syscall.count(static_cast<int>(nr));
         names_[nr] = own ? syscall_name(static_cast<int>(nr)) : "other";
       }
       return MetricStore::LabelValues{names_[nr]};

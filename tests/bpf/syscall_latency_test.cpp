@@ -31,8 +31,8 @@ const std::string kMetric = "ebpf_syscall_latency_seconds";
 
 TEST_CASE("syscall_latency counts every getppid call", "[syscall_latency]") {
   const auto [hook_yaml, expected_hook] = GENERATE(table<std::string, std::string>({
-      {"    hook: auto\n", test::auto_hook_with_task_storage()},
-      {"    hook: raw_tp\n", "raw_tp"},
+      {"    hook: auto\n    per_syscall: all\n", test::auto_hook_with_task_storage()},
+      {"    hook: raw_tp\n    per_syscall: all\n", "raw_tp"},
   }));
   INFO("hook option: " << hook_yaml);
   MetricStore store;
@@ -66,7 +66,8 @@ TEST_CASE("syscall_latency counts every getppid call", "[syscall_latency]") {
 
 TEST_CASE("drains racing with the calls lose no increment", "[syscall_latency]") {
   MetricStore store;
-  auto tracer = test::start_tracer(store, "syscall_latency", "    include: [getppid]\n");
+  auto tracer = test::start_tracer(store, "syscall_latency",
+                                   "    include: [getppid]\n    per_syscall: [getppid]\n");
   tracer->drain();
   const std::uint64_t before = histogram_count(store, kMetric, {{"syscall", "getppid"}});
   std::atomic<bool> done{false};
@@ -91,7 +92,8 @@ TEST_CASE("drains racing with the calls lose no increment", "[syscall_latency]")
 TEST_CASE("include and exclude filter in the kernel", "[syscall_latency]") {
   MetricStore store;
   SECTION("include only getppid") {
-    auto tracer = test::start_tracer(store, "syscall_latency", "    include: [getppid]\n");
+    auto tracer = test::start_tracer(store, "syscall_latency",
+                                     "    include: [getppid]\n    per_syscall: all\n");
     workload::getppid_calls(1000);
     syscall(SYS_getpid);
     tracer->drain();
@@ -103,7 +105,8 @@ TEST_CASE("include and exclude filter in the kernel", "[syscall_latency]") {
     }
   }
   SECTION("exclude getppid") {
-    auto tracer = test::start_tracer(store, "syscall_latency", "    exclude: [getppid]\n");
+    auto tracer = test::start_tracer(store, "syscall_latency",
+                                     "    exclude: [getppid]\n    per_syscall: all\n");
     workload::getppid_calls(1000);
     syscall(SYS_getpid);
     tracer->drain();
@@ -111,6 +114,23 @@ TEST_CASE("include and exclude filter in the kernel", "[syscall_latency]") {
     CHECK(histogram_count(store, kMetric, {{"syscall", "getppid"}}) == 0);
     CHECK(histogram_count(store, kMetric, {{"syscall", "getpid"}}) >= 1);
   }
+}
+
+TEST_CASE("syscalls without series of their own are counted as \"other\"", "[syscall_latency]") {
+  // Only getppid and getpid are measured; getpid has its own series, getppid is "other".
+  MetricStore store;
+  auto tracer = test::start_tracer(store, "syscall_latency",
+                                   "    include: [getppid, getpid]\n    per_syscall: [getpid]\n");
+  tracer->drain();
+  const std::uint64_t before = histogram_count(store, kMetric, {{"syscall", "other"}});
+  workload::getppid_calls(kCalls);
+  syscall(SYS_getpid);
+  tracer->drain();
+  const std::uint64_t got = histogram_count(store, kMetric, {{"syscall", "other"}}) - before;
+  CHECK(got >= kCalls);
+  CHECK(got <= kCalls + kOtherCallers);
+  CHECK(histogram_count(store, kMetric, {{"syscall", "getpid"}}) >= 1);
+  CHECK(histogram_count(store, kMetric, {{"syscall", "getppid"}}) == 0);
 }
 
 TEST_CASE("syscall numbers outside the table are counted as drops", "[syscall_latency]") {

@@ -77,7 +77,8 @@ struct Setup {
   std::string config = dir + "/config.yaml";
   std::string log = dir + "/daemon.log";
 
-  explicit Setup(const std::string& tracers_yaml = "  syscall_latency:\n    enabled: true\n") {
+  explicit Setup(const std::string& tracers_yaml =
+                     "  syscall_latency:\n    enabled: true\n    per_syscall: all\n") {
     std::ofstream(config) << "web:\n  listen_address: \"127.0.0.1:" << port
                           << "\"\ndrain_interval: 200ms\ntracers:\n"
                           << tracers_yaml;

@@ -45,8 +45,11 @@ TEST_CASE("daemon serves real syscall latencies, passes promtool, exits cleanly"
   CHECK(got <= kCalls + kCalls / 100);
   const std::string inf = "ebpf_syscall_latency_seconds_bucket{syscall=\"getppid\",le=\"+Inf\"}";
   CHECK(sample(body, inf) == sample(body, getppid_count));
-  CHECK(sample(body, "ebpf_syscall_latency_seconds_bucket{syscall=\"getppid\",le=\"3.2e-08\"}"));
-  CHECK(sample(body, "ebpf_syscall_latency_seconds_bucket{syscall=\"getppid\",le=\"1.024e-06\"}"));
+  // Bounds are powers of two of seconds, printed exactly: 2^-20 s .. 2^4 s by default.
+  CHECK(sample(
+      body, "ebpf_syscall_latency_seconds_bucket{syscall=\"getppid\",le=\"9.5367431640625e-07\"}"));
+  CHECK(sample(body, "ebpf_syscall_latency_seconds_bucket{syscall=\"getppid\",le=\"0.5\"}"));
+  CHECK(sample(body, "ebpf_syscall_latency_seconds_bucket{syscall=\"getppid\",le=\"16\"}"));
   CHECK(sample(body, "ebpf_syscall_latency_seconds_sum{syscall=\"getppid\"}").value_or(0) > 0);
   CHECK_THAT(body, Contains("# TYPE ebpf_syscall_latency_seconds histogram"));
   CHECK(sample(body, "ebpf_metricsd_build_info{version=\"" EBPF_METRICSD_VERSION "\"}") == 1.0);

@@ -1,13 +1,19 @@
-// The daemon scraped by a real Prometheus (Debian's) with the shipped rules; every query of
-// the dashboard and the rules must evaluate without error and return data.
+// The daemon scraped by two real Prometheus servers (Debian's 2.42) at once, with the shipped
+// rules: one classic (text format, classic buckets), one with native histograms (protobuf,
+// native buckets only). In both every query of the dashboard and the rules must evaluate
+// without error and return data, the recorded series must be the same, and quantiles of the
+// same counts must fall in the same bucket.
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <yaml-cpp/yaml.h>
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <cmath>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 
 #include "../kernel_fixtures.h"
 #include "../workloads.h"
@@ -46,6 +52,13 @@ class PrometheusApi {
     if (r.value("status", "") != "success") return {r.value("error", std::string("failed")), 0};
     return {"", r["data"]["result"].size()};
   }
+  // The result vector of an instant query (empty on error).
+  json result(const std::string& expr) {
+    const json r = get("query", {{"query", expr}});
+    if (r.is_discarded() || !r.is_object() || r.value("status", "") != "success")
+      return json::array();
+    return r["data"]["result"];
+  }
 
  private:
   int port_;
@@ -69,36 +82,76 @@ std::string without_threshold(const std::string& expr) {
 struct Query {
   std::string where;  // "dashboard: <panel>", "rule: <name>"
   std::string expr;
+  bool classic = true;  // asked of the classic server
+  bool native = true;   // asked of the native one
 };
+
+// A Prometheus server scraping `instance` every second with the shipped rules.
+struct PrometheusServer {
+  PrometheusServer(const Setup& s, const std::string& instance, bool native_histograms)
+      : native(native_histograms),
+        dir(s.dir + (native ? "/native" : "/classic")),
+        port(free_port()),
+        api(port, dir) {
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir + "/prometheus.yml")
+        << "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        << "rule_files:\n  - " SOURCE_DIR "/packaging/prometheus/rules.yml\n"
+        << "scrape_configs:\n  - job_name: ebpf-metricsd\n    static_configs:\n"
+        << "      - targets: ['" << instance << "']\n";
+    std::vector<std::string> args = {
+        "--config.file=" + dir + "/prometheus.yml", "--storage.tsdb.path=" + dir + "/tsdb",
+        "--web.listen-address=127.0.0.1:" + std::to_string(port), "--log.level=warn"};
+    if (native) args.push_back("--enable-feature=native-histograms");
+    process = std::make_unique<DaemonProcess>("/usr/bin/prometheus", dir + "/prometheus.log",
+                                              DaemonProcess::Options{args, false, {}, {}});
+  }
+  ~PrometheusServer() {
+    kill(process->pid(), SIGTERM);
+    process->wait_exit(10s);
+  }
+  std::string name() const { return native ? "native" : "classic"; }
+
+  bool native;
+  std::string dir;
+  int port;
+  PrometheusApi api;
+  std::unique_ptr<DaemonProcess> process;
+};
+
+// The label sets of a recorded series, as text, sorted.
+std::set<std::string> label_sets(const json& result) {
+  std::set<std::string> out;
+  for (const auto& r : result) out.insert(r["metric"].dump());
+  return out;
+}
+
+// The classic bucket of a quantile: the exponent e of its bucket (2^(e-1), 2^e], the first
+// bucket taking everything at or below 2^min_exp.
+int classic_bucket(double q, int min_exp) {
+  return std::max(static_cast<int>(std::ceil(std::log2(q) - 1e-12)), min_exp);
+}
 
 }  // namespace
 
-TEST_CASE("a real Prometheus scrapes the daemon; every dashboard and rule query has data") {
+TEST_CASE(
+    "real Prometheus servers, classic and native, scrape the daemon; every dashboard and "
+    "rule query has data in both") {
   if (run_command("command -v prometheus >/dev/null") != 0) {
     FAIL("prometheus is not installed (packaging/install-deps.sh --with-tests)");
   }
-  Setup s(all_tracers_enabled());
   // A series limit that the syscall histogram (one label set per syscall) runs into, so the
   // status row's series_limited query has data too.
+  Setup s(replace_all(all_tracers_enabled(), "  syscall_latency:\n    enabled: true\n",
+                      "  syscall_latency:\n    enabled: true\n    per_syscall: all\n"));
   s.prepend("max_series: 25\n");
   DaemonProcess daemon(DAEMON_PATH, s.log, {s.args(), false, {}, {}});
   const std::string instance = "127.0.0.1:" + std::to_string(s.port);
   REQUIRE(wait_until([&] { return http_get(s.port, "/metrics").status == 200; }, 10s));
 
-  const int prom_port = free_port();
-  std::ofstream(s.dir + "/prometheus.yml")
-      << "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-      << "rule_files:\n  - " SOURCE_DIR "/packaging/prometheus/rules.yml\n"
-      << "scrape_configs:\n  - job_name: ebpf-metricsd\n    static_configs:\n"
-      << "      - targets: ['" << instance << "']\n";
-  DaemonProcess prometheus(
-      "/usr/bin/prometheus", s.dir + "/prometheus.log",
-      {{"--config.file=" + s.dir + "/prometheus.yml", "--storage.tsdb.path=" + s.dir + "/tsdb",
-        "--web.listen-address=127.0.0.1:" + std::to_string(prom_port), "--log.level=warn"},
-       false,
-       {},
-       {}});
-  PrometheusApi api(prom_port, s.dir);
+  PrometheusServer classic(s, instance, false);
+  PrometheusServer native(s, instance, true);
+  PrometheusServer* servers[] = {&classic, &native};
 
   // Activity for every tracer, all along: syscalls, scheduling, faults and kmalloc come by
   // themselves; TCP connects that succeed and fail; loopback packets; a loop device read and
@@ -142,16 +195,20 @@ TEST_CASE("a real Prometheus scrapes the daemon; every dashboard and rule query 
     close(listener);
   });
 
-  // Every expression of the dashboard, with its variables set as Grafana would.
+  // Every expression of the dashboard, with its variables set as Grafana would. A heatmap
+  // has a target for classic buckets (A) and one for the native histogram (B).
   std::vector<Query> queries;
   const json dash = json::parse(read_file(SOURCE_DIR "/dashboards/ebpf-metricsd.json"));
   for (const auto& panel : dash["panels"]) {
     if (!panel.contains("targets")) continue;
+    const bool heatmap = panel["type"] == "heatmap";
     for (const auto& t : panel["targets"]) {
       std::string expr = t["expr"];
       expr = replace_all(expr, "$instance", instance);
       expr = replace_all(expr, "$__rate_interval", "1m");
-      queries.push_back({"dashboard: " + panel["title"].get<std::string>(), expr});
+      const bool native_target = heatmap && t["refId"] == "B";
+      queries.push_back({"dashboard: " + panel["title"].get<std::string>(), expr,
+                         !heatmap || !native_target, !heatmap || native_target});
     }
   }
   // Every rule: a recorded series must exist, and an alert's expression must evaluate and,
@@ -177,18 +234,23 @@ TEST_CASE("a real Prometheus scrapes the daemon; every dashboard and rule query 
   REQUIRE(alerts >= 9);
   REQUIRE(records >= 13);
 
-  // Wait until every query has data (or time is up), then report each that has none.
+  // Wait until every query has data on both servers (or time is up), then report each that
+  // has none.
   std::map<std::string, std::string> failing;
   const auto deadline = std::chrono::steady_clock::now() + 90s;
   do {
     std::this_thread::sleep_for(2s);
     failing.clear();
-    for (const auto& q : queries) {
-      const auto [error, series] = api.query(q.expr);
-      if (!error.empty()) {
-        failing[q.where + ": " + q.expr] = "error: " + error;
-      } else if (series == 0) {
-        failing[q.where + ": " + q.expr] = "no data";
+    for (auto* server : servers) {
+      for (const auto& q : queries) {
+        if (!(server->native ? q.native : q.classic)) continue;
+        const auto [error, series] = server->api.query(q.expr);
+        const std::string where = server->name() + " " + q.where + ": " + q.expr;
+        if (!error.empty()) {
+          failing[where] = "error: " + error;
+        } else if (series == 0) {
+          failing[where] = "no data";
+        }
       }
     }
   } while (!failing.empty() && std::chrono::steady_clock::now() < deadline);
@@ -201,40 +263,105 @@ TEST_CASE("a real Prometheus scrapes the daemon; every dashboard and rule query 
   }
   CHECK(failing.empty());
 
-  // The instance variable's query: label_values(ebpf_metricsd_build_info, instance).
-  const json inst = api.get("label/instance/values", {{"match[]", "ebpf_metricsd_build_info"}});
-  REQUIRE(inst.is_object());
-  CHECK(inst["data"].size() == 1);
-  CHECK(inst["data"][0] == instance);
-
-  // The full alert expressions evaluate too (no data is fine: nothing is on fire).
-  for (const auto& group : rules["groups"]) {
-    for (const auto& rule : group["rules"]) {
-      if (!rule["alert"]) continue;
-      INFO(rule["alert"].as<std::string>());
-      CHECK(api.query(rule["expr"].as<std::string>()).first == "");
+  // What each server stored: classic buckets, or native histograms and no classic buckets.
+  for (auto* server : servers) {
+    INFO(server->name());
+    auto& api = server->api;
+    const json native_series = api.result("ebpf_syscall_latency_seconds");
+    const json bucket_series = api.result("ebpf_syscall_latency_seconds_bucket");
+    if (server->native) {
+      REQUIRE(!native_series.empty());
+      CHECK(native_series[0].contains("histogram"));
+      CHECK(bucket_series.empty());
+      CHECK(api.result("ebpf_syscall_latency_seconds_count").empty());
+    } else {
+      CHECK(native_series.empty());
+      CHECK(!bucket_series.empty());
     }
   }
-  // Prometheus: the target is healthy, no scrape failed or had a bad sample.
-  const json targets = api.get("targets");
-  REQUIRE(targets.is_object());
-  const auto& active = targets["data"]["activeTargets"];
-  REQUIRE(active.size() == 1);
-  CHECK(active[0]["health"] == "up");
-  CHECK(active[0]["lastError"] == "");
-  for (const char* bad :
-       {"up{job=\"ebpf-metricsd\"} == 0", "scrape_samples_post_metric_relabeling == 0",
-        "sum(prometheus_target_scrapes_sample_out_of_order_total) > 0",
-        "sum(prometheus_target_scrapes_sample_duplicate_timestamp_total) > 0",
-        "sum(prometheus_target_scrapes_sample_out_of_bounds_total) > 0",
-        "sum(prometheus_target_scrapes_exceeded_sample_limit_total) > 0",
-        "sum(prometheus_rule_evaluation_failures_total) > 0"}) {
-    INFO(bad);
-    CHECK(api.query(bad) == std::pair<std::string, std::size_t>{"", 0});
+
+  // Both servers have scraped the last of the activity; the loop device is idle from now on,
+  // so its histograms hold the same counts in both.
+  std::this_thread::sleep_for(4s);
+
+  // The recorded series are the same in both modes: same names, same label sets.
+  for (const auto& group : rules["groups"]) {
+    for (const auto& rule : group["rules"]) {
+      if (!rule["record"]) continue;
+      const std::string name = rule["record"].as<std::string>();
+      INFO("recorded: " << name);
+      std::set<std::string> a, b;
+      for (int attempt = 0; attempt < 10; ++attempt) {  // a new label set may be a scrape apart
+        a = label_sets(classic.api.result(name));
+        b = label_sets(native.api.result(name));
+        if (a == b) break;
+        std::this_thread::sleep_for(1s);
+      }
+      CHECK(!a.empty());
+      CHECK(a == b);
+    }
   }
 
-  kill(prometheus.pid(), SIGTERM);
-  prometheus.wait_exit(10s);
+  // histogram_quantile on the native series falls in the bucket it falls in on the classic
+  // buckets, for the loop device's reads and writes (counts frozen since the activity ended).
+  const std::string device = loop.dev().substr(loop.dev().rfind('/') + 1);
+  int compared = 0;
+  for (const char* op : {"read", "write"}) {
+    const std::string sel = "{device=\"" + device + "\",op=\"" + op + "\"}";
+    for (const char* q : {"0.1", "0.5", "0.9", "0.99"}) {
+      const json c = classic.api.result("histogram_quantile(" + std::string(q) +
+                                        ", ebpf_block_io_latency_seconds_bucket" + sel + ")");
+      const json n = native.api.result("histogram_quantile(" + std::string(q) +
+                                       ", ebpf_block_io_latency_seconds" + sel + ")");
+      REQUIRE(c.size() == 1);
+      REQUIRE(n.size() == 1);
+      const double cq = std::stod(c[0]["value"][1].get<std::string>());
+      const double nq = std::stod(n[0]["value"][1].get<std::string>());
+      INFO(op << " q" << q << ": classic " << cq << ", native " << nq);
+      REQUIRE(std::isfinite(cq));
+      REQUIRE(std::isfinite(nq));
+      CHECK(classic_bucket(cq, -17) == classic_bucket(nq, -17));  // block_io: min 8us = 2^-17
+      ++compared;
+    }
+  }
+  CHECK(compared == 8);
+
+  for (auto* server : servers) {
+    INFO(server->name());
+    auto& api = server->api;
+    // The instance variable's query: label_values(ebpf_metricsd_build_info, instance).
+    const json inst = api.get("label/instance/values", {{"match[]", "ebpf_metricsd_build_info"}});
+    REQUIRE(inst.is_object());
+    CHECK(inst["data"].size() == 1);
+    CHECK(inst["data"][0] == instance);
+
+    // The full alert expressions evaluate too (no data is fine: nothing is on fire).
+    for (const auto& group : rules["groups"]) {
+      for (const auto& rule : group["rules"]) {
+        if (!rule["alert"]) continue;
+        INFO(rule["alert"].as<std::string>());
+        CHECK(api.query(rule["expr"].as<std::string>()).first == "");
+      }
+    }
+    // Prometheus: the target is healthy, no scrape failed or had a bad sample.
+    const json targets = api.get("targets");
+    REQUIRE(targets.is_object());
+    const auto& active = targets["data"]["activeTargets"];
+    REQUIRE(active.size() == 1);
+    CHECK(active[0]["health"] == "up");
+    CHECK(active[0]["lastError"] == "");
+    for (const char* bad :
+         {"up{job=\"ebpf-metricsd\"} == 0", "scrape_samples_post_metric_relabeling == 0",
+          "sum(prometheus_target_scrapes_sample_out_of_order_total) > 0",
+          "sum(prometheus_target_scrapes_sample_duplicate_timestamp_total) > 0",
+          "sum(prometheus_target_scrapes_sample_out_of_bounds_total) > 0",
+          "sum(prometheus_target_scrapes_exceeded_sample_limit_total) > 0",
+          "sum(prometheus_rule_evaluation_failures_total) > 0"}) {
+      INFO(bad);
+      CHECK(api.query(bad) == std::pair<std::string, std::size_t>{"", 0});
+    }
+  }
+
   kill(daemon.pid(), SIGTERM);
   CHECK(daemon.wait_exit(5s) == 0);
 }

@@ -134,7 +134,7 @@ long rss_kib(pid_t pid) {
 
 TEST_CASE("reload: a bad file keeps the running config, a good one changes only what changed") {
   const std::string tracers_a =
-      "  syscall_latency:\n    enabled: true\n    include: [getppid]\n"
+      "  syscall_latency:\n    enabled: true\n    include: [getppid]\n    per_syscall: all\n"
       "  runqueue_latency:\n    enabled: true\n"
       "  page_faults:\n    enabled: true\n";
   Setup s(tracers_a);
@@ -199,7 +199,7 @@ TEST_CASE("reload: a bad file keeps the running config, a good one changes only 
     std::ofstream(s.config) << "web:\n  listen_address: \"127.0.0.1:" << s.port
                             << "\"\ndrain_interval: 200ms\ntracers:\n"
                             << "  syscall_latency:\n    enabled: true\n"
-                            << "    include: [getppid, getpid]\n"
+                            << "    include: [getppid, getpid]\n    per_syscall: all\n"
                             << "  runqueue_latency:\n    enabled: true\n"
                             << "  offcpu_time:\n    enabled: true\n";
     const std::size_t before = notify.messages().size();

@@ -72,15 +72,20 @@ TEST_CASE("text format: escaping, exact bounds, +Inf, sum and count") {
   const std::string labels = "op=\"a\\\"b\\\\c\\nd\"";
   CHECK_THAT(text, Catch::Matchers::Contains("test_latency_seconds_bucket{" + labels +
                                              ",le=\"9.5367431640625e-07\"} 6\n"
-                                             "test_latency_seconds_bucket{" + labels +
+                                             "test_latency_seconds_bucket{" +
+                                             labels +
                                              ",le=\"1.9073486328125e-06\"} 10\n"
-                                             "test_latency_seconds_bucket{" + labels +
+                                             "test_latency_seconds_bucket{" +
+                                             labels +
                                              ",le=\"3.814697265625e-06\"} 10\n"
-                                             "test_latency_seconds_bucket{" + labels +
+                                             "test_latency_seconds_bucket{" +
+                                             labels +
                                              ",le=\"+Inf\"} 15\n"
-                                             "test_latency_seconds_sum{" + labels +
+                                             "test_latency_seconds_sum{" +
+                                             labels +
                                              "} 0.123456789\n"
-                                             "test_latency_seconds_count{" + labels + "} 15\n"));
+                                             "test_latency_seconds_count{" +
+                                             labels + "} 15\n"));
   CHECK_THAT(text, Catch::Matchers::Contains("test_size_bytes_bucket{le=\"8\"} 3\n"
                                              "test_size_bytes_bucket{le=\"16\"} 3\n"
                                              "test_size_bytes_bucket{le=\"32\"} 3\n"
@@ -138,7 +143,7 @@ TEST_CASE("protobuf format: classic and native buckets of the same slots") {
   REQUIRE(sizes);
   const auto& b = sizes->metric(0).histogram();
   CHECK(b.zero_threshold() == 0.5);
-  CHECK(b.zero_count() == 1);          // the 0-byte request
+  CHECK(b.zero_count() == 1);               // the 0-byte request
   CHECK(b.positive_span(0).offset() == 0);  // 1 byte: bucket 0 = (0.5, 1]
   CHECK(b.sample_sum() == 194);
 }
@@ -165,11 +170,12 @@ TEST_CASE("Accept picks the format") {
   CHECK(negotiate_format("application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;"
                          "encoding=delimited;q=0.7,text/plain;version=0.0.4;q=0.3,*/*;q=0.2") ==
         F::Protobuf);
-  CHECK(negotiate_format("application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; "
-                         "encoding=delimited") == F::Protobuf);
+  CHECK(
+      negotiate_format("application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; "
+                       "encoding=delimited") == F::Protobuf);
   // Other protobuf messages or encodings are not ours to send.
-  CHECK(negotiate_format("application/vnd.google.protobuf;proto=other.Message;encoding=delimited") ==
-        F::Text);
+  CHECK(negotiate_format(
+            "application/vnd.google.protobuf;proto=other.Message;encoding=delimited") == F::Text);
   CHECK(negotiate_format("application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;"
                          "encoding=text") == F::Text);
   // Preference by q; q=0 refuses.

@@ -6,8 +6,8 @@
 #include <fstream>
 #include <random>
 
-#include "common/log2_slot.h"
 #include "../metrics_lookup.h"
+#include "common/log2_slot.h"
 #include "ebpf_metricsd/exposition_format.h"
 #include "ebpf_metricsd/log2_histogram.h"
 #include "ebpf_metricsd/metric_store.h"
@@ -86,11 +86,11 @@ TEST_CASE("seconds slots: the threshold table is floor(2^e * 1e9) ns") {
 
 TEST_CASE("seconds slots are exact powers of two of seconds on every edge") {
   CHECK(emd_seconds_slot(0) == 0);
-  CHECK(emd_seconds_slot(1) == 1);  // 1 ns <= 2^-29 s (1.86 ns)
-  CHECK(emd_seconds_slot(2) == 2);  // 2 ns > 1.86 ns
+  CHECK(emd_seconds_slot(1) == 1);            // 1 ns <= 2^-29 s (1.86 ns)
+  CHECK(emd_seconds_slot(2) == 2);            // 2 ns > 1.86 ns
   CHECK(emd_seconds_slot(1000000000) == 30);  // 1 s: le="1"
   CHECK(emd_seconds_slot(1000000001) == 31);
-  CHECK(emd_seconds_slot(500000000) == 29);   // 0.5 s: le="0.5"
+  CHECK(emd_seconds_slot(500000000) == 29);  // 0.5 s: le="0.5"
   CHECK(emd_seconds_slot(500000001) == 30);
   for (int e = -29; e <= 32; ++e) {
     const __u64 edge = ns_at_most_pow2_seconds(e);
@@ -201,9 +201,9 @@ TEST_CASE("buckets option: durations and sizes round outwards to powers of two")
   const auto k = parse("buckets: {min: 16, max: 4KiB}", Log2Layout::bytes(3, 22));
   CHECK(k.min_exp == 4);
   CHECK(k.max_exp == 12);
-  CHECK_THROWS_WITH(parse("buckets: {min: 1s, max: 1ms}", s),
-                    Catch::Matchers::Contains("tracers.x.buckets") &&
-                        Catch::Matchers::Contains("above max"));
+  CHECK_THROWS_WITH(
+      parse("buckets: {min: 1s, max: 1ms}", s),
+      Catch::Matchers::Contains("tracers.x.buckets") && Catch::Matchers::Contains("above max"));
   CHECK_THROWS_WITH(parse("buckets: {min: 1 fortnight}", s),
                     Catch::Matchers::Contains("tracers.x.buckets.min") &&
                         Catch::Matchers::Contains("not a duration"));

@@ -129,7 +129,8 @@ struct TlsServer {
                                       "/server.pem\n  key_file: " + pki.dir + "/server.key\n" +
                                       tls_extra + rest,
                                   "web.yml");
-    server = std::make_unique<WebServer>(s, exporter_routes(renderer(metrics), [] { return std::string(); }));
+    server = std::make_unique<WebServer>(
+        s, exporter_routes(renderer(metrics), [] { return std::string(); }));
   }
   std::string client(const std::string& name) const {
     return " --cert " + pki.dir + "/" + name + ".pem --key " + pki.dir + "/" + name + ".key";
@@ -148,7 +149,8 @@ TEST_CASE("basic auth: no credentials and wrong password get 401, the right one 
   const int port = free_port();
   WebSettings s = local(port);
   s.security.basic_auth_users["prometheus"] = test_hash("s3cret:with colon");
-  WebServer server(s, exporter_routes(renderer(metrics), [] { return std::string("<html>landing</html>"); }));
+  WebServer server(
+      s, exporter_routes(renderer(metrics), [] { return std::string("<html>landing</html>"); }));
 
   const auto none = http_get(port, "/metrics");
   CHECK(none.status == 401);
@@ -364,8 +366,9 @@ TEST_CASE("/-/healthy follows the health callback") {
   auto metrics = std::make_shared<GateCollectable>();
   std::atomic<bool> healthy{false};
   const int port = free_port();
-  WebServer server(local(port),
-                   exporter_routes(renderer(metrics), [] { return std::string(); }, [&] { return healthy.load(); }));
+  WebServer server(local(port), exporter_routes(
+                                    renderer(metrics), [] { return std::string(); },
+                                    [&] { return healthy.load(); }));
   CHECK(http_get(port, "/-/healthy").status == 503);
   healthy = true;
   CHECK(http_get(port, "/-/healthy").status == 200);
@@ -379,8 +382,8 @@ TEST_CASE("stopping the server does not wait for stalled clients") {
   const int port = free_port();
   WebSettings s = local(port);
   s.request_timeout = 20s;
-  auto server =
-      std::make_unique<WebServer>(s, exporter_routes(renderer(metrics), [] { return std::string(); }));
+  auto server = std::make_unique<WebServer>(
+      s, exporter_routes(renderer(metrics), [] { return std::string(); }));
   // A client that sends half a request and then nothing.
   const int fd = connect_loopback(port);
   REQUIRE(fd >= 0);
@@ -402,7 +405,8 @@ TEST_CASE(
   WebSettings s = local(port);
   s.request_timeout = 500ms;
   s.security.basic_auth_users["u"] = test_hash("p");
-  WebServer server(s, exporter_routes(renderer(metrics), [] { return std::string("<html></html>"); }));
+  WebServer server(s,
+                   exporter_routes(renderer(metrics), [] { return std::string("<html></html>"); }));
   const std::string valid =
       "GET /metrics?x=1 HTTP/1.1\r\nHost: localhost\r\nAuthorization: Basic dTpw\r\n"
       "Accept-Encoding: gzip, deflate\r\nConnection: close\r\n\r\n";
