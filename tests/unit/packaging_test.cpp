@@ -123,7 +123,7 @@ TEST_CASE("the dashboard: data source variable, instance filter, rows, heatmaps,
       if (r["record"]) recorded.insert(r["record"].as<std::string>());
     }
   }
-  std::set<std::string> rows, heatmapped;
+  std::set<std::string> rows, heatmapped, native_heatmapped;
   const std::regex recorded_name(R"([a-z_]+:[a-z_]+:[a-z0-9_]+)");
   for (const auto& p : dash["panels"]) {
     if (p["type"] == "row") {
@@ -141,14 +141,25 @@ TEST_CASE("the dashboard: data source variable, instance filter, rows, heatmaps,
         CHECK(recorded.count(m->str()) == 1);
       }
       if (p["type"] == "heatmap") {
+        // A: classic buckets by le; B: the native histogram of the same metric.
         CHECK(t["format"] == "heatmap");
-        heatmapped.insert(
-            expr.substr(expr.find("(rate(") + 6, expr.find("_bucket") - expr.find("(rate(") - 6));
+        const auto start = expr.find("(rate(") + 6;
+        const std::string metric = expr.substr(start, expr.find('{', start) - start);
+        if (t["refId"] == "A") {
+          CHECK(metric.size() > 7);
+          CHECK(metric.substr(metric.size() - 7) == "_bucket");
+          CHECK_THAT(expr, Catch::Matchers::Contains("by (le)"));
+          heatmapped.insert(metric.substr(0, metric.size() - 7));
+        } else {
+          CHECK(t["refId"] == "B");
+          native_heatmapped.insert(metric);
+        }
       }
     }
   }
   CHECK(rows == std::set<std::string>{"Status", "Syscalls", "TCP connect", "Network transmit",
                                       "Scheduler", "Memory", "Page cache", "Block I/O"});
+  CHECK(native_heatmapped == heatmapped);
   CHECK(heatmapped ==
         std::set<std::string>{"ebpf_syscall_latency_seconds", "ebpf_tcp_connect_latency_seconds",
                               "ebpf_net_xmit_queue_latency_seconds",
