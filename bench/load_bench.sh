@@ -7,18 +7,13 @@
 set -euo pipefail
 conns=${1:-100}
 secs=${2:-60}
-bin=${EBPF_METRICSD:-build/ebpf-metricsd}
 command -v wrk >/dev/null || { echo "wrk is not installed (apt-get install wrk)" >&2; exit 2; }
-dir=$(mktemp -d)
-port=$((20000 + RANDOM % 20000))
-trap 'kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$dir"' EXIT
+. "$(dirname "$0")/daemon.sh"
 # wrk's connections all come from 127.0.0.1: the per-address limit makes room for them.
 sed -e "s/listen_address: .*/listen_address: \"127.0.0.1:$port\"/" \
   -e "s/max_connections_per_address: .*/max_connections_per_address: $((conns + 10))/" \
   config/ebpf-metricsd.yaml >"$dir/config.yaml"
-"$bin" --config "$dir/config.yaml" 2>"$dir/log" &
-pid=$!
-for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/metrics" -o /dev/null && break; sleep 0.1; done
+start_daemon "$dir/config.yaml"
 sleep 6  # a drain or two, so that the exposition has its usual size
 rss() { awk '/VmRSS/ {print $2}' "/proc/$pid/status"; }
 rss0=$(rss)

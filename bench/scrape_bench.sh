@@ -1,14 +1,12 @@
 #!/usr/bin/env bash
 # Scrape cost of a running daemon: all tracers on, runqueue_latency and offcpu_time labelled
 # by comm; N scrapes of /metrics, plain and gzip. Prints series, bytes and latency
-# percentiles. Root; run from the repository root after building.
+# percentiles, in the text and the protobuf format. Root; run from the repository root after
+# building.
 #   bash bench/scrape_bench.sh [scrapes]
 set -euo pipefail
 n=${1:-200}
-bin=${EBPF_METRICSD:-build/ebpf-metricsd}
-dir=$(mktemp -d)
-port=$((20000 + RANDOM % 20000))
-trap 'kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$dir"' EXIT
+. "$(dirname "$0")/daemon.sh"
 cat >"$dir/config.yaml" <<CONF
 web: {listen_address: "127.0.0.1:$port"}
 drain_interval: 1s
@@ -23,20 +21,19 @@ tracers:
   block_io: {enabled: true}
   page_cache: {enabled: true}
 CONF
-"$bin" --config "$dir/config.yaml" 2>"$dir/log" &
-pid=$!
-for _ in $(seq 50); do curl -sf "http://127.0.0.1:$port/metrics" -o /dev/null && break; sleep 0.1; done
+start_daemon "$dir/config.yaml"
 sleep 3  # a few drains, so that label sets have appeared
-url="http://127.0.0.1:$port/metrics"
 series=$(curl -s "$url" | grep -vc '^#')
-for mode in plain gzip; do
+proto='Accept: application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited'
+for mode in text text+gzip protobuf protobuf+gzip; do
   hdr=()
-  [[ $mode == gzip ]] && hdr=(-H 'Accept-Encoding: gzip')
+  [[ $mode == protobuf* ]] && hdr+=(-H "$proto")
+  [[ $mode == *gzip ]] && hdr+=(-H 'Accept-Encoding: gzip')
   bytes=$(curl -s "${hdr[@]}" "$url" | wc -c)
   for _ in $(seq "$n"); do curl -s "${hdr[@]}" -o /dev/null -w '%{time_total}\n' "$url"; done |
     sort -n | awk -v mode="$mode" -v bytes="$bytes" -v series="$series" '
       { t[NR] = $1 }
-      END { printf "%-5s %6d samples %8d bytes  p50 %.2f ms  p90 %.2f ms  p99 %.2f ms\n",
+      END { printf "%-14s %6d samples %8d bytes  p50 %.2f ms  p90 %.2f ms  p99 %.2f ms\n",
               mode, series, bytes, t[int(NR*0.5)]*1000, t[int(NR*0.9)]*1000, t[int(NR*0.99)]*1000 }'
 done
 echo "daemon RSS: $(awk '/VmRSS/ {print $2, $3}' /proc/$pid/status)"

@@ -7,17 +7,11 @@
 #   bash bench/series_budget.sh [seconds]
 set -euo pipefail
 secs=${1:-60}
-bin=${EBPF_METRICSD:-build/ebpf-metricsd}
-dir=$(mktemp -d)
-port=$((20000 + RANDOM % 20000))
-trap 'kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$dir"' EXIT
+. "$(dirname "$0")/daemon.sh"
 sed "s/listen_address: \":9810\"/listen_address: \"127.0.0.1:$port\"/" config/ebpf-metricsd.yaml \
   >"$dir/config.yaml"
 grep -q "127.0.0.1:$port" "$dir/config.yaml"
-"$bin" --config "$dir/config.yaml" 2>"$dir/log" &
-pid=$!
-url="http://127.0.0.1:$port/metrics"
-for _ in $(seq 100); do curl -sf "$url" -o /dev/null && break; sleep 0.1; done
+start_daemon "$dir/config.yaml"
 # Stressors that take the machine's CPUs or memory away, or need hardware, are left out.
 skip=cpu-online,memhotplug,reboot,swap,oom-pipe,bigheap,brk,kvm,numa,pci,rtc,efivar,watchdog,mlockmany,vm,vm-addr,tlb-shootdown,pageswap,physpage,klog,sysfs,procfs,binderfs,apparmor,dev,smi
 (cd "$dir" && timeout --signal=INT "$secs" stress-ng --class os --sequential 1 --timeout 1 \

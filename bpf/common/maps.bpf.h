@@ -32,19 +32,14 @@ static __always_inline void emd_count_drop(void *drops_map, __u32 reason)
  * Adds a latency of ns nanoseconds, or a byte count, to a histogram struct
  * {__u64 slots[EMD_HIST_SLOTS]; __u64 sum;} (slot layout: log2_slot.h).
  */
-#define emd_hist_add_ns(h, ns)                                                 \
+#define emd_hist_add(h, v, slot_of)                                            \
 	do {                                                                   \
-		__u64 __v = (ns);                                              \
-		(h)->slots[emd_seconds_slot(__v)] += 1;                        \
+		__u64 __v = (v);                                               \
+		(h)->slots[slot_of(__v)] += 1;                                 \
 		(h)->sum += __v;                                               \
 	} while (0)
-
-#define emd_hist_add_bytes(h, bytes)                                           \
-	do {                                                                   \
-		__u64 __v = (bytes);                                           \
-		(h)->slots[emd_bytes_slot(__v)] += 1;                          \
-		(h)->sum += __v;                                               \
-	} while (0)
+#define emd_hist_add_ns(h, ns) emd_hist_add(h, ns, emd_seconds_slot)
+#define emd_hist_add_bytes(h, bytes) emd_hist_add(h, bytes, emd_bytes_slot)
 
 #define EMD_EEXIST 17
 

@@ -35,7 +35,7 @@ using http_internal::WorkQueue;
 std::optional<std::string> gzip(const std::string& in) {
   z_stream zs{};
   // Level 1: metrics text is so repetitive that it already shrinks ~11x, at a third of the
-  // default level's time (bench/scrape_bench).
+  // default level's time (bench/exposition_bench).
   if (deflateInit2(&zs, Z_BEST_SPEED, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) !=
       Z_OK) {
     return std::nullopt;

@@ -4,7 +4,7 @@
 // Prometheus does. Prints p50/p99 per format (text, protobuf; plain and gzip) at each size.
 // "Series" counts what a classic Prometheus stores (text samples: each histogram is 28 of
 // them); a Prometheus with native histograms stores one per histogram.
-//   ./build/bench/scrape_bench [scrapes per case]
+//   ./build/bench/exposition_bench [scrapes per case]
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
