@@ -107,8 +107,11 @@ Log2Layout read_buckets(YamlMapReader& options, const Log2Layout& defaults) {
     } catch (const std::invalid_argument&) {
       range.fail(key, "'" + text + "' is not " + what);
     }
-    const int exp = static_cast<int>(round_up ? std::ceil(std::log2(amount) - 1e-12)
-                                              : std::floor(std::log2(amount) + 1e-12));
+    int exp = static_cast<int>(round_up ? std::ceil(std::log2(amount) - 1e-12)
+                                        : std::floor(std::log2(amount) + 1e-12));
+    // The smallest amount measured (1 ns, 1 byte) rounds down below the lowest bucket that
+    // holds it.
+    if (!round_up && exp == lowest - 1 && amount >= (seconds ? 1e-9 : 1.0)) exp = lowest;
     if (exp < lowest || exp > highest) {
       range.fail(key, "'" + text + "' is outside " + format_power(lowest, seconds) + " .. " +
                           format_power(highest, seconds));

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <shared_mutex>
 #include <stdexcept>
 #include <utility>
 
@@ -22,6 +23,16 @@ bool valid_name(const std::string& name, bool metric) {
 }
 
 }  // namespace
+
+WriterPreferringLock::WriterPreferringLock() {
+  pthread_rwlockattr_t attr;
+  pthread_rwlockattr_init(&attr);
+  pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+  pthread_rwlock_init(&lock_, &attr);
+  pthread_rwlockattr_destroy(&attr);
+}
+
+WriterPreferringLock::~WriterPreferringLock() { pthread_rwlock_destroy(&lock_); }
 
 MetricStore::MetricStore() {
   limited_metric_ = declare_locked({"ebpf_metricsd_series_limited_total",

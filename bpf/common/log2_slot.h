@@ -25,8 +25,8 @@
 #define __always_inline inline __attribute__((always_inline))
 #endif
 
-/* 1 when v > c, else 0; valid while v - c < 2^63, which holds for every
- * value below 2^63 (ns, bytes, ...). */
+/* 1 when v > c, else 0; exact while v and c differ by at most 2^63, which
+ * holds when both are below 2^63 (ns, bytes, ...). */
 #define EMD_GT(v, c) ((__u64)((__u64)(c) - (__u64)(v)) >> 63)
 
 static __always_inline __u32 emd_floor_log2(__u64 v)
@@ -57,7 +57,7 @@ static __always_inline __u32 emd_floor_log2(__u64 v)
  */
 static __always_inline __u64 emd_log2_slot(__u64 v, __u64 max_slot)
 {
-	/* x = v - 1, saturating at 0 */
+	/* x = v - 1, or 0 for v = 0 (for v > 2^63, x = v: still clamped) */
 	__u64 x = v - 1 + ((v - 1) >> 63);
 	/* bit length of x: floor_log2(x) + (x != 0) */
 	__u64 slot = (__u64)emd_floor_log2(x) + ((0 - x) >> 63);
@@ -104,12 +104,11 @@ static __always_inline __u64 emd_seconds_slot(__u64 ns)
 	return slot;
 }
 
-/* Slot of a byte count: 0 for 0, else ceil(log2(v)) + 1. */
+/* Slot of a byte count: 0 for 0, else ceil(log2(v)) + 1 (at most the last). */
 static __always_inline __u64 emd_bytes_slot(__u64 v)
 {
-	__u64 slot = emd_log2_slot(v, EMD_HIST_SLOTS - 2) + ((0 - v) >> 63);
-
-	return slot;
+	/* v != 0 without a branch: v or -v has the top bit set unless v is 0 */
+	return emd_log2_slot(v, EMD_HIST_SLOTS - 2) + ((v | (0 - v)) >> 63);
 }
 
 #endif

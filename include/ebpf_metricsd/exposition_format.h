@@ -19,7 +19,8 @@ inline constexpr std::string_view kProtobufContentType =
     "encoding=delimited";
 
 // The format an Accept header asks for: protobuf when it lists the delimited MetricFamily
-// type with a q above that of every text type it lists; text otherwise (also without one).
+// type with a q above 0 and at least that of every text type it lists; text otherwise
+// (also without an Accept header).
 ExpositionFormat negotiate_format(std::string_view accept);
 
 std::string render_text(const MetricStore& store);

@@ -1,9 +1,10 @@
 #pragma once
 
+#include <pthread.h>
+
 #include <cstdint>
 #include <map>
 #include <set>
-#include <shared_mutex>
 #include <span>
 #include <string>
 #include <variant>
@@ -36,6 +37,24 @@ class MetricVisitor {
   virtual void gauge(const std::vector<std::string>& labels, double value) = 0;
   virtual void histogram(const std::vector<std::string>& labels,
                          const Log2HistogramState& state) = 0;
+};
+
+// A read-write lock that lets no new reader in while a writer waits. glibc's default (and so
+// std::shared_mutex) prefers readers: with scrapes rendering back to back there is nearly
+// always one holding the lock, and the drain's updates would wait indefinitely.
+class WriterPreferringLock {
+ public:
+  WriterPreferringLock();
+  ~WriterPreferringLock();
+  WriterPreferringLock(const WriterPreferringLock&) = delete;
+  WriterPreferringLock& operator=(const WriterPreferringLock&) = delete;
+  void lock() { pthread_rwlock_wrlock(&lock_); }
+  void unlock() { pthread_rwlock_unlock(&lock_); }
+  void lock_shared() { pthread_rwlock_rdlock(&lock_); }
+  void unlock_shared() { pthread_rwlock_unlock(&lock_); }
+
+ private:
+  pthread_rwlock_t lock_;
 };
 
 // All series the daemon exports, kept as exact integers until they are serialized.
@@ -89,7 +108,7 @@ class MetricStore {
   // nullptr when the label set is new and the metric is at its limit (counted).
   Series* series_for(Metric& m, const LabelValues& labels);
 
-  mutable std::shared_mutex mutex_;
+  mutable WriterPreferringLock mutex_;
   std::vector<Metric> metrics_;
   std::size_t series_limit_ = 0;
   MetricId limited_metric_ = 0;

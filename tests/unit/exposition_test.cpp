@@ -150,15 +150,24 @@ TEST_CASE("protobuf format: classic and native buckets of the same slots") {
 
 TEST_CASE("protobuf format: counters and gauges") {
   Fixture f;
+  int seen = 0;
   for (const auto& fam : parse_delimited(render_protobuf(f.store))) {
     if (fam.name() == "test_events_total") {
       CHECK(fam.type() == pb::COUNTER);
+      REQUIRE(fam.metric_size() == 1);
+      CHECK(fam.metric(0).label(0).name() == "kind");
+      CHECK(fam.metric(0).label(0).value() == "x");
       CHECK(fam.metric(0).counter().value() == 7);
+      ++seen;
     } else if (fam.name() == "test_up") {
       CHECK(fam.type() == pb::GAUGE);
+      REQUIRE(fam.metric_size() == 1);
+      CHECK(fam.metric(0).label_size() == 0);
       CHECK(fam.metric(0).gauge().value() == 1);
+      ++seen;
     }
   }
+  CHECK(seen == 2);
 }
 
 TEST_CASE("Accept picks the format") {
@@ -166,9 +175,20 @@ TEST_CASE("Accept picks the format") {
   CHECK(negotiate_format("") == F::Text);
   CHECK(negotiate_format("*/*") == F::Text);
   CHECK(negotiate_format("text/plain;version=0.0.4") == F::Text);
-  // Prometheus with native histograms enabled (2.42):
+  // What Prometheus 2.42 sends with native histograms enabled, and without:
+  CHECK(negotiate_format("application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;"
+                         "encoding=delimited,application/openmetrics-text;version=1.0.0;q=0.8,"
+                         "application/openmetrics-text;version=0.0.1;q=0.75,"
+                         "text/plain;version=0.0.4;q=0.5,*/*;q=0.1") == F::Protobuf);
+  CHECK(negotiate_format("application/openmetrics-text;version=1.0.0,application/"
+                         "openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,"
+                         "*/*;q=0.1") == F::Text);
   CHECK(negotiate_format("application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;"
                          "encoding=delimited;q=0.7,text/plain;version=0.0.4;q=0.3,*/*;q=0.2") ==
+        F::Protobuf);
+  // A tie goes to protobuf.
+  CHECK(negotiate_format("text/plain,application/vnd.google.protobuf;"
+                         "proto=io.prometheus.client.MetricFamily;encoding=delimited") ==
         F::Protobuf);
   CHECK(
       negotiate_format("application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; "

@@ -117,6 +117,8 @@ TEST_CASE("byte slots: 0 alone, then powers of two of bytes") {
   CHECK(emd_bytes_slot(4) == 3);
   CHECK(emd_bytes_slot(4096) == 13);  // 2^12 -> exponent 12 -> slot 13
   CHECK(emd_bytes_slot(4097) == 14);
+  CHECK(emd_bytes_slot(~0ULL) == 63);  // beyond 2^62: the last slot
+  CHECK(emd_bytes_slot((1ULL << 63) + 1) == 63);
   const auto bytes = Log2Layout::bytes(0, 20);
   for (__u64 k = 1; k < 62; ++k) {
     const __u64 v = __u64(1) << k;
@@ -212,6 +214,8 @@ TEST_CASE("buckets option: durations and sizes round outwards to powers of two")
   CHECK_THROWS_WITH(parse("buckets: {max: 1000y}", s), Catch::Matchers::Contains("buckets.max"));
   CHECK_THROWS_WITH(parse("buckets: {max: 100000000h}", s), Catch::Matchers::Contains("outside"));
   CHECK_THROWS_WITH(parse("buckets: {min: 0.1ns}", s), Catch::Matchers::Contains("outside"));
+  CHECK(parse("buckets: {min: 1ns}", s).min_exp == -29);  // the finest there is
+  CHECK(parse("buckets: {min: 1}", Log2Layout::bytes(3, 22)).min_exp == 0);
   CHECK_THROWS_WITH(parse("buckets: {min: 1us, mx: 1s}", s),
                     Catch::Matchers::Contains("buckets.mx"));
   CHECK_THROWS_WITH(parse("buckets: {min: 1ms}", Log2Layout::bytes(3, 22)),

@@ -1,5 +1,8 @@
 // The metric store's series limit and metric ownership (what a tracer restart keeps).
+#include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <thread>
 
 #include "../metrics_lookup.h"
 #include "ebpf_metricsd/metric_store.h"
@@ -80,4 +83,48 @@ TEST_CASE("metrics nobody declares again are dropped; series of one tracer can b
   CHECK(series_of(store, "test_b_total") == 0);
   CHECK(series_of(store, "test_drops_total") == 1);
   CHECK(test::counter_value(store, "test_drops_total", {{"tracer", "tracer_c"}}) == 3);
+}
+
+TEST_CASE("updates are not starved by scrapes rendering back to back") {
+  // Four readers hold the store's read lock 2 ms at a time, overlapping, as scrapes do under
+  // load; a reader-preferring lock would let the writer in only when all four happen to be
+  // out at once. The writer's 200 updates must each get in after the readers of the moment.
+  MetricStore store;
+  const auto id = store.declare(kCounter);
+  store.add(id, {"x"}, 1);
+  struct Slow final : MetricVisitor {
+    void family(const MetricSpec&) override {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    void counter(const std::vector<std::string>&, double) override {}
+    void gauge(const std::vector<std::string>&, double) override {}
+    void histogram(const std::vector<std::string>&, const Log2HistogramState&) override {}
+  };
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> readers;
+  for (int i = 0; i < 4; ++i) {
+    readers.emplace_back([&, i] {
+      std::this_thread::sleep_for(std::chrono::microseconds(500 * i));
+      Slow slow;
+      while (!stop) store.visit(slow);
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + std::chrono::seconds(10);
+  int done = 0;
+  std::thread writer([&] {
+    for (; done < 200 && std::chrono::steady_clock::now() < deadline; ++done) {
+      store.add(id, {"x"}, 1);
+    }
+  });
+  writer.join();
+  const auto took = std::chrono::steady_clock::now() - start;
+  stop = true;
+  for (auto& r : readers) r.join();
+  INFO("200 updates took " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                           << " ms");
+  CHECK(done == 200);
+  CHECK(took < std::chrono::seconds(5));
+  CHECK(test::counter_value(store, "test_events_total", {{"comm", "x"}}) == 201);
 }
