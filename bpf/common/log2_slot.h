@@ -96,12 +96,17 @@ static __always_inline __u64 emd_ns_threshold(__u64 s)
  */
 static __always_inline __u64 emd_seconds_slot(__u64 ns)
 {
-	__u64 s = emd_log2_slot(ns, 63);
-	__u64 slot = s + EMD_GT(ns, emd_ns_threshold(s));
+	/*
+	 * s at most 62 and the comparison adding at most 1 keep the slot within
+	 * 63 with no second clamp: 5.10's and 6.1's verifiers follow a clamp
+	 * after the addition into a branch that cannot be taken, with bounds
+	 * they then lose. ns of 2^62 and more go to the last slot: above
+	 * floor(2^32 * 1e9) they compare greater, and from 2^63 on (where the
+	 * comparison no longer holds) the top bit says so.
+	 */
+	__u64 s = emd_log2_slot(ns, 62);
 
-	if (slot > EMD_HIST_SLOTS - 1)
-		slot = EMD_HIST_SLOTS - 1;
-	return slot;
+	return s + (EMD_GT(ns, emd_ns_threshold(s)) | (ns >> 63));
 }
 
 /* Slot of a byte count: 0 for 0, else ceil(log2(v)) + 1 (at most the last). */

@@ -190,7 +190,7 @@ TEST_CASE("reload: a bad file keeps the running config, a good one changes only 
     CHECK_THAT(msgs[before], Contains("RELOADING=1") && Contains("MONOTONIC_USEC="));
     // The error names file, line and key, at journal priority 3 (error).
     CHECK_THAT(d.log(), Contains("<3>reload failed, keeping the running configuration: " +
-                                 s.config + ":12:5: tracers.page_faults.bogus_key: unknown key"));
+                                 s.config + ":13:5: tracers.page_faults.bogus_key: unknown key"));
   }
 
   SECTION("a valid file attaches and detaches what changed; counters carry on") {

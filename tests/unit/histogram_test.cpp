@@ -98,7 +98,9 @@ TEST_CASE("seconds slots are exact powers of two of seconds on every edge") {
     if (edge > 0) CHECK(emd_seconds_slot(edge) == static_cast<__u64>(e + 30));
     CHECK(emd_seconds_slot(edge + 1) == static_cast<__u64>(e + 31));
   }
-  CHECK(emd_seconds_slot(~0ULL >> 1) == 63);  // clamped, never reached by real latencies
+  CHECK(emd_seconds_slot(~0ULL >> 1) == 63);  // beyond 2^33 s: the last slot
+  CHECK(emd_seconds_slot(~0ULL) == 63);
+  CHECK(emd_seconds_slot((1ULL << 63) + 1) == 63);
 }
 
 TEST_CASE("seconds slots match the reference on random values") {
