@@ -196,16 +196,21 @@ static __always_inline int on_complete(struct request *rq,
 	q = tag < BLOCKIO_TAGS ? queue_of(rq, raw, false, &slot) : NULL;
 	if (q) {
 		ts = &q->ts[tag_index(tag)];
-		if (!*ts)
-			return 0; /* issued before we attached */
+		if (!*ts) {
+			/* issued before we attached, or its issue was not seen */
+			emd_count_drop(&drops, BLOCKIO_DROP_ISSUE_UNSEEN);
+			return 0;
+		}
 		delta = bpf_ktime_get_ns() - *ts;
 		*ts = 0;
 		slot = slot * BLOCKIO_OPS + op;
 		v = bpf_map_lookup_elem(&slot_series, &slot);
 	} else {
 		ts = bpf_map_lookup_elem(&issued, &rqkey);
-		if (!ts)
+		if (!ts) {
+			emd_count_drop(&drops, BLOCKIO_DROP_ISSUE_UNSEEN);
 			return 0;
+		}
 		delta = bpf_ktime_get_ns() - *ts;
 		bpf_map_delete_elem(&issued, &rqkey);
 		read_disk_name(request_disk(rq, raw), key.disk);

@@ -47,6 +47,7 @@ struct blockio_value {
 enum blockio_drop_reason {
 	BLOCKIO_DROP_IN_FLIGHT_FULL = 0,
 	BLOCKIO_DROP_SERIES_FULL = 1,
+	BLOCKIO_DROP_ISSUE_UNSEEN = 2, /* completed, but no issue stamp to measure from */
 	BLOCKIO_DROP__COUNT,
 };
 

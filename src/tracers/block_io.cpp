@@ -50,7 +50,7 @@ class BlockIoTracer final : public Tracer {
                               "Bytes completed by block requests, by disk and operation.",
                               MetricType::Counter,
                               {"device", "op"}})),
-        drops_(scope, drop_reasons<BLOCKIO_DROP__COUNT>({"map_full", "map_full"}),
+        drops_(scope, drop_reasons<BLOCKIO_DROP__COUNT>({"map_full", "map_full", "issue_unseen"}),
                "never_completed") {}
 
   void start(HookProber& prober, HookPreference preference) override {

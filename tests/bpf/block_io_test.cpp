@@ -31,57 +31,100 @@ TEST_CASE("direct 4 KiB reads and writes on a loop device are counted exactly", 
   void* buf = nullptr;
   REQUIRE(posix_memalign(&buf, 4096, 4096) == 0);
   std::memset(buf, 0xab, 4096);
-
-  // biolatency over the same I/O, for a second opinion where it runs (Debian 12's build
-  // does not load on 5.10, whose verifier refuses its global functions). The disk's own
-  // counters in sysfs are the oracle on every kernel.
-  std::optional<test::OracleTool> oracle;
-  oracle.emplace("/usr/sbin/biolatency -d " + loop.name() + " 3 1", "Tracing block device I/O",
-                 /*required=*/false);
-  if (!oracle->started()) {
-    WARN("biolatency does not run on this kernel; sysfs counters only:\n" << oracle->output());
-    oracle.reset();
-  }
-
-  const auto s0 = loop.stat();
-  tracer->drain();
   const test::Labels rd = {{"device", loop.name()}, {"op", "read"}};
   const test::Labels wr = {{"device", loop.name()}, {"op", "write"}};
-  const std::uint64_t r0 = test::histogram_count(store, "ebpf_block_io_latency_seconds", rd);
-  const std::uint64_t w0 = test::histogram_count(store, "ebpf_block_io_latency_seconds", wr);
-  const double rb0 = test::counter_value(store, "ebpf_block_io_bytes_total", rd);
-  const double wb0 = test::counter_value(store, "ebpf_block_io_bytes_total", wr);
+  const test::Labels unseen = {{"tracer", "block_io"}, {"reason", "issue_unseen"}};
+  const test::Labels recursion = {{"tracer", "block_io"}, {"reason", "recursion"}};
   constexpr int kOps = 200;
-  for (int i = 0; i < kOps; ++i) {
-    // Every other 4 KiB block, so that no two requests are adjacent and could merge.
-    const off_t off = static_cast<off_t>(i) * 8192;
-    REQUIRE(pwrite(fd, buf, 4096, off) == 4096);
-    REQUIRE(pread(fd, buf, 4096, off + 4096 * 1024) == 4096);
+
+  struct Window {
+    std::uint64_t reads, writes;
+    double rbytes, wbytes, unseen, recursion;
+    std::array<std::uint64_t, 4> sysfs;
+    std::optional<std::uint64_t> oracle_total;
+    std::string oracle_output;
+    bool exact() const {
+      return reads == sysfs[0] && writes == sysfs[2] && rbytes == sysfs[1] * 512.0 &&
+             wbytes == sysfs[3] * 512.0;
+    }
+  };
+  const auto measure = [&] {
+    // biolatency over the same I/O, for a second opinion where it runs (Debian 12's build
+    // does not load on 5.10, whose verifier refuses its global functions). The disk's own
+    // counters in sysfs are the oracle on every kernel.
+    std::optional<test::OracleTool> oracle;
+    oracle.emplace("/usr/sbin/biolatency -d " + loop.name() + " 3 1",
+                   "Tracing block device I/O", /*required=*/false);
+    if (!oracle->started()) {
+      WARN("biolatency does not run on this kernel; sysfs counters only:\n" << oracle->output());
+      oracle.reset();
+    }
+    const auto s0 = loop.stat();
+    tracer->drain();
+    const auto count = [&](const char* name, const test::Labels& l) {
+      return test::counter_value(store, name, l);
+    };
+    const std::uint64_t r0 = test::histogram_count(store, "ebpf_block_io_latency_seconds", rd);
+    const std::uint64_t w0 = test::histogram_count(store, "ebpf_block_io_latency_seconds", wr);
+    const double rb0 = count("ebpf_block_io_bytes_total", rd);
+    const double wb0 = count("ebpf_block_io_bytes_total", wr);
+    const double u0 = count("ebpf_metricsd_dropped_events_total", unseen);
+    const double m0 = count("ebpf_metricsd_dropped_events_total", recursion);
+    for (int i = 0; i < kOps; ++i) {
+      // Every other 4 KiB block, so that no two requests are adjacent and could merge.
+      const off_t off = static_cast<off_t>(i) * 8192;
+      REQUIRE(pwrite(fd, buf, 4096, off) == 4096);
+      REQUIRE(pread(fd, buf, 4096, off + 4096 * 1024) == 4096);
+    }
+    tracer->drain();
+    const auto s1 = loop.stat();
+    Window w;
+    w.reads = test::histogram_count(store, "ebpf_block_io_latency_seconds", rd) - r0;
+    w.writes = test::histogram_count(store, "ebpf_block_io_latency_seconds", wr) - w0;
+    w.rbytes = count("ebpf_block_io_bytes_total", rd) - rb0;
+    w.wbytes = count("ebpf_block_io_bytes_total", wr) - wb0;
+    w.unseen = count("ebpf_metricsd_dropped_events_total", unseen) - u0;
+    w.recursion = count("ebpf_metricsd_dropped_events_total", recursion) - m0;
+    for (std::size_t i = 0; i < 4; ++i) w.sysfs[i] = s1[i] - s0[i];
+    if (oracle) {
+      w.oracle_output = oracle->finish();
+      w.oracle_total = oracle->histogram_total();
+    }
+    return w;
+  };
+
+  // Now and then (about once per 60,000 requests on 6.18, with biolatency alone as well)
+  // the kernel completes a request without either BPF observer on block_rq_complete
+  // running, and without a recursion miss: the two then agree with each other and both
+  // fall one short of sysfs. Only that case is measured again; any other difference fails.
+  Window w;
+  for (int attempt = 1;; ++attempt) {
+    w = measure();
+    const bool kernel_skipped = !w.exact() && w.oracle_total &&
+                                *w.oracle_total == w.reads + w.writes &&
+                                w.sysfs[0] + w.sysfs[2] - (w.reads + w.writes) == 1;
+    if (!kernel_skipped || attempt == 3) break;
+    WARN("a completion that no BPF program saw (ours and biolatency agree, sysfs has one "
+         "more); measuring again");
   }
-  tracer->drain();
-  const auto s1 = loop.stat();
-  const std::string out = oracle ? oracle->finish() : std::string();
   close(fd);
   free(buf);
 
-  const std::uint64_t reads =
-      test::histogram_count(store, "ebpf_block_io_latency_seconds", rd) - r0;
-  const std::uint64_t writes =
-      test::histogram_count(store, "ebpf_block_io_latency_seconds", wr) - w0;
-  const double rbytes = test::counter_value(store, "ebpf_block_io_bytes_total", rd) - rb0;
-  const double wbytes = test::counter_value(store, "ebpf_block_io_bytes_total", wr) - wb0;
-  INFO("reads " << reads << " writes " << writes << " | sysfs reads " << s1[0] - s0[0] << " writes "
-                << s1[2] - s0[2] << " | biolatency total "
-                << (oracle ? oracle->histogram_total() : 0) << "\n"
-                << out);
-  CHECK(reads == kOps);
-  CHECK(writes == kOps);
-  CHECK(rbytes == kOps * 4096.0);
-  CHECK(wbytes == kOps * 4096.0);
-  CHECK(s1[0] - s0[0] == reads);
-  CHECK(s1[2] - s0[2] == writes);
-  CHECK((s1[1] - s0[1]) * 512 == static_cast<std::uint64_t>(rbytes));
-  CHECK((s1[3] - s0[3]) * 512 == static_cast<std::uint64_t>(wbytes));
+  INFO("reads " << w.reads << " writes " << w.writes << " | sysfs reads " << w.sysfs[0]
+                << " writes " << w.sysfs[2] << " | biolatency total "
+                << w.oracle_total.value_or(0) << " | dropped: issue_unseen " << w.unseen
+                << " recursion " << w.recursion << "\n"
+                << w.oracle_output);
+  CHECK(w.reads == kOps);
+  CHECK(w.writes == kOps);
+  CHECK(w.rbytes == kOps * 4096.0);
+  CHECK(w.wbytes == kOps * 4096.0);
+  CHECK(w.sysfs[0] == w.reads);
+  CHECK(w.sysfs[2] == w.writes);
+  CHECK(w.sysfs[1] * 512 == static_cast<std::uint64_t>(w.rbytes));
+  CHECK(w.sysfs[3] * 512 == static_cast<std::uint64_t>(w.wbytes));
+  CHECK(w.unseen == 0);
+  CHECK(w.recursion == 0);
   // biolatency's window (its 3 s interval) encloses ours; nothing else uses this device.
-  if (oracle) CHECK(oracle->histogram_total() == reads + writes);
+  if (w.oracle_total) CHECK(*w.oracle_total == w.reads + w.writes);
 }
