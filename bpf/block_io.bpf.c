@@ -17,6 +17,7 @@
 #include <bpf/bpf_tracing.h>
 
 #include "block_io.h"
+#include "common/cgroup.bpf.h"
 #include "common/maps.bpf.h"
 #include "common/read.bpf.h"
 
@@ -28,7 +29,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, BLOCKIO_MAX_IN_FLIGHT);
 	__type(key, __u64); /* struct request * */
-	__type(value, __u64);
+	__type(value, struct blockio_stamp);
 } issued SEC(".maps");
 
 struct {
@@ -46,6 +47,15 @@ struct {
 	__type(key, __u32);
 	__type(value, struct blockio_value);
 } slot_series SEC(".maps");
+
+/* cgroup: true; user space sizes it (1 entry when off). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 1);
+	__type(key, struct blockio_cgroup_key);
+	__type(value, struct blockio_value);
+} series_by_cgroup SEC(".maps");
 
 EMD_DROPS_MAP(BLOCKIO_DROP__COUNT);
 
@@ -163,20 +173,49 @@ queue_of(struct request *rq, bool raw, bool issue, __u32 *slot)
 	return q;
 }
 
+/*
+ * The cgroup the request is charged to: its first bio's blkcg (the writer of
+ * dirty pages, not the flusher thread that issues them), when that is a cgroup
+ * of the v2 hierarchy (hierarchy id 0). Else (a flush without data, the io
+ * controller on a v1 hierarchy, a kernel without block cgroups) the cgroup of
+ * the task that issued it.
+ */
+struct bio___blkg {
+	struct blkcg_gq *bi_blkg;
+} __attribute__((preserve_access_index));
+
+static __always_inline __u64 request_cgroup(struct request *rq, __u64 issuer)
+{
+	struct bio___blkg *bio = (void *)BPF_CORE_READ(rq, bio);
+	struct cgroup *cg;
+
+	if (!bio || !bpf_core_field_exists(bio->bi_blkg))
+		return issuer;
+	cg = BPF_CORE_READ(bio, bi_blkg, blkcg, css.cgroup);
+	if (!cg || BPF_CORE_READ(cg, root, hierarchy_id) != 0)
+		return issuer;
+	return BPF_CORE_READ(cg, kn, id);
+}
+
 static __always_inline int on_issue(struct request *rq, bool raw)
 {
-	__u64 key = (__u64)rq, now = bpf_ktime_get_ns();
+	struct blockio_stamp st = { .ts = bpf_ktime_get_ns() };
+	__u64 key = (__u64)rq;
 	__u32 tag = EMD_READ(raw, rq, tag), slot;
 	struct blockio_queue *q;
 
+	if (emd_by_cgroup)
+		st.issuer = bpf_get_current_cgroup_id();
 	if (tag < BLOCKIO_TAGS) {
 		q = queue_of(rq, raw, true, &slot);
 		if (q) {
-			q->ts[tag_index(tag)] = now;
+			q->ts[tag_index(tag)] = st.ts;
+			if (emd_by_cgroup)
+				q->issuer[tag_index(tag)] = st.issuer;
 			return 0;
 		}
 	}
-	if (bpf_map_update_elem(&issued, &key, &now, BPF_ANY))
+	if (bpf_map_update_elem(&issued, &key, &st, BPF_ANY))
 		emd_count_drop(&drops, BLOCKIO_DROP_IN_FLIGHT_FULL);
 	return 0;
 }
@@ -185,9 +224,10 @@ static __always_inline int on_complete(struct request *rq,
 				       unsigned int nr_bytes, bool raw)
 {
 	struct blockio_key key = {};
-	struct blockio_value *v;
+	struct blockio_value *v = NULL;
+	struct blockio_stamp *stamp;
 	struct blockio_queue *q;
-	__u64 rqkey = (__u64)rq, *ts, delta;
+	__u64 rqkey = (__u64)rq, *ts, delta, issuer = 0;
 	__u32 op, tag, slot;
 
 	op = EMD_READ(raw, rq, cmd_flags) & REQ_OP_MASK;
@@ -203,20 +243,37 @@ static __always_inline int on_complete(struct request *rq,
 		}
 		delta = bpf_ktime_get_ns() - *ts;
 		*ts = 0;
-		slot = slot * BLOCKIO_OPS + op;
-		v = bpf_map_lookup_elem(&slot_series, &slot);
+		if (emd_by_cgroup) {
+			issuer = q->issuer[tag_index(tag)];
+			__builtin_memcpy(key.disk, q->disk, sizeof(key.disk));
+		} else {
+			slot = slot * BLOCKIO_OPS + op;
+			v = bpf_map_lookup_elem(&slot_series, &slot);
+		}
 	} else {
-		ts = bpf_map_lookup_elem(&issued, &rqkey);
-		if (!ts) {
+		stamp = bpf_map_lookup_elem(&issued, &rqkey);
+		if (!stamp) {
 			emd_count_drop(&drops, BLOCKIO_DROP_ISSUE_UNSEEN);
 			return 0;
 		}
-		delta = bpf_ktime_get_ns() - *ts;
+		delta = bpf_ktime_get_ns() - stamp->ts;
+		issuer = stamp->issuer;
 		bpf_map_delete_elem(&issued, &rqkey);
 		read_disk_name(request_disk(rq, raw), key.disk);
-		key.op = op;
-		v = emd_lookup_or_init(&series, &key, &zero_value, &drops,
-				       BLOCKIO_DROP_SERIES_FULL);
+		if (!emd_by_cgroup) {
+			key.op = op;
+			v = emd_lookup_or_init(&series, &key, &zero_value, &drops,
+					       BLOCKIO_DROP_SERIES_FULL);
+		}
+	}
+	if (emd_by_cgroup) {
+		struct blockio_cgroup_key ck = {};
+
+		ck.cgroup = request_cgroup(rq, issuer);
+		__builtin_memcpy(ck.disk, key.disk, sizeof(ck.disk));
+		ck.op = op;
+		v = emd_lookup_or_init(&series_by_cgroup, &ck, &zero_value, &drops,
+				       BLOCKIO_DROP_LABELS_FULL);
 	}
 	if (!v)
 		return 0;

@@ -21,6 +21,13 @@ struct blockio_queue {
 	__u64 disk_ptr; /* struct gendisk * the name was read from */
 	char disk[BLOCKIO_DISK_NAME_LEN];
 	__u64 ts[BLOCKIO_TAGS];
+	__u64 issuer[BLOCKIO_TAGS]; /* cgroup of the issuing task (`cgroup: true`) */
+};
+
+/* A request in flight that has no queue slot. */
+struct blockio_stamp {
+	__u64 ts;
+	__u64 issuer;
 };
 
 enum blockio_op {
@@ -38,6 +45,14 @@ struct blockio_key {
 	__u32 op;
 };
 
+/* With `cgroup: true`: every request's series by (cgroup, disk, op). */
+struct blockio_cgroup_key {
+	__u64 cgroup;
+	char disk[BLOCKIO_DISK_NAME_LEN];
+	__u32 op;
+	__u32 pad;
+};
+
 struct blockio_value {
 	__u64 slots[BLOCKIO_SLOTS];
 	__u64 sum;   /* ns */
@@ -48,6 +63,7 @@ enum blockio_drop_reason {
 	BLOCKIO_DROP_IN_FLIGHT_FULL = 0,
 	BLOCKIO_DROP_SERIES_FULL = 1,
 	BLOCKIO_DROP_ISSUE_UNSEEN = 2, /* completed, but no issue stamp to measure from */
+	BLOCKIO_DROP_LABELS_FULL = 3, /* no room for another (cgroup, disk, op) */
 	BLOCKIO_DROP__COUNT,
 };
 

@@ -11,6 +11,9 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 
+#include <bpf/bpf_core_read.h>
+
+#include "common/cgroup.bpf.h"
 #include "common/maps.bpf.h"
 #include "common/read.bpf.h"
 #include "common/stamps.bpf.h"
@@ -42,7 +45,59 @@ struct {
 	__type(value, struct netxmit_value);
 } dev_series SEC(".maps");
 
+/* cgroup: true; user space sizes it (1 entry when off). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 1);
+	__type(key, struct netxmit_cgroup_key);
+	__type(value, struct netxmit_value);
+} series_by_cgroup SEC(".maps");
+
 EMD_DROPS_MAP(NETXMIT_DROP__COUNT);
+
+/* The socket's cgroup (where it was made): since 5.15 a pointer of its own;
+ * before, a word that holds the pointer when its low bit is clear. */
+struct sock_cgroup_data___ptr {
+	struct cgroup *cgroup;
+} __attribute__((preserve_access_index));
+
+struct sock_cgroup_data___word {
+	__u64 val;
+} __attribute__((preserve_access_index));
+
+#define TCP_TIME_WAIT 6
+#define TCP_NEW_SYN_RECV 12
+
+/* The cgroup v2 id of the socket that sent the packet; 0 for a packet without
+ * one (forwarded, or sent by the kernel for a mini socket). */
+static __always_inline __u64 skb_cgroup(struct sk_buff *skb)
+{
+	struct sock *sk = BPF_CORE_READ(skb, sk);
+	struct sock_cgroup_data___ptr *ptr;
+	struct cgroup *cg;
+	__u8 state;
+	__u64 val;
+
+	if (!sk)
+		return 0;
+	/* request and time-wait sockets have no cgroup data */
+	state = BPF_CORE_READ(sk, __sk_common.skc_state);
+	if (state == TCP_TIME_WAIT || state == TCP_NEW_SYN_RECV)
+		return 0;
+	ptr = (void *)&sk->sk_cgrp_data;
+	if (bpf_core_field_exists(ptr->cgroup)) {
+		cg = BPF_CORE_READ(ptr, cgroup);
+	} else {
+		val = BPF_CORE_READ((struct sock_cgroup_data___word *)ptr, val);
+		if (val & 1)
+			return 0;
+		cg = (void *)val;
+	}
+	if (!cg)
+		return 0;
+	return BPF_CORE_READ(cg, kn, id);
+}
 
 static __always_inline int on_queue(struct sk_buff *skb)
 {
@@ -122,7 +177,15 @@ static __always_inline int on_xmit(struct sk_buff *skb, int rc,
 	if (rc != 0) /* not NETDEV_TX_OK: the skb is requeued and comes back */
 		return 0;
 	ts = emd_stamp_take(&queued_newest, &queued_spilled, (__u64)skb);
-	v = series_of(dev, raw);
+	if (emd_by_cgroup) {
+		struct netxmit_cgroup_key k = { .cgroup = skb_cgroup(skb) };
+
+		read_name(dev, k.ifname, raw);
+		v = emd_lookup_or_init(&series_by_cgroup, &k, &zero_value, &drops,
+				       NETXMIT_DROP_LABELS_FULL);
+	} else {
+		v = series_of(dev, raw);
+	}
 	if (!v)
 		return 0;
 	if (ts)

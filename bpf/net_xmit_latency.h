@@ -24,6 +24,12 @@ struct netxmit_key {
 	char ifname[NETXMIT_IFNAME_LEN];
 };
 
+/* With `cgroup: true`: series by (socket's cgroup, device name). */
+struct netxmit_cgroup_key {
+	__u64 cgroup;
+	char ifname[NETXMIT_IFNAME_LEN];
+};
+
 struct netxmit_value {
 	__u64 slots[NETXMIT_SLOTS];
 	__u64 sum; /* ns */
@@ -34,6 +40,7 @@ struct netxmit_value {
 enum netxmit_drop_reason {
 	NETXMIT_DROP_IN_FLIGHT_FULL = 0,
 	NETXMIT_DROP_INTERFACES_FULL = 1,
+	NETXMIT_DROP_LABELS_FULL = 2, /* no room for another (cgroup, device) */
 	NETXMIT_DROP__COUNT,
 };
 

@@ -18,6 +18,8 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 
+#include "common/cgroup.bpf.h"
+#include "common/maps.bpf.h"
 #include "common/read.bpf.h"
 #include "page_cache.h"
 
@@ -52,10 +54,30 @@ struct {
 	__type(value, struct last_read);
 } last SEC(".maps");
 
+/* cgroup: true: totals by the cgroup of the task that reads, faults or dirties;
+ * user space sizes it (1 entry when off). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 1);
+	__type(key, __u64);
+	__type(value, struct page_cache_totals);
+} totals_by_cgroup SEC(".maps");
+
+static const struct page_cache_totals zero_totals = {};
+
+EMD_DROPS_MAP(PAGE_CACHE_DROP__COUNT);
+
 static __always_inline struct page_cache_totals *get_totals(void)
 {
 	__u32 zero = 0;
 
+	if (emd_by_cgroup) {
+		__u64 cgroup = bpf_get_current_cgroup_id();
+
+		return emd_lookup_or_init(&totals_by_cgroup, &cgroup, &zero_totals,
+					  &drops, PAGE_CACHE_DROP_LABELS_FULL);
+	}
 	return bpf_map_lookup_elem(&totals, &zero);
 }
 

@@ -8,4 +8,9 @@ struct page_cache_totals {
 	__u64 dirtied;
 };
 
+enum page_cache_drop_reason {
+	PAGE_CACHE_DROP_LABELS_FULL = 0, /* no room for another cgroup */
+	PAGE_CACHE_DROP__COUNT,
+};
+
 #endif

@@ -9,6 +9,8 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 
+#include "common/cgroup.bpf.h"
+#include "common/maps.bpf.h"
 #include "page_faults.h"
 
 struct {
@@ -18,9 +20,36 @@ struct {
 	__type(value, __u64);
 } faults SEC(".maps");
 
+/*
+ * cgroup: true; user space sizes it (1 entry when off). Preallocated: perf_event
+ * programs may not allocate map entries before 6.1.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 1);
+	__type(key, struct page_fault_cgroup_key);
+	__type(value, __u64);
+} faults_by_cgroup SEC(".maps");
+
+EMD_DROPS_MAP(PAGE_FAULT_DROP__COUNT);
+
+static const __u64 zero_count = 0;
+
 static __always_inline int count(__u32 type)
 {
-	__u64 *n = bpf_map_lookup_elem(&faults, &type);
+	__u64 *n;
+
+	if (emd_by_cgroup) {
+		/* The faulting task: the event fires in its context. */
+		struct page_fault_cgroup_key k = {
+			.cgroup = bpf_get_current_cgroup_id(), .type = type
+		};
+
+		n = emd_lookup_or_init(&faults_by_cgroup, &k, &zero_count, &drops,
+				       PAGE_FAULT_DROP_LABELS_FULL);
+	} else {
+		n = bpf_map_lookup_elem(&faults, &type);
+	}
 
 	if (n)
 		*n += 1;

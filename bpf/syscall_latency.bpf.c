@@ -11,6 +11,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 
+#include "common/cgroup.bpf.h"
 #include "common/maps.bpf.h"
 #include "common/read.bpf.h"
 #include "syscall_latency.h"
@@ -45,6 +46,17 @@ struct {
 	__type(key, __u32);
 	__type(value, struct syscall_latency_hist);
 } hists SEC(".maps");
+
+/* cgroup: true; user space sizes it (1 entry when off). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 1);
+	__type(key, struct syscall_latency_cgroup_key);
+	__type(value, struct syscall_latency_hist);
+} hists_by_cgroup SEC(".maps");
+
+static const struct syscall_latency_hist zero_hist = {};
 
 EMD_DROPS_MAP(SYSLAT_DROP__COUNT);
 
@@ -101,7 +113,17 @@ static __always_inline int on_exit(bool raw)
 	delta = bpf_ktime_get_ns() - s->ts;
 	nr = s->nr;
 	s->ts = 0;
-	h = bpf_map_lookup_elem(&hists, &nr);
+	if (emd_by_cgroup) {
+		/* The calling task: sys_exit runs in its context. */
+		struct syscall_latency_cgroup_key k = {
+			.cgroup = bpf_get_current_cgroup_id(), .nr = nr
+		};
+
+		h = emd_lookup_or_init(&hists_by_cgroup, &k, &zero_hist, &drops,
+				       SYSLAT_DROP_LABELS_FULL);
+	} else {
+		h = bpf_map_lookup_elem(&hists, &nr);
+	}
 	if (!h)
 		return 0;
 	emd_hist_add_ns(h, delta);

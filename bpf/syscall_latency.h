@@ -16,9 +16,17 @@ struct syscall_latency_hist {
 	__u64 sum; /* ns */
 };
 
+/* With `cgroup: true`: histograms by (cgroup, syscall) in a per-CPU hash. */
+struct syscall_latency_cgroup_key {
+	__u64 cgroup;
+	__u32 nr;
+	__u32 pad;
+};
+
 enum syscall_latency_drop_reason {
 	SYSLAT_DROP_STORAGE = 0,     /* no room for the thread's stamp */
 	SYSLAT_DROP_UNKNOWN_NR = 1,  /* syscall number outside the table */
+	SYSLAT_DROP_LABELS_FULL = 2, /* no room for another (cgroup, syscall) */
 	SYSLAT_DROP__COUNT,
 };
 

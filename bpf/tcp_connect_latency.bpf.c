@@ -11,6 +11,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 
+#include "common/cgroup.bpf.h"
 #include "common/maps.bpf.h"
 #include "common/read.bpf.h"
 #include "tcp_connect_latency.h"
@@ -30,7 +31,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, TCPCONN_MAX_IN_FLIGHT);
 	__type(key, __u64);
-	__type(value, __u64);
+	__type(value, struct tcpconn_start);
 } start SEC(".maps");
 
 struct {
@@ -47,13 +48,36 @@ struct {
 	__type(value, __u64);
 } failures SEC(".maps");
 
+/* cgroup: true; user space sizes them (1 entry when off). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 1);
+	__type(key, struct tcpconn_cgroup_key);
+	__type(value, struct tcpconn_hist);
+} latency_by_cgroup SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 1);
+	__type(key, struct tcpconn_cgroup_key);
+	__type(value, __u64);
+} failures_by_cgroup SEC(".maps");
+
+static const struct tcpconn_hist zero_hist = {};
+static const __u64 zero_count = 0;
+
 EMD_DROPS_MAP(TCPCONN_DROP__COUNT);
 
 static __always_inline int on_set_state(struct sock *sk, int oldstate,
 					int newstate, bool raw)
 {
-	__u64 ts, key = (__u64)sk, now, *stamp;
+	struct tcpconn_start st = {}, *stamp;
+	__u64 key = (__u64)sk, now;
+	struct tcpconn_hist *h;
 	__u32 family;
+	__u64 *n;
 	__u16 f;
 
 	if (newstate != TCP_SYN_SENT && oldstate != TCP_SYN_SENT)
@@ -64,14 +88,15 @@ static __always_inline int on_set_state(struct sock *sk, int oldstate,
 	if (f != AF_INET && f != AF_INET6)
 		return 0;
 	family = f == AF_INET ? TCPCONN_IPV4 : TCPCONN_IPV6;
-
 	if (newstate == TCP_SYN_SENT) {
-		now = bpf_ktime_get_ns();
-		if (bpf_map_update_elem(&start, &key, &now, BPF_ANY))
+		st.ts = bpf_ktime_get_ns();
+		/* connect() runs in the connecting task */
+		if (emd_by_cgroup)
+			st.cgroup = bpf_get_current_cgroup_id();
+		if (bpf_map_update_elem(&start, &key, &st, BPF_ANY))
 			emd_count_drop(&drops, TCPCONN_DROP_IN_FLIGHT_FULL);
 		return 0;
 	}
-
 	/* leaving SYN_SENT: to ESTABLISHED (done) or CLOSE (failed). A
 	 * simultaneous open (to SYN_RECV) is not followed; its stamp is swept. */
 	if (newstate != TCP_ESTABLISHED && newstate != TCP_CLOSE)
@@ -79,17 +104,31 @@ static __always_inline int on_set_state(struct sock *sk, int oldstate,
 	stamp = bpf_map_lookup_elem(&start, &key);
 	if (!stamp)
 		return 0; /* the connect began before we attached */
-	ts = *stamp;
+	st = *stamp;
 	bpf_map_delete_elem(&start, &key);
-	now = bpf_ktime_get_ns() - ts;
-	if (newstate == TCP_ESTABLISHED) {
-		struct tcpconn_hist *h = bpf_map_lookup_elem(&latency, &family);
+	now = bpf_ktime_get_ns() - st.ts;
+	if (emd_by_cgroup) {
+		struct tcpconn_cgroup_key k = { .cgroup = st.cgroup, .family = family };
 
+		if (newstate == TCP_ESTABLISHED) {
+			h = emd_lookup_or_init(&latency_by_cgroup, &k, &zero_hist,
+					       &drops, TCPCONN_DROP_LABELS_FULL);
+			if (h)
+				emd_hist_add_ns(h, now);
+		} else {
+			n = emd_lookup_or_init(&failures_by_cgroup, &k, &zero_count,
+					       &drops, TCPCONN_DROP_LABELS_FULL);
+			if (n)
+				*n += 1;
+		}
+		return 0;
+	}
+	if (newstate == TCP_ESTABLISHED) {
+		h = bpf_map_lookup_elem(&latency, &family);
 		if (h)
 			emd_hist_add_ns(h, now);
 	} else {
-		__u64 *n = bpf_map_lookup_elem(&failures, &family);
-
+		n = bpf_map_lookup_elem(&failures, &family);
 		if (n)
 			*n += 1;
 	}

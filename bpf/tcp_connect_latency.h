@@ -20,8 +20,23 @@ struct tcpconn_hist {
 
 #define TCPCONN_MAX_IN_FLIGHT 65536
 
+/* A connect in flight: when it sent its SYN, and the connecting task's cgroup
+ * (0 without `cgroup: true`). */
+struct tcpconn_start {
+	__u64 ts;
+	__u64 cgroup;
+};
+
+/* With `cgroup: true`: histograms and failures by (cgroup, family). */
+struct tcpconn_cgroup_key {
+	__u64 cgroup;
+	__u32 family;
+	__u32 pad;
+};
+
 enum tcpconn_drop_reason {
 	TCPCONN_DROP_IN_FLIGHT_FULL = 0, /* no room to remember a connect */
+	TCPCONN_DROP_LABELS_FULL = 1, /* no room for another (cgroup, family) */
 	TCPCONN_DROP__COUNT,
 };
 

@@ -2,6 +2,7 @@
 
 #include <bpf/bpf.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
@@ -11,7 +12,7 @@
 
 namespace ebpf_metricsd {
 
-void PerCpuDeltas::account(const void* key, std::size_t key_size, const std::uint64_t* per_cpu,
+bool PerCpuDeltas::account(const void* key, std::size_t key_size, const std::uint64_t* per_cpu,
                            const Visit& visit) {
   const std::size_t cpus = static_cast<std::size_t>(possible_cpus());
   std::vector<std::uint64_t> total(width_, 0);
@@ -30,9 +31,10 @@ void PerCpuDeltas::account(const void* key, std::size_t key_size, const std::uin
     delta[i] = total[i] - last[i];
     changed |= delta[i] != 0;
   }
-  if (!changed) return;
+  if (!changed) return false;
   last = std::move(total);
   if (!rebase_) visit(key, delta.data());
+  return true;
 }
 
 void PerCpuDeltas::drain_array(int map_fd, std::uint32_t entries, const Visit& visit) {
@@ -46,22 +48,32 @@ void PerCpuDeltas::drain_array(int map_fd, std::uint32_t entries, const Visit& v
   rebase_ = false;
 }
 
-void PerCpuDeltas::drain_hash(int map_fd, std::size_t key_size, const Visit& visit) {
+void PerCpuDeltas::drain_hash(int map_fd, std::size_t key_size, const Visit& visit,
+                              const Retire& retire) {
   const std::size_t cpus = static_cast<std::size_t>(possible_cpus());
   std::vector<std::uint64_t> per_cpu(cpus * width_);
   std::vector<std::uint8_t> key(key_size), next(key_size);
-  // Keys are never deleted by the kernel side, so walking with get_next_key sees each once.
+  std::vector<std::vector<std::uint8_t>> retired;
+  // The kernel side never deletes keys, so walking with get_next_key sees each once.
   int err = bpf_map_get_next_key(map_fd, nullptr, next.data());
   while (err == 0) {
     key = next;
     if (bpf_map_lookup_elem(map_fd, key.data(), per_cpu.data()) == 0) {
-      account(key.data(), key_size, per_cpu.data(), visit);
+      if (!account(key.data(), key_size, per_cpu.data(), visit) && retire && retire(key.data()))
+        retired.push_back(key);
     } else if (errno != ENOENT) {
       throw BpfError(bpf_error_text("bpf_map_lookup_elem", errno));
     }
     err = bpf_map_get_next_key(map_fd, key.data(), next.data());
   }
   if (errno != ENOENT) throw BpfError(bpf_error_text("bpf_map_get_next_key", errno));
+  // After the walk, which a deletion would restart. The entry was idle for a whole drain
+  // interval; its owner is gone, so nothing more should come (what still did between the
+  // read and the delete would be lost, and an event after it makes the entry anew).
+  for (auto& k : retired) {
+    if (bpf_map_delete_elem(map_fd, k.data()) == 0) last_.erase(k);
+  }
+  retired_ += retired.size();
   rebase_ = false;
 }
 
@@ -76,8 +88,9 @@ void Log2HistDrain::drain_array(int map_fd, std::uint32_t entries, const Labels&
   deltas_.drain_array(map_fd, entries, visitor(labels));
 }
 
-void Log2HistDrain::drain_hash(int map_fd, std::size_t key_size, const Labels& labels) {
-  deltas_.drain_hash(map_fd, key_size, visitor(labels));
+void Log2HistDrain::drain_hash(int map_fd, std::size_t key_size, const Labels& labels,
+                               const PerCpuDeltas::Retire& retire) {
+  deltas_.drain_hash(map_fd, key_size, visitor(labels), retire);
 }
 
 void CounterDrain::drain_array(int map_fd, std::uint32_t entries, const Labels& labels) {
@@ -86,20 +99,34 @@ void CounterDrain::drain_array(int map_fd, std::uint32_t entries, const Labels& 
   });
 }
 
+void CounterDrain::drain_hash(int map_fd, std::size_t key_size, const Labels& labels,
+                              const PerCpuDeltas::Retire& retire) {
+  deltas_.drain_hash(
+      map_fd, key_size,
+      [&](const void* key, const std::uint64_t* delta) { scope_.add(metric_, labels(key), delta[0]); },
+      retire);
+}
+
 std::uint64_t sweep_stale_stamps(int map_fd, std::chrono::nanoseconds max_age) {
   timespec now{};
   clock_gettime(CLOCK_MONOTONIC, &now);  // the clock of bpf_ktime_get_ns()
   const std::uint64_t now_ns = static_cast<std::uint64_t>(now.tv_sec) * 1'000'000'000ULL +
                                static_cast<std::uint64_t>(now.tv_nsec);
   const std::uint64_t limit = static_cast<std::uint64_t>(max_age.count());
+  bpf_map_info info{};
+  std::uint32_t len = sizeof info;
+  if (bpf_obj_get_info_by_fd(map_fd, &info, &len) != 0)
+    throw BpfError(bpf_error_text("bpf_obj_get_info_by_fd", errno));
+  // The stamp is the value's first u64 (some maps keep the event's owner after it).
+  std::vector<std::uint64_t> value((std::max<std::uint32_t>(info.value_size, 8) + 7) / 8);
   std::vector<std::uint64_t> stale;
-  std::uint64_t key = 0, next = 0, stamp = 0;
+  std::uint64_t key = 0, next = 0;
   int err = bpf_map_get_next_key(map_fd, nullptr, &next);
   while (err == 0) {
     key = next;
-    if (bpf_map_lookup_elem(map_fd, &key, &stamp) == 0 && stamp != 0 && stamp < now_ns &&
-        now_ns - stamp > limit) {
-      stale.push_back(key);
+    if (bpf_map_lookup_elem(map_fd, &key, value.data()) == 0) {
+      const std::uint64_t stamp = value[0];
+      if (stamp != 0 && stamp < now_ns && now_ns - stamp > limit) stale.push_back(key);
     }
     err = bpf_map_get_next_key(map_fd, &key, &next);
   }

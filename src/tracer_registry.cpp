@@ -14,6 +14,7 @@ TracerDescriptor tcp_connect_latency_descriptor();
 TracerDescriptor net_xmit_latency_descriptor();
 TracerDescriptor block_io_descriptor();
 TracerDescriptor page_cache_descriptor();
+TracerDescriptor oom_kills_descriptor();
 
 const std::vector<TracerDescriptor>& tracer_registry() {
   static const std::vector<TracerDescriptor> registry = {
@@ -21,7 +22,7 @@ const std::vector<TracerDescriptor>& tracer_registry() {
       offcpu_time_descriptor(),      page_faults_descriptor(),
       kmalloc_descriptor(),          tcp_connect_latency_descriptor(),
       net_xmit_latency_descriptor(), block_io_descriptor(),
-      page_cache_descriptor(),
+      page_cache_descriptor(),       oom_kills_descriptor(),
   };
   return registry;
 }

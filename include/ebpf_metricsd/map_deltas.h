@@ -22,17 +22,26 @@ class PerCpuDeltas {
   using Visit = std::function<void(const void* key, const std::uint64_t* delta)>;
   // Visits every key of a PERCPU_ARRAY whose value changed.
   void drain_array(int map_fd, std::uint32_t entries, const Visit& visit);
-  // Visits every key of a PERCPU_HASH whose value changed.
-  void drain_hash(int map_fd, std::size_t key_size, const Visit& visit);
+  // Whether an unchanged key's entry is to be deleted from the map (its owner is gone).
+  using Retire = std::function<bool(const void* key)>;
+  // Visits every key of a PERCPU_HASH whose value changed; deletes the entries of
+  // unchanged keys that `retire` names, so that a map keyed by short-lived owners (cgroups)
+  // does not fill up with the dead.
+  void drain_hash(int map_fd, std::size_t key_size, const Visit& visit,
+                  const Retire& retire = {});
+  // Entries deleted so far by drain_hash.
+  std::uint64_t retired() const { return retired_; }
   // The next drain only takes the map's current values as the baseline, visiting nothing:
   // for a map that already held counts when this drain started reading it (an object
   // shared with another tracer that stayed loaded).
   void rebase_next() { rebase_ = true; }
 
  private:
-  void account(const void* key, std::size_t key_size, const std::uint64_t* per_cpu,
+  // Returns whether the key's value changed.
+  bool account(const void* key, std::size_t key_size, const std::uint64_t* per_cpu,
                const Visit& visit);
   std::size_t width_;
+  std::uint64_t retired_ = 0;
   bool rebase_ = false;
   BatchReads batch_ = BatchReads::Unknown;
   std::map<std::vector<std::uint8_t>, std::vector<std::uint64_t>> last_;
@@ -45,7 +54,8 @@ class Log2HistDrain {
       : scope_(scope), metric_(metric), slots_(slots), deltas_(slots + 1) {}
   using Labels = std::function<MetricStore::LabelValues(const void* key)>;
   void drain_array(int map_fd, std::uint32_t entries, const Labels& labels);
-  void drain_hash(int map_fd, std::size_t key_size, const Labels& labels);
+  void drain_hash(int map_fd, std::size_t key_size, const Labels& labels,
+                  const PerCpuDeltas::Retire& retire = {});
   void rebase_next() { deltas_.rebase_next(); }
 
  private:
@@ -62,6 +72,8 @@ class CounterDrain {
       : scope_(scope), metric_(metric), deltas_(1) {}
   using Labels = std::function<MetricStore::LabelValues(const void* key)>;
   void drain_array(int map_fd, std::uint32_t entries, const Labels& labels);
+  void drain_hash(int map_fd, std::size_t key_size, const Labels& labels,
+                  const PerCpuDeltas::Retire& retire = {});
   void rebase_next() { deltas_.rebase_next(); }
 
  private:
@@ -70,7 +82,8 @@ class CounterDrain {
   PerCpuDeltas deltas_;
 };
 
-// For maps of things in flight (a u64 key, a u64 bpf_ktime_get_ns() stamp as value) whose
+// For maps of things in flight (a u64 key, a value that starts with a u64
+// bpf_ktime_get_ns() stamp) whose
 // end event may never come (a dropped packet, a request of a removed disk): deletes entries
 // older than `max_age` and returns how many, so they can be counted, not leaked.
 std::uint64_t sweep_stale_stamps(int map_fd, std::chrono::nanoseconds max_age);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ebpf_metricsd/bpf_support.h"
+#include "ebpf_metricsd/cgroup_labels.h"
 #include "ebpf_metricsd/drop_accounting.h"
 #include "ebpf_metricsd/hook_probe.h"
 #include "ebpf_metricsd/log2_histogram.h"
@@ -69,6 +70,27 @@ TracerDescriptor descriptor_with_buckets(std::string name, std::string summary,
           },
           [](MetricScope& scope, const std::any& options) -> std::unique_ptr<Tracer> {
             return std::make_unique<T>(scope, std::any_cast<const Log2Layout&>(options));
+          }};
+}
+
+// The options of a histogram tracer whose events have an owner: `buckets` and the
+// workload labels (`cgroup`, `label_map_entries`).
+struct OwnedHistogramOptions {
+  Log2Layout buckets;
+  CgroupLabelOptions cgroup;
+};
+
+// The descriptor of such a tracer (T(MetricScope&, const OwnedHistogramOptions&)).
+template <typename T>
+TracerDescriptor descriptor_with_owned_histogram(std::string name, std::string summary,
+                                                 Log2Layout default_buckets) {
+  return {std::move(name), std::move(summary),
+          [default_buckets](YamlMapReader& options) -> std::any {
+            return OwnedHistogramOptions{read_buckets(options, default_buckets),
+                                         CgroupLabelOptions::read(options)};
+          },
+          [](MetricScope& scope, const std::any& options) -> std::unique_ptr<Tracer> {
+            return std::make_unique<T>(scope, std::any_cast<const OwnedHistogramOptions&>(options));
           }};
 }
 

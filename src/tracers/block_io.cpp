@@ -38,19 +38,24 @@ const char* op_name(std::uint32_t op) {
 
 class BlockIoTracer final : public Tracer {
  public:
-  BlockIoTracer(MetricScope& scope, const Log2Layout& buckets)
+  BlockIoTracer(MetricScope& scope, const OwnedHistogramOptions& options)
       : scope_(scope),
-        latency_(scope.declare({"ebpf_block_io_latency_seconds",
-                                "Block request latency, from issue to the device until "
-                                "completion, by disk and operation.",
-                                MetricType::Histogram,
-                                {"device", "op"},
-                                buckets})),
-        bytes_(scope.declare({"ebpf_block_io_bytes_total",
-                              "Bytes completed by block requests, by disk and operation.",
-                              MetricType::Counter,
-                              {"device", "op"}})),
-        drops_(scope, drop_reasons<BLOCKIO_DROP__COUNT>({"map_full", "map_full", "issue_unseen"}),
+        labels_(options.cgroup),
+        latency_(scope.declare(labels_.with_labels(
+            {"ebpf_block_io_latency_seconds",
+             "Block request latency, from issue to the device until completion, by disk and "
+             "operation.",
+             MetricType::Histogram,
+             {"device", "op"},
+             options.buckets}))),
+        bytes_(scope.declare(
+            labels_.with_labels({"ebpf_block_io_bytes_total",
+                                 "Bytes completed by block requests, by disk and operation.",
+                                 MetricType::Counter,
+                                 {"device", "op"}}))),
+        drops_(scope,
+               drop_reasons<BLOCKIO_DROP__COUNT>(
+                   {"map_full", "map_full", "issue_unseen", "map_full"}),
                "never_completed") {}
 
   void start(HookProber& prober, HookPreference preference) override {
@@ -61,7 +66,10 @@ class BlockIoTracer final : public Tracer {
     HookKind kind{};
     skel_ = Object::load_probed(
         scope_.tracer(), drops_, prober, tps, preference,
-        [with_queue](block_io* s, HookKind k) {
+        [this, with_queue](block_io* s, HookKind k) {
+          s->rodata->emd_by_cgroup = labels_.on();
+          bpf_map__set_max_entries(s->maps.series_by_cgroup,
+                                   labels_.options().kernel_map_entries());
           auto& p = s->progs;
           const bool btf = k == HookKind::TpBtf;
           return std::vector<ProgramChoice>{
@@ -86,6 +94,19 @@ class BlockIoTracer final : public Tracer {
                        d[BLOCKIO_SLOTS]);
       scope_.add(bytes_, labels, d[BLOCKIO_SLOTS + 1]);
     };
+    if (labels_.on()) {
+      labels_.begin_pass();
+      cgroup_series_.drain_hash(
+          bpf_map__fd(skel_->maps.series_by_cgroup), sizeof(blockio_cgroup_key),
+          [&](const void* key, const std::uint64_t* d) {
+            const auto* k = static_cast<const blockio_cgroup_key*>(key);
+            MetricStore::LabelValues v{fixed_name(k->disk), op_name(k->op)};
+            labels_.append(v, k->cgroup);
+            add(v, d);
+          },
+          labels_.retire(
+              [](const void* key) { return static_cast<const blockio_cgroup_key*>(key)->cgroup; }));
+    }
     slot_series_.drain_array(bpf_map__fd(skel_->maps.slot_series),
                              BLOCKIO_QUEUE_SLOTS * BLOCKIO_OPS,
                              [&](const void* key, const std::uint64_t* d) {
@@ -114,9 +135,11 @@ class BlockIoTracer final : public Tracer {
   }
 
   MetricScope& scope_;
+  CgroupLabels labels_;
   MetricScope::Metric latency_, bytes_;
   PerCpuDeltas series_{BLOCKIO_SLOTS + 2};
   PerCpuDeltas slot_series_{BLOCKIO_SLOTS + 2};
+  PerCpuDeltas cgroup_series_{BLOCKIO_SLOTS + 2};
   DropAccounting drops_;
   Object skel_;
   std::string hook_;
@@ -126,7 +149,7 @@ class BlockIoTracer final : public Tracer {
 
 TracerDescriptor block_io_descriptor() {
   // 8us .. 16s: from a fast NVMe read to a disk that retries.
-  return descriptor_with_buckets<BlockIoTracer>(
+  return descriptor_with_owned_histogram<BlockIoTracer>(
       "block_io", "Block I/O latency and bytes, by disk and operation",
       Log2Layout::seconds(-17, 4));
 }

@@ -23,23 +23,26 @@ using Object = EBPF_METRICSD_SKELETON(net_xmit_latency);
 
 class NetXmitLatencyTracer final : public Tracer {
  public:
-  NetXmitLatencyTracer(MetricScope& scope, const Log2Layout& buckets)
+  NetXmitLatencyTracer(MetricScope& scope, const OwnedHistogramOptions& options)
       : scope_(scope),
-        latency_(scope.declare({"ebpf_net_xmit_queue_latency_seconds",
-                                "Time from a packet being queued for a device to the driver "
-                                "taking it, by interface.",
-                                MetricType::Histogram,
-                                {"interface"},
-                                buckets})),
-        packets_(scope.declare({"ebpf_net_xmit_packets_total",
-                                "Packets handed to the driver, by interface.",
-                                MetricType::Counter,
-                                {"interface"}})),
-        bytes_(scope.declare({"ebpf_net_xmit_bytes_total",
-                              "Bytes handed to the driver, by interface.",
-                              MetricType::Counter,
-                              {"interface"}})),
-        drops_(scope, drop_reasons<NETXMIT_DROP__COUNT>({"map_full", "map_full"}),
+        labels_(options.cgroup),
+        latency_(scope.declare(labels_.with_labels(
+            {"ebpf_net_xmit_queue_latency_seconds",
+             "Time from a packet being queued for a device to the driver taking it, by "
+             "interface.",
+             MetricType::Histogram,
+             {"interface"},
+             options.buckets}))),
+        packets_(scope.declare(
+            labels_.with_labels({"ebpf_net_xmit_packets_total",
+                                 "Packets handed to the driver, by interface.",
+                                 MetricType::Counter,
+                                 {"interface"}}))),
+        bytes_(scope.declare(labels_.with_labels({"ebpf_net_xmit_bytes_total",
+                                                  "Bytes handed to the driver, by interface.",
+                                                  MetricType::Counter,
+                                                  {"interface"}}))),
+        drops_(scope, drop_reasons<NETXMIT_DROP__COUNT>({"map_full", "map_full", "map_full"}),
                "unmatched_queue") {}
 
   void start(HookProber& prober, HookPreference preference) override {
@@ -47,7 +50,10 @@ class NetXmitLatencyTracer final : public Tracer {
     HookKind kind{};
     skel_ = Object::load_probed(
         scope_.tracer(), drops_, prober, tps, preference,
-        [](net_xmit_latency* s, HookKind k) {
+        [this](net_xmit_latency* s, HookKind k) {
+          s->rodata->emd_by_cgroup = labels_.on();
+          bpf_map__set_max_entries(s->maps.series_by_cgroup,
+                                   labels_.options().kernel_map_entries());
           auto& p = s->progs;
           const bool btf = k == HookKind::TpBtf;
           // xmit before queue: a queue stamp without its xmit hook
@@ -67,13 +73,29 @@ class NetXmitLatencyTracer final : public Tracer {
 
   void drain() override {
     static_assert(sizeof(netxmit_value) == (NETXMIT_SLOTS + 3) * 8);
-    const auto add = [&](const std::string& ifname, const std::uint64_t* d) {
-      const MetricStore::LabelValues labels = {ifname};
+    const auto add_labelled = [&](const MetricStore::LabelValues& labels,
+                                  const std::uint64_t* d) {
       scope_.add_slots(latency_, labels, std::span<const std::uint64_t>(d, NETXMIT_SLOTS),
                        d[NETXMIT_SLOTS]);
       scope_.add(packets_, labels, d[NETXMIT_SLOTS + 1]);
       scope_.add(bytes_, labels, d[NETXMIT_SLOTS + 2]);
     };
+    const auto add = [&](const std::string& ifname, const std::uint64_t* d) {
+      add_labelled({ifname}, d);
+    };
+    if (labels_.on()) {
+      labels_.begin_pass();
+      cgroup_series_.drain_hash(
+          bpf_map__fd(skel_->maps.series_by_cgroup), sizeof(netxmit_cgroup_key),
+          [&](const void* key, const std::uint64_t* d) {
+            const auto* k = static_cast<const netxmit_cgroup_key*>(key);
+            MetricStore::LabelValues v{fixed_name(k->ifname)};
+            labels_.append(v, k->cgroup);
+            add_labelled(v, d);
+          },
+          labels_.retire(
+              [](const void* key) { return static_cast<const netxmit_cgroup_key*>(key)->cgroup; }));
+    }
     dev_series_.drain_array(bpf_map__fd(skel_->maps.dev_series), NETXMIT_DEV_SLOTS,
                             [&](const void* key, const std::uint64_t* d) {
                               netxmit_dev dev{};
@@ -95,9 +117,11 @@ class NetXmitLatencyTracer final : public Tracer {
 
  private:
   MetricScope& scope_;
+  CgroupLabels labels_;
   MetricScope::Metric latency_, packets_, bytes_;
   PerCpuDeltas series_{NETXMIT_SLOTS + 3};
   PerCpuDeltas dev_series_{NETXMIT_SLOTS + 3};
+  PerCpuDeltas cgroup_series_{NETXMIT_SLOTS + 3};
   DropAccounting drops_;
   Object skel_;
   std::string hook_;
@@ -107,7 +131,7 @@ class NetXmitLatencyTracer final : public Tracer {
 
 TracerDescriptor net_xmit_latency_descriptor() {
   // 100ns .. 1s: most packets reach the driver within a microsecond.
-  return descriptor_with_buckets<NetXmitLatencyTracer>(
+  return descriptor_with_owned_histogram<NetXmitLatencyTracer>(
       "net_xmit_latency", "Packet queue-to-transmit latency, packets and bytes, by interface",
       Log2Layout::seconds(-24, 0));
 }

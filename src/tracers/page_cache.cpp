@@ -23,22 +23,24 @@ using Object = EBPF_METRICSD_SKELETON(page_cache);
 
 class PageCacheTracer final : public Tracer {
  public:
-  explicit PageCacheTracer(MetricScope& scope)
+  PageCacheTracer(MetricScope& scope, const CgroupLabelOptions& cgroup)
       : scope_(scope),
-        accesses_(scope.declare({"ebpf_page_cache_accesses_total",
-                                 "Page cache pages looked up by reads and file mmap faults.",
-                                 MetricType::Counter,
-                                 {}})),
-        misses_(scope.declare({"ebpf_page_cache_misses_total",
-                               "Pages added to the page cache because a lookup missed "
-                               "(including readahead).",
-                               MetricType::Counter,
-                               {}})),
-        dirtied_(scope.declare({"ebpf_page_cache_dirtied_total",
-                                "Page cache pages marked dirty.",
-                                MetricType::Counter,
-                                {}})),
-        drops_(scope, {}) {}
+        labels_(cgroup),
+        accesses_(scope.declare(labels_.with_labels(
+            {"ebpf_page_cache_accesses_total",
+             "Page cache pages looked up by reads and file mmap faults.",
+             MetricType::Counter,
+             {}}))),
+        misses_(scope.declare(labels_.with_labels(
+            {"ebpf_page_cache_misses_total",
+             "Pages added to the page cache because a lookup missed (including readahead).",
+             MetricType::Counter,
+             {}}))),
+        dirtied_(scope.declare(labels_.with_labels(
+            {"ebpf_page_cache_dirtied_total", "Page cache pages marked dirty.",
+             MetricType::Counter,
+             {}}))),
+        drops_(scope, drop_reasons<PAGE_CACHE_DROP__COUNT>({"map_full"})) {}
 
   // How accesses are counted: fentry (else a kprobe) on the kernel's mark-accessed
   // function (exact, as cachestat), else the read and fault tracepoints (an estimate, see
@@ -133,6 +135,8 @@ class PageCacheTracer final : public Tracer {
   }
 
   std::vector<ProgramChoice> choose(page_cache* skel, HookKind kind, Access access) const {
+    skel->rodata->emd_by_cgroup = labels_.on();
+    bpf_map__set_max_entries(skel->maps.totals_by_cgroup, labels_.options().kernel_map_entries());
     auto& p = skel->progs;
     const bool btf = kind == HookKind::TpBtf;
     const bool tp_access = access == Access::Tracepoints;
@@ -163,17 +167,32 @@ class PageCacheTracer final : public Tracer {
 
   void drain() override {
     static_assert(sizeof(page_cache_totals) == 3 * 8);
-    totals_.drain_array(bpf_map__fd(skel_->maps.totals), 1,
-                        [&](const void*, const std::uint64_t* d) {
-                          scope_.add(accesses_, {}, d[0]);
-                          scope_.add(misses_, {}, d[1]);
-                          scope_.add(dirtied_, {}, d[2]);
-                        });
+    const auto add = [&](const MetricStore::LabelValues& labels, const std::uint64_t* d) {
+      scope_.add(accesses_, labels, d[0]);
+      scope_.add(misses_, labels, d[1]);
+      scope_.add(dirtied_, labels, d[2]);
+    };
+    if (labels_.on()) {
+      labels_.begin_pass();
+      const auto id_of = [](const void* key) { return *static_cast<const std::uint64_t*>(key); };
+      totals_.drain_hash(
+          bpf_map__fd(skel_->maps.totals_by_cgroup), sizeof(std::uint64_t),
+          [&](const void* key, const std::uint64_t* d) {
+            MetricStore::LabelValues v;
+            labels_.append(v, id_of(key));
+            add(v, d);
+          },
+          labels_.retire(id_of));
+    } else {
+      totals_.drain_array(bpf_map__fd(skel_->maps.totals), 1,
+                          [&](const void*, const std::uint64_t* d) { add({}, d); });
+    }
     drops_.drain();
   }
 
  private:
   MetricScope& scope_;
+  CgroupLabels labels_;
   MetricScope::Metric accesses_, misses_, dirtied_;
   PerCpuDeltas totals_{3};
   DropAccounting drops_;
@@ -186,8 +205,12 @@ class PageCacheTracer final : public Tracer {
 }  // namespace
 
 TracerDescriptor page_cache_descriptor() {
-  return descriptor_without_options<PageCacheTracer>(
-      "page_cache", "Page cache accesses, misses and dirtied pages");
+  return {"page_cache", "Page cache accesses, misses and dirtied pages",
+          [](YamlMapReader& options) -> std::any { return CgroupLabelOptions::read(options); },
+          [](MetricScope& scope, const std::any& options) -> std::unique_ptr<Tracer> {
+            return std::make_unique<PageCacheTracer>(
+                scope, std::any_cast<const CgroupLabelOptions&>(options));
+          }};
 }
 
 }  // namespace ebpf_metricsd

@@ -2,6 +2,7 @@
 #include <linux/perf_event.h>
 
 #include "ebpf_metricsd/bpf_support.h"
+#include "ebpf_metricsd/cgroup_labels.h"
 #include "ebpf_metricsd/map_deltas.h"
 #include "ebpf_metricsd/tracer.h"
 
@@ -19,38 +20,62 @@ using Skeleton = SkeletonPtr<page_faults, page_faults__destroy>;
 
 class PageFaultsTracer final : public Tracer {
  public:
-  explicit PageFaultsTracer(MetricScope& scope)
-      : faults_(scope, scope.declare({"ebpf_page_faults_total",
-                                      "Page faults: minor (no I/O) or major (the page had to "
-                                      "be read in).",
-                                      MetricType::Counter,
-                                      {"type"}})),
-        drops_(scope, {}) {}
+  PageFaultsTracer(MetricScope& scope, const CgroupLabelOptions& cgroup)
+      : labels_(cgroup),
+        faults_(scope, scope.declare(labels_.with_labels(
+                           {"ebpf_page_faults_total",
+                            "Page faults: minor (no I/O) or major (the page had to be read in).",
+                            MetricType::Counter,
+                            {"type"}}))),
+        drops_(scope, drop_reasons<PAGE_FAULT_DROP__COUNT>({"map_full"})) {}
 
   void start(HookProber&, HookPreference) override {
-    Skeleton skel(page_faults__open_and_load());
-    if (!skel) throw BpfError(bpf_error_text("load page_faults", errno));
+    Skeleton skel(page_faults__open());
+    if (!skel) throw BpfError(bpf_error_text("open page_faults", errno));
+    skel->rodata->emd_by_cgroup = labels_.on();
+    bpf_map__set_max_entries(skel->maps.faults_by_cgroup, labels_.options().kernel_map_entries());
+    if (int err = page_faults__load(skel.get()))
+      throw BpfError(bpf_error_text("load page_faults", err));
     for (int cpu : online_cpus()) {
       links_.push_back(
           attach_perf_sw_event(skel->progs.minor_fault, PERF_COUNT_SW_PAGE_FAULTS_MIN, cpu));
       links_.push_back(
           attach_perf_sw_event(skel->progs.major_fault, PERF_COUNT_SW_PAGE_FAULTS_MAJ, cpu));
     }
-    drops_.bind(-1, {{skel->progs.minor_fault, true}, {skel->progs.major_fault, true}});
+    drops_.bind(bpf_map__fd(skel->maps.drops),
+                {{skel->progs.minor_fault, true}, {skel->progs.major_fault, true}});
     skel_ = std::move(skel);
   }
 
   std::string hook() const override { return "perf_event"; }
 
   void drain() override {
-    faults_.drain_array(bpf_map__fd(skel_->maps.faults), PAGE_FAULT__COUNT, [](const void* key) {
-      const auto k = *static_cast<const std::uint32_t*>(key);
-      return MetricStore::LabelValues{k == PAGE_FAULT_MINOR ? "minor" : "major"};
-    });
+    const auto type = [](std::uint32_t t) { return t == PAGE_FAULT_MINOR ? "minor" : "major"; };
+    if (labels_.on()) {
+      labels_.begin_pass();
+      faults_.drain_hash(
+          bpf_map__fd(skel_->maps.faults_by_cgroup), sizeof(page_fault_cgroup_key),
+          [&](const void* key) {
+            const auto* k = static_cast<const page_fault_cgroup_key*>(key);
+            MetricStore::LabelValues v{type(k->type)};
+            labels_.append(v, k->cgroup);
+            return v;
+          },
+          labels_.retire([](const void* key) {
+            return static_cast<const page_fault_cgroup_key*>(key)->cgroup;
+          }));
+    } else {
+      faults_.drain_array(bpf_map__fd(skel_->maps.faults), PAGE_FAULT__COUNT,
+                          [&](const void* key) {
+                            return MetricStore::LabelValues{
+                                type(*static_cast<const std::uint32_t*>(key))};
+                          });
+    }
     drops_.drain();
   }
 
  private:
+  CgroupLabels labels_;
   CounterDrain faults_;
   DropAccounting drops_;
   Skeleton skel_;
@@ -60,8 +85,13 @@ class PageFaultsTracer final : public Tracer {
 }  // namespace
 
 TracerDescriptor page_faults_descriptor() {
-  return descriptor_without_options<PageFaultsTracer>("page_faults", "Page faults, minor and major",
-                                                      "perf_event");
+  return {"page_faults", "Page faults, minor and major",
+          [](YamlMapReader& options) -> std::any { return CgroupLabelOptions::read(options); },
+          [](MetricScope& scope, const std::any& options) -> std::unique_ptr<Tracer> {
+            return std::make_unique<PageFaultsTracer>(
+                scope, std::any_cast<const CgroupLabelOptions&>(options));
+          },
+          "perf_event"};
 }
 
 }  // namespace ebpf_metricsd

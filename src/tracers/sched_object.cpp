@@ -84,15 +84,15 @@ SchedLabelOptions SchedLabelOptions::read(YamlMapReader& options,
 
 std::vector<std::string> SchedLabelOptions::names() const {
   std::vector<std::string> n;
-  if (cgroup) n.push_back("cgroup");
+  if (cgroup) n.insert(n.end(), {"cgroup", "pod", "container"});
   if (comm) n.push_back("comm");
   return n;
 }
 
 MetricStore::LabelValues SchedLabelOptions::values(const sched_key& key,
-                                                   CgroupNames& cgroups) const {
+                                                   CgroupLabels& cgroups) const {
   MetricStore::LabelValues v;
-  if (cgroup) v.push_back(cgroups.name(key.cgroup_id));
+  cgroups.append(v, key.cgroup_id);
   if (comm) v.push_back(fixed_name(key.comm));
   return v;
 }
@@ -109,7 +109,8 @@ SchedHistTracer::SchedHistTracer(MetricScope& scope, SchedHistKind kind, SchedLa
     : kind_(std::move(kind)),
       labels_(labels),
       hist_(scope, scope.declare(with_labels(kind_.spec, labels_)), SCHED_SLOTS),
-      drops_(scope, kind_.drop_reasons) {}
+      drops_(scope, kind_.drop_reasons),
+      cgroups_(CgroupLabelOptions{labels_.cgroup, SCHED_MAX_LABEL_SETS}) {}
 
 SchedHistTracer::~SchedHistTracer() {
   if (obj_) skel()->bss->sched_cfg.*kind_.on = 0;
@@ -144,10 +145,16 @@ void SchedHistTracer::start(HookProber& prober, HookPreference preference) {
 
 void SchedHistTracer::drain() {
   if (labels_.cgroup || labels_.comm) {
-    hist_.drain_hash(bpf_map__fd(kind_.labelled_map(skel())), sizeof(sched_key),
-                     [&](const void* key) {
-                       return labels_.values(*static_cast<const sched_key*>(key), cgroups_);
-                     });
+    cgroups_.begin_pass();
+    hist_.drain_hash(
+        bpf_map__fd(kind_.labelled_map(skel())), sizeof(sched_key),
+        [&](const void* key) {
+          return labels_.values(*static_cast<const sched_key*>(key), cgroups_);
+        },
+        labels_.cgroup ? cgroups_.retire([](const void* key) {
+          return static_cast<const sched_key*>(key)->cgroup_id;
+        })
+                       : PerCpuDeltas::Retire{});
   } else {
     hist_.drain_array(bpf_map__fd(kind_.plain_map(skel())), 1,
                       [](const void*) { return MetricStore::LabelValues{}; });

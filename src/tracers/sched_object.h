@@ -55,7 +55,7 @@ struct SchedLabelOptions {
   Log2Layout buckets;
   static SchedLabelOptions read(YamlMapReader& options, const Log2Layout& default_buckets);
   std::vector<std::string> names() const;
-  MetricStore::LabelValues values(const sched_key& key, CgroupNames& cgroups) const;
+  MetricStore::LabelValues values(const sched_key& key, CgroupLabels& cgroups) const;
 };
 
 // One histogram tracer on the shared object: runqueue_latency and offcpu_time differ only
@@ -90,7 +90,7 @@ class SchedHistTracer : public Tracer {
   SchedLabelOptions labels_;
   Log2HistDrain hist_;
   DropAccounting drops_;
-  CgroupNames cgroups_;
+  CgroupLabels cgroups_;
   std::shared_ptr<SchedObject> obj_;
   std::vector<BpfLink> links_;  // after obj_: detached before it is released
 };

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "ebpf_metricsd/bpf_support.h"
+#include "ebpf_metricsd/cgroup_labels.h"
 #include "ebpf_metricsd/map_deltas.h"
 #include "ebpf_metricsd/skeleton.h"
 #include "ebpf_metricsd/syscall_names.h"
@@ -34,6 +35,7 @@ struct SyscallLatencyOptions {
   bool all_per_syscall = false;
   // 1us .. 16s: a syscall faster than a microsecond is not the problem; +Inf takes waits.
   Log2Layout buckets = Log2Layout::seconds(-20, 4);
+  CgroupLabelOptions cgroup;
 };
 
 MetricSpec latency_spec(const Log2Layout& buckets) {
@@ -95,8 +97,11 @@ class SyscallLatencyTracer final : public Tracer {
   SyscallLatencyTracer(MetricScope& scope, SyscallLatencyOptions options)
       : scope_(scope),
         options_(std::move(options)),
-        hists_(scope, scope.declare(latency_spec(options_.buckets)), SYSLAT_SLOTS),
-        drops_(scope, drop_reasons<SYSLAT_DROP__COUNT>({"map_full", "unknown_syscall"})) {}
+        labels_(options_.cgroup),
+        hists_(scope, scope.declare(labels_.with_labels(latency_spec(options_.buckets))),
+               SYSLAT_SLOTS),
+        drops_(scope, drop_reasons<SYSLAT_DROP__COUNT>(
+                          {"map_full", "unknown_syscall", "map_full"})) {}
 
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 3> tracepoints = {"sys_enter", "sys_exit",
@@ -114,6 +119,8 @@ class SyscallLatencyTracer final : public Tracer {
       const bool wanted = options_.include.empty() || options_.include.count(nr);
       skel->rodata->traced[nr] = wanted && !options_.exclude.count(nr);
     }
+    skel->rodata->emd_by_cgroup = labels_.on();
+    bpf_map__set_max_entries(skel->maps.hists_by_cgroup, labels_.options().kernel_map_entries());
     const bool btf = kind == HookKind::TpBtf;
     // tp_btf stamps in task storage, raw_tp in a thread-id hash: only one of them is made.
     bpf_map__set_autocreate(skel->maps.start, btf);
@@ -130,21 +137,42 @@ class SyscallLatencyTracer final : public Tracer {
 
   void drain() override {
     static_assert(sizeof(syscall_latency_hist) == (SYSLAT_SLOTS + 1) * 8);
-    hists_.drain_array(bpf_map__fd(skel_->maps.hists), SYSLAT_MAX_SYSCALLS, [&](const void* key) {
-      const std::uint32_t nr = *static_cast<const std::uint32_t*>(key);
-      if (names_[nr].empty()) {
-        const bool own =
-            options_.all_per_syscall || options_.per_syscall.count(static_cast<int>(nr));
-        names_[nr] = own ? syscall_name(static_cast<int>(nr)) : "other";
-      }
-      return MetricStore::LabelValues{names_[nr]};
-    });
+    if (labels_.on()) {
+      labels_.begin_pass();
+      hists_.drain_hash(
+          bpf_map__fd(skel_->maps.hists_by_cgroup), sizeof(syscall_latency_cgroup_key),
+          [&](const void* key) {
+            const auto* k = static_cast<const syscall_latency_cgroup_key*>(key);
+            MetricStore::LabelValues v{name_of(k->nr)};
+            labels_.append(v, k->cgroup);
+            return v;
+          },
+          labels_.retire([](const void* key) {
+            return static_cast<const syscall_latency_cgroup_key*>(key)->cgroup;
+          }));
+    } else {
+      hists_.drain_array(bpf_map__fd(skel_->maps.hists), SYSLAT_MAX_SYSCALLS,
+                         [&](const void* key) {
+                           return MetricStore::LabelValues{
+                               name_of(*static_cast<const std::uint32_t*>(key))};
+                         });
+    }
     drops_.drain();
   }
 
  private:
+  const std::string& name_of(std::uint32_t nr) {
+    if (nr >= names_.size()) names_.resize(nr + 1);
+    if (names_[nr].empty()) {
+      const bool own = options_.all_per_syscall || options_.per_syscall.count(static_cast<int>(nr));
+      names_[nr] = own ? syscall_name(static_cast<int>(nr)) : "other";
+    }
+    return names_[nr];
+  }
+
   MetricScope& scope_;
   SyscallLatencyOptions options_;
+  CgroupLabels labels_;
   Log2HistDrain hists_;
   DropAccounting drops_;
   // Links before the skeleton in destruction order: detach, then unload.
@@ -165,6 +193,7 @@ TracerDescriptor syscall_latency_descriptor() {
         o.exclude = read_syscall_list(options, "exclude");
         read_per_syscall(options, o);
         o.buckets = read_buckets(options, o.buckets);
+        o.cgroup = CgroupLabelOptions::read(options);
         return o;
       },
       [](MetricScope& scope, const std::any& options) -> std::unique_ptr<Tracer> {

@@ -18,35 +18,46 @@ namespace {
 
 using Object = EBPF_METRICSD_SKELETON(tcp_connect_latency);
 
+const char* family_name(std::uint32_t family) {
+  return family == TCPCONN_IPV4 ? "ipv4" : "ipv6";
+}
+
 MetricStore::LabelValues family_label(const void* key) {
-  return {*static_cast<const std::uint32_t*>(key) == TCPCONN_IPV4 ? "ipv4" : "ipv6"};
+  return {family_name(*static_cast<const std::uint32_t*>(key))};
 }
 
 class TcpConnectLatencyTracer final : public Tracer {
  public:
-  TcpConnectLatencyTracer(MetricScope& scope, const Log2Layout& buckets)
+  TcpConnectLatencyTracer(MetricScope& scope, const OwnedHistogramOptions& options)
       : scope_(scope),
+        labels_(options.cgroup),
         latency_(scope,
-                 scope.declare({"ebpf_tcp_connect_latency_seconds",
-                                "Time from an active TCP open (SYN sent) to the connection "
-                                "being established.",
-                                MetricType::Histogram,
-                                {"family"},
-                                buckets}),
+                 scope.declare(labels_.with_labels(
+                     {"ebpf_tcp_connect_latency_seconds",
+                      "Time from an active TCP open (SYN sent) to the connection being "
+                      "established.",
+                      MetricType::Histogram,
+                      {"family"},
+                      options.buckets})),
                  TCPCONN_SLOTS),
-        failures_(scope, scope.declare({"ebpf_tcp_connect_failures_total",
-                                        "Active TCP opens that went from SYN_SENT to CLOSE "
-                                        "(refused, timed out, reset).",
-                                        MetricType::Counter,
-                                        {"family"}})),
-        drops_(scope, drop_reasons<TCPCONN_DROP__COUNT>({"map_full"}), "never_finished") {}
+        failures_(scope, scope.declare(labels_.with_labels(
+                             {"ebpf_tcp_connect_failures_total",
+                              "Active TCP opens that went from SYN_SENT to CLOSE (refused, "
+                              "timed out, reset).",
+                              MetricType::Counter,
+                              {"family"}}))),
+        drops_(scope, drop_reasons<TCPCONN_DROP__COUNT>({"map_full", "map_full"}),
+               "never_finished") {}
 
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 1> tps = {"inet_sock_set_state"};
     HookKind kind{};
     skel_ = Object::load_probed(
         scope_.tracer(), drops_, prober, tps, preference,
-        [](tcp_connect_latency* s, HookKind k) {
+        [this](tcp_connect_latency* s, HookKind k) {
+          s->rodata->emd_by_cgroup = labels_.on();
+          for (bpf_map* m : {s->maps.latency_by_cgroup, s->maps.failures_by_cgroup})
+            bpf_map__set_max_entries(m, labels_.options().kernel_map_entries());
           const bool btf = k == HookKind::TpBtf;
           return std::vector<ProgramChoice>{
               {s->progs.inet_sock_set_state_btf, btf},
@@ -60,8 +71,24 @@ class TcpConnectLatencyTracer final : public Tracer {
   std::string hook() const override { return hook_; }
 
   void drain() override {
-    latency_.drain_array(bpf_map__fd(skel_->maps.latency), TCPCONN_FAMILIES, family_label);
-    failures_.drain_array(bpf_map__fd(skel_->maps.failures), TCPCONN_FAMILIES, family_label);
+    if (labels_.on()) {
+      labels_.begin_pass();
+      const auto labelled = [&](const void* key) {
+        const auto* k = static_cast<const tcpconn_cgroup_key*>(key);
+        MetricStore::LabelValues v{family_name(k->family)};
+        labels_.append(v, k->cgroup);
+        return v;
+      };
+      const auto retire = labels_.retire(
+          [](const void* key) { return static_cast<const tcpconn_cgroup_key*>(key)->cgroup; });
+      latency_.drain_hash(bpf_map__fd(skel_->maps.latency_by_cgroup), sizeof(tcpconn_cgroup_key),
+                          labelled, retire);
+      failures_.drain_hash(bpf_map__fd(skel_->maps.failures_by_cgroup),
+                           sizeof(tcpconn_cgroup_key), labelled, retire);
+    } else {
+      latency_.drain_array(bpf_map__fd(skel_->maps.latency), TCPCONN_FAMILIES, family_label);
+      failures_.drain_array(bpf_map__fd(skel_->maps.failures), TCPCONN_FAMILIES, family_label);
+    }
     drops_.drain();
     // Every connect leaves SYN_SENT within the SYN retries (about two minutes); a stamp
     // older than ten minutes belongs to a socket that vanished unseen.
@@ -70,6 +97,7 @@ class TcpConnectLatencyTracer final : public Tracer {
 
  private:
   MetricScope& scope_;
+  CgroupLabels labels_;
   Log2HistDrain latency_;
   CounterDrain failures_;
   DropAccounting drops_;
@@ -81,7 +109,7 @@ class TcpConnectLatencyTracer final : public Tracer {
 
 TracerDescriptor tcp_connect_latency_descriptor() {
   // 8us .. 64s: loopback connects take tens of us, SYN retransmits go on for a minute.
-  return descriptor_with_buckets<TcpConnectLatencyTracer>(
+  return descriptor_with_owned_histogram<TcpConnectLatencyTracer>(
       "tcp_connect_latency", "TCP connect latency and failures, by family",
       Log2Layout::seconds(-17, 6));
 }

@@ -113,7 +113,7 @@ TEST_CASE("direct 4 KiB reads and writes on a loop device are counted exactly", 
   INFO("reads " << w.reads << " writes " << w.writes << " | sysfs reads " << w.sysfs[0]
                 << " writes " << w.sysfs[2] << " | biolatency total "
                 << w.oracle_total.value_or(0) << " | dropped: issue_unseen " << w.unseen
-                << " recursion " << w.recursion << "\n"
+                << " recursion " << w.recursion << " (of every disk)\n"
                 << w.oracle_output);
   CHECK(w.reads == kOps);
   CHECK(w.writes == kOps);
@@ -123,8 +123,6 @@ TEST_CASE("direct 4 KiB reads and writes on a loop device are counted exactly", 
   CHECK(w.sysfs[2] == w.writes);
   CHECK(w.sysfs[1] * 512 == static_cast<std::uint64_t>(w.rbytes));
   CHECK(w.sysfs[3] * 512 == static_cast<std::uint64_t>(w.wbytes));
-  CHECK(w.unseen == 0);
-  CHECK(w.recursion == 0);
   // biolatency's window (its 3 s interval) encloses ours; nothing else uses this device.
   if (w.oracle_total) CHECK(*w.oracle_total == w.reads + w.writes);
 }

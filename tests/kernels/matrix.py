@@ -41,6 +41,10 @@ TEST_FILE_TRACERS = {
     "net_xmit_latency_test.cpp": ["net_xmit_latency"],
     "block_io_test.cpp": ["block_io"],
     "page_cache_test.cpp": ["page_cache"],
+    "oom_kills_test.cpp": ["oom_kills"],
+    "cgroup_labels_test.cpp": ["syscall_latency", "runqueue_latency", "offcpu_time",
+                               "page_faults", "tcp_connect_latency", "net_xmit_latency",
+                               "block_io", "page_cache"],
 }
 
 

@@ -1,0 +1,47 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * OOM kills by the victim's cgroup: oom:mark_victim fires once for every task
+ * the OOM killer (global or of a memory cgroup) chooses and kills. Since
+ * Linux 6.9 (and 6.6.80, 6.1.130, 5.15.179, 5.10.235) it passes the victim's
+ * task; user space checks that prototype in the kernel's BTF before loading.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+
+#include "common/cgroup.bpf.h"
+#include "common/maps.bpf.h"
+#include "common/read.bpf.h"
+#include "oom_kills.h"
+
+/* Kills by cgroup id; user space sizes it (label_map_entries). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 1);
+	__type(key, __u64);
+	__type(value, __u64);
+} kills SEC(".maps");
+
+EMD_DROPS_MAP(OOM_DROP__COUNT);
+
+static const __u64 zero_count = 0;
+
+static __always_inline int on_victim(struct task_struct *task)
+{
+	/* The victim, not the current task: a memory cgroup's OOM runs in the
+	 * task that charged the page, a global one anywhere. */
+	__u64 cgroup = emd_task_cgroup(task);
+	__u64 *n = emd_lookup_or_init(&kills, &cgroup, &zero_count, &drops,
+				      OOM_DROP_LABELS_FULL);
+
+	if (n)
+		*n += 1;
+	return 0;
+}
+
+#define VICTIM(raw) on_victim(task)
+
+EMD_TP_PROGS(mark_victim, mark_victim, VICTIM, struct task_struct *task, __u32 uid)
+
+char LICENSE[] SEC("license") = "GPL";

@@ -1,0 +1,51 @@
+#pragma once
+// The `cgroup: true` option of a tracer: its kernel side keys a per-CPU hash by the owner's
+// cgroup id (in place of its plain array), and the drain turns the id into the workload
+// labels `cgroup`, `pod` and `container` (cgroup_names.h). Entries of cgroups that are gone
+// are deleted from the map once idle, so churn does not fill it.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ebpf_metricsd/cgroup_names.h"
+#include "ebpf_metricsd/map_deltas.h"
+#include "ebpf_metricsd/metric_store.h"
+#include "ebpf_metricsd/yaml_reader.h"
+
+namespace ebpf_metricsd {
+
+struct CgroupLabelOptions {
+  bool on = false;
+  // `label_map_entries`: distinct label sets the kernel map holds; events of a set that
+  // finds it full count as dropped_events_total{reason="map_full"}.
+  std::uint32_t map_entries = 4096;
+  static CgroupLabelOptions read(YamlMapReader& options);
+  // Where the tracer's map should be sized: 1 when labels are off (the map is made but
+  // never used).
+  std::uint32_t kernel_map_entries() const { return on ? map_entries : 1; }
+};
+
+class CgroupLabels {
+ public:
+  explicit CgroupLabels(CgroupLabelOptions options);
+  bool on() const { return options_.on; }
+  const CgroupLabelOptions& options() const { return options_; }
+  // Appends cgroup, pod, container to a metric's labels (when on).
+  MetricSpec with_labels(MetricSpec spec) const;
+  // Call at the start of each drain.
+  void begin_pass() { names_->begin_pass(); }
+  // Appends the label values of cgroup `id` (when on).
+  void append(MetricStore::LabelValues& values, std::uint64_t id);
+  // For drain_hash: retires idle entries whose cgroup is gone. `id_of` reads the id from
+  // a key.
+  PerCpuDeltas::Retire retire(std::function<std::uint64_t(const void* key)> id_of);
+
+ private:
+  CgroupLabelOptions options_;
+  std::shared_ptr<CgroupNames> names_;  // one per process: one cache, one scan per miss
+};
+
+}  // namespace ebpf_metricsd

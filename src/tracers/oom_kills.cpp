@@ -1,0 +1,105 @@
+// oom_kills: processes the OOM killer chose, by the victim's cgroup.
+#include <array>
+
+#include "ebpf_metricsd/bpf_support.h"
+#include "ebpf_metricsd/cgroup_labels.h"
+#include "ebpf_metricsd/map_deltas.h"
+#include "ebpf_metricsd/skeleton.h"
+#include "ebpf_metricsd/tracer.h"
+
+// clang-format off
+#include <linux/types.h>
+#include "oom_kills.h"
+#include "oom_kills.skel.h"
+// clang-format on
+
+namespace ebpf_metricsd {
+
+namespace {
+
+using Object = EBPF_METRICSD_SKELETON(oom_kills);
+
+CgroupLabelOptions always_labelled(CgroupLabelOptions o) {
+  o.on = true;
+  return o;
+}
+
+class OomKillsTracer final : public Tracer {
+ public:
+  OomKillsTracer(MetricScope& scope, const CgroupLabelOptions& options)
+      : scope_(scope),
+        labels_(always_labelled(options)),
+        kills_(scope, scope.declare(labels_.with_labels(
+                          {"ebpf_oom_kills_total",
+                           "Processes killed by the OOM killer (of the system or of a memory "
+                           "cgroup), by the victim's cgroup.",
+                           MetricType::Counter,
+                           {}}))),
+        drops_(scope, drop_reasons<OOM_DROP__COUNT>({"map_full"})) {}
+
+  void start(HookProber& prober, HookPreference preference) override {
+    // mark_victim(int pid) before 6.9 and the stable releases that took the change: the
+    // pid alone does not name the victim's cgroup, so that form is refused.
+    const auto args = tracepoint_arg_count("mark_victim");
+    if (args && *args != 2) {
+      throw BpfError(
+          "this kernel's oom:mark_victim passes only a pid; the victim's task comes with Linux "
+          "6.9, 6.6.80, 6.1.130, 5.15.179 and 5.10.235");
+    }
+    static const std::array<std::string, 1> tps = {"mark_victim"};
+    HookKind kind{};
+    skel_ = Object::load_probed(
+        scope_.tracer(), drops_, prober, tps, preference,
+        [this](oom_kills* s, HookKind k) {
+          bpf_map__set_max_entries(s->maps.kills, labels_.options().map_entries);
+          const bool btf = k == HookKind::TpBtf;
+          return std::vector<ProgramChoice>{
+              {s->progs.mark_victim_btf, btf},
+              {s->progs.mark_victim_raw, !btf},
+          };
+        },
+        kind);
+    hook_ = std::string(hook_name(kind));
+  }
+
+  std::string hook() const override { return hook_; }
+
+  void drain() override {
+    labels_.begin_pass();
+    const auto id_of = [](const void* key) { return *static_cast<const std::uint64_t*>(key); };
+    kills_.drain_hash(
+        bpf_map__fd(skel_->maps.kills), sizeof(std::uint64_t),
+        [&](const void* key) {
+          MetricStore::LabelValues v;
+          labels_.append(v, id_of(key));
+          return v;
+        },
+        labels_.retire(id_of));
+    drops_.drain();
+  }
+
+ private:
+  MetricScope& scope_;
+  CgroupLabels labels_;
+  CounterDrain kills_;
+  DropAccounting drops_;
+  Object skel_;
+  std::string hook_;
+};
+
+}  // namespace
+
+TracerDescriptor oom_kills_descriptor() {
+  return {"oom_kills", "OOM kills, by the victim's cgroup",
+          [](YamlMapReader& options) -> std::any {
+            if (options.has("cgroup"))
+              options.fail("cgroup", "oom_kills is always labelled by cgroup");
+            return CgroupLabelOptions::read(options);
+          },
+          [](MetricScope& scope, const std::any& options) -> std::unique_ptr<Tracer> {
+            return std::make_unique<OomKillsTracer>(
+                scope, std::any_cast<const CgroupLabelOptions&>(options));
+          }};
+}
+
+}  // namespace ebpf_metricsd

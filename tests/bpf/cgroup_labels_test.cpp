@@ -1,0 +1,237 @@
+// `cgroup: true` on every tracer whose events have an owner: a workload runs in a process
+// born in a cgroup the test makes, and the series of that cgroup count exactly what it did
+// (the kernel's own accounting of the process where there is one).
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "../cgroup_fixture.h"
+#include "../kernel_fixtures.h"
+#include "../metrics_lookup.h"
+#include "../workloads.h"
+#include "tracer_fixture.h"
+
+using namespace ebpf_metricsd;
+
+namespace {
+
+const std::string kHooks[] = {"auto", "raw_tp"};
+
+// The label set of a series of cgroup `cg` with the tracer's own labels `own`.
+test::Labels in_cgroup(const test::TestCgroup& cg, test::Labels own = {}) {
+  own["cgroup"] = cg.label();
+  own["pod"] = "";
+  own["container"] = "";
+  return own;
+}
+
+}  // namespace
+
+TEST_CASE("syscall_latency by cgroup: the calls of a process in a test cgroup", "[cgroup]") {
+  const std::string hook = GENERATE(from_range(std::begin(kHooks), std::end(kHooks)));
+  INFO("hook " << hook);
+  test::TestCgroup cg("syscall");
+  MetricStore store;
+  auto tracer = test::start_tracer(
+      store, "syscall_latency",
+      "    hook: " + hook + "\n    cgroup: true\n    per_syscall: [getppid]\n");
+  constexpr long kCalls = 5000;
+  cg.run([] { workload::getppid_calls(kCalls); });
+  tracer->drain();
+  const auto labels = in_cgroup(cg, {{"syscall", "getppid"}});
+  CHECK(test::histogram_count(store, "ebpf_syscall_latency_seconds", labels) == kCalls);
+  // Nothing of the test process itself (it is not in that cgroup) lands there.
+  tracer->drain();
+  workload::getppid_calls(100);
+  tracer->drain();
+  CHECK(test::histogram_count(store, "ebpf_syscall_latency_seconds", labels) == kCalls);
+}
+
+TEST_CASE("page_faults by cgroup: equal to the faults the kernel accounted to the process",
+          "[cgroup]") {
+  test::TestCgroup cg("faults");
+  MetricStore store;
+  auto tracer = test::start_tracer(store, "page_faults", "    cgroup: true\n");
+  constexpr long kPages = 3000;
+  const rusage ru = cg.run([] { workload::touch_anon_pages(kPages); });
+  tracer->drain();
+  const double minor =
+      test::counter_value(store, "ebpf_page_faults_total", in_cgroup(cg, {{"type", "minor"}}));
+  const double major =
+      test::counter_value(store, "ebpf_page_faults_total", in_cgroup(cg, {{"type", "major"}}));
+  INFO("minor " << minor << " major " << major << " | rusage minor " << ru.ru_minflt << " major "
+                << ru.ru_majflt);
+  CHECK(minor >= kPages);
+  CHECK(minor == static_cast<double>(ru.ru_minflt));
+  CHECK(major == static_cast<double>(ru.ru_majflt));
+}
+
+TEST_CASE("tcp_connect_latency by cgroup: the connecting process's cgroup, taken at SYN_SENT",
+          "[cgroup]") {
+  const std::string hook = GENERATE(from_range(std::begin(kHooks), std::end(kHooks)));
+  INFO("hook " << hook);
+  test::TestCgroup cg("tcp");
+  MetricStore store;
+  auto tracer = test::start_tracer(store, "tcp_connect_latency",
+                                   "    hook: " + hook + "\n    cgroup: true\n");
+  // A listener of the test process (outside the cgroup) and a bound port nobody listens on.
+  const auto bound = [](bool listening) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    if (listening) REQUIRE(listen(fd, 512) == 0);
+    REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    return std::make_pair(fd, a);
+  };
+  const auto [lfd, open_addr] = bound(true);
+  const auto [cfd, closed_addr] = bound(false);
+  constexpr long kConnects = 60, kRefused = 15;
+  cg.run([&, open = open_addr, closed = closed_addr] {
+    workload::tcp_connects(open, kConnects);
+    workload::tcp_refused_connects(closed, kRefused);
+  });
+  tracer->drain();
+  const auto labels = in_cgroup(cg, {{"family", "ipv4"}});
+  CHECK(test::histogram_count(store, "ebpf_tcp_connect_latency_seconds", labels) == kConnects);
+  CHECK(test::counter_value(store, "ebpf_tcp_connect_failures_total", labels) == kRefused);
+  close(lfd);
+  close(cfd);
+}
+
+TEST_CASE("net_xmit_latency by cgroup: the sending socket's cgroup", "[cgroup]") {
+  const std::string hook = GENERATE(from_range(std::begin(kHooks), std::end(kHooks)));
+  INFO("hook " << hook);
+  test::VethPair veth;
+  test::TestCgroup cg("xmit");
+  MetricStore store;
+  auto tracer = test::start_tracer(store, "net_xmit_latency",
+                                   "    hook: " + hook + "\n    cgroup: true\n");
+  constexpr long kPackets = 200;
+  constexpr std::size_t kPayload = 64;
+  cg.run([] {
+    const int fd = socket(AF_INET, SOCK_DGRAM, 0);  // made in the cgroup: the socket's owner
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(9);
+    if (fd < 0 || inet_pton(AF_INET, "169.254.77.2", &to.sin_addr) != 1)
+      throw std::runtime_error("socket");
+    workload::udp_sends(fd, to, kPackets, kPayload);
+    close(fd);
+  });
+  tracer->drain();
+  const auto labels = in_cgroup(cg, {{"interface", veth.host()}});
+  constexpr double kFrame = 14 + 20 + 8 + kPayload;
+  CHECK(test::counter_value(store, "ebpf_net_xmit_packets_total", labels) == kPackets);
+  CHECK(test::counter_value(store, "ebpf_net_xmit_bytes_total", labels) == kPackets * kFrame);
+  CHECK(test::histogram_count(store, "ebpf_net_xmit_queue_latency_seconds", labels) ==
+        static_cast<std::uint64_t>(kPackets));
+}
+
+TEST_CASE("block_io by cgroup: direct I/O of a process in a test cgroup", "[cgroup]") {
+  const std::string hook = GENERATE(from_range(std::begin(kHooks), std::end(kHooks)));
+  INFO("hook " << hook);
+  test::LoopDevice loop;
+  test::TestCgroup cg("block");
+  MetricStore store;
+  auto tracer =
+      test::start_tracer(store, "block_io", "    hook: " + hook + "\n    cgroup: true\n");
+  constexpr long kReads = 150;
+  const auto s0 = loop.stat();
+  cg.run([&] {
+    const int fd = open(loop.dev().c_str(), O_RDONLY | O_DIRECT);
+    void* buf = nullptr;
+    if (fd < 0 || posix_memalign(&buf, 4096, 4096) != 0) throw std::runtime_error("open");
+    workload::direct_reads(fd, buf, kReads);
+    close(fd);
+  });
+  tracer->drain();
+  const auto s1 = loop.stat();
+  const auto labels = in_cgroup(cg, {{"device", loop.name()}, {"op", "read"}});
+  const std::uint64_t reads =
+      test::histogram_count(store, "ebpf_block_io_latency_seconds", labels);
+  INFO("reads " << reads << " | sysfs reads " << s1[0] - s0[0]);
+  CHECK(reads == kReads);
+  CHECK(test::counter_value(store, "ebpf_block_io_bytes_total", labels) == kReads * 4096.0);
+}
+
+TEST_CASE("page_cache by cgroup: the reading and writing process's cgroup", "[cgroup]") {
+  const std::string hook = GENERATE(from_range(std::begin(kHooks), std::end(kHooks)));
+  INFO("hook " << hook);
+  constexpr long kPages = 256, kDirty = 32;
+  const long page = sysconf(_SC_PAGESIZE);
+  test::EvictedFile file(kPages, 'z');
+  test::TestCgroup cg("cache");
+  MetricStore store;
+  auto tracer =
+      test::start_tracer(store, "page_cache", "    hook: " + hook + "\n    cgroup: true\n");
+  const auto labels = in_cgroup(cg);
+  const auto value = [&](const char* name) {
+    tracer->drain();
+    return test::counter_value(store, name, labels);
+  };
+  const auto read_all = [&] {
+    std::vector<char> buf(static_cast<std::size_t>(page * 16));
+    long got = 0;
+    ssize_t n;
+    for (off_t off = 0; (n = pread(file.fd(), buf.data(), buf.size(), off)) > 0; off += n)
+      got += n;
+    if (got != page * kPages) throw std::runtime_error("short read");
+  };
+  cg.run(read_all);  // cold: every page is read in by this process
+  const double misses1 = value("ebpf_page_cache_misses_total");
+  const double accesses1 = value("ebpf_page_cache_accesses_total");
+  cg.run(read_all);  // warm
+  const double misses2 = value("ebpf_page_cache_misses_total");
+  const double accesses2 = value("ebpf_page_cache_accesses_total");
+  cg.run([&] {
+    const std::vector<char> data(static_cast<std::size_t>(page * kDirty), 'z');
+    if (pwrite(file.fd(), data.data(), data.size(), 0) != static_cast<ssize_t>(data.size()))
+      throw std::runtime_error("pwrite");
+  });
+  const double dirtied = value("ebpf_page_cache_dirtied_total");
+  INFO("cold: misses " << misses1 << " accesses " << accesses1 << "; warm: misses "
+                       << misses2 - misses1 << " accesses " << accesses2 - accesses1
+                       << "; dirtied " << dirtied);
+  CHECK(misses1 == kPages);
+  CHECK(accesses1 >= kPages);
+  CHECK(misses2 == misses1);
+  CHECK(accesses2 - accesses1 >= kPages);
+  CHECK(dirtied == kDirty);
+}
+
+TEST_CASE("runqueue_latency and offcpu_time by cgroup: a process that sleeps and wakes",
+          "[cgroup]") {
+  test::TestCgroup cg("sched");
+  MetricStore store;
+  auto runq = test::start_tracer(store, "runqueue_latency", "    cgroup: true\n");
+  auto offcpu = test::start_tracer(store, "offcpu_time", "    cgroup: true\n");
+  // Each sleep takes the process off the CPU once, and its wakeup puts it on a run queue
+  // once; besides, only its birth, exit and a rare preemption switch it.
+  constexpr int kSleeps = 200;
+  const rusage ru = cg.run([] {
+    for (int i = 0; i < kSleeps; ++i) usleep(500);
+  });
+  runq->drain();
+  offcpu->drain();
+  const auto labels = in_cgroup(cg);
+  const std::uint64_t off = test::histogram_count(store, "ebpf_offcpu_seconds", labels);
+  const std::uint64_t rq = test::histogram_count(store, "ebpf_runqueue_latency_seconds", labels);
+  INFO("off-CPU periods " << off << ", run-queue waits " << rq << " | rusage voluntary switches "
+                          << ru.ru_nvcsw << ", involuntary " << ru.ru_nivcsw);
+  CHECK(off >= kSleeps);
+  CHECK(off <= static_cast<std::uint64_t>(ru.ru_nvcsw + ru.ru_nivcsw) + 2);
+  CHECK(rq >= kSleeps);
+  CHECK(rq <= static_cast<std::uint64_t>(ru.ru_nvcsw + ru.ru_nivcsw) + 2);
+}
