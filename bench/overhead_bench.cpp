@@ -282,6 +282,11 @@ int run_benchmarks(int argc, char** argv) {
   // The raw_tp variants (per-thread state in a pid-keyed hash, as on kernels whose tracing
   // programs have no task storage) declare the same metrics: a store of their own.
   MetricStore raw_store;
+  // With cgroup: true the metrics have three more labels: a store of their own too.
+  MetricStore labelled_store;
+  const auto labelled = [&](const std::string& name) -> Mode {
+    return {name + " cgroup: true", tracer(name, labelled_store, "    cgroup: true\n"), {}};
+  };
   const Attach none = [] { return Attachment(); };
   std::vector<Suite> suites = {
       {"syscall_latency: getppid()",
@@ -292,7 +297,8 @@ int run_benchmarks(int argc, char** argv) {
         {"syscall_latency", tracer("syscall_latency", store), {}},
         {"syscall_latency raw_tp (tid hash)",
          tracer("syscall_latency", raw_store, "    hook: raw_tp\n"),
-         {}}}},
+         {}},
+        labelled("syscall_latency")}},
       {"runqueue_latency: pipe ping-pong",
        "round trip",
        pipe_ping_pong,
@@ -303,19 +309,22 @@ int run_benchmarks(int argc, char** argv) {
         {"runqueue_latency", tracer("runqueue_latency", store), {}},
         {"runqueue_latency raw_tp (pid hash)",
          tracer("runqueue_latency", raw_store, "    hook: raw_tp\n"),
-         {}}}},
+         {}},
+        labelled("runqueue_latency")}},
       {"offcpu_time: pipe ping-pong",
        "round trip",
        pipe_ping_pong,
        {{"baseline", none, {}},
         {"floor sched_switch", floor_of({"floor_switch"}), {}},
-        {"offcpu_time", tracer("offcpu_time", store), {}}}},
+        {"offcpu_time", tracer("offcpu_time", store), {}},
+        labelled("offcpu_time")}},
       {"page_faults: first touch of anonymous pages",
        "page",
        touch_pages,
        {{"baseline", none, {}},
         {"floor perf_event", floor_of({}, /*perf_faults=*/true), {}},
-        {"page_faults", tracer("page_faults", store), {}}}},
+        {"page_faults", tracer("page_faults", store), {}},
+        labelled("page_faults")}},
       {"kmalloc: open+read+close /proc/self/stat",
        "open/read/close",
        read_proc_files,
@@ -327,13 +336,15 @@ int run_benchmarks(int argc, char** argv) {
        loopback_connects,
        {{"baseline", none, {}},
         {"floor inet_sock_set_state", floor_of({"floor_inet_sock_set_state"}), {}},
-        {"tcp_connect_latency", tracer("tcp_connect_latency", store), {}}}},
+        {"tcp_connect_latency", tracer("tcp_connect_latency", store), {}},
+        labelled("tcp_connect_latency")}},
       {"net_xmit_latency: UDP datagram over a veth pair",
        "datagram",
        veth_udp_sends,
        {{"baseline", none, {}},
         {"floor net_dev_queue+xmit", floor_of({"floor_net_dev_queue", "floor_net_dev_xmit"}), {}},
-        {"net_xmit_latency", tracer("net_xmit_latency", store), {}}}},
+        {"net_xmit_latency", tracer("net_xmit_latency", store), {}},
+        labelled("net_xmit_latency")}},
       {"block_io: 4 KiB O_DIRECT read of a loop device",
        "read",
        loop_direct_reads,
@@ -341,7 +352,8 @@ int run_benchmarks(int argc, char** argv) {
         {"floor block_rq_issue+complete",
          floor_of({"floor_block_rq_issue", "floor_block_rq_complete"}),
          {}},
-        {"block_io", tracer("block_io", store), {}}},
+        {"block_io", tracer("block_io", store), {}},
+        labelled("block_io")},
        /*min_rounds=*/61},
       {"page_cache: 4 KiB read of a cached file",
        "read",
@@ -351,7 +363,8 @@ int run_benchmarks(int argc, char** argv) {
          floor_of({"floor_get_pages", "floor_map_pages", "floor_filemap_fault",
                    "floor_add_to_page_cache", "floor_dirty_folio"}),
          {}},
-        {"page_cache", tracer("page_cache", store), {}}}},
+        {"page_cache", tracer("page_cache", store), {}},
+        labelled("page_cache")}},
   };
   Io io;
   g_io = &io;

@@ -174,11 +174,13 @@ queue_of(struct request *rq, bool raw, bool issue, __u32 *slot)
 }
 
 /*
- * The cgroup the request is charged to: its first bio's blkcg (the writer of
- * dirty pages, not the flusher thread that issues them), when that is a cgroup
- * of the v2 hierarchy (hierarchy id 0). Else (a flush without data, the io
- * controller on a v1 hierarchy, a kernel without block cgroups) the cgroup of
- * the task that issued it.
+ * The owner of a request: the cgroup it is charged to, its first bio's io
+ * cgroup (the writer of dirty pages, not the flusher thread that issues them),
+ * when that is a cgroup of the v2 hierarchy (hierarchy id 0) below the root.
+ * Else the cgroup of the task that issued it: a cgroup without the io
+ * controller is charged to its nearest ancestor that has one, often the root,
+ * which names no workload; the io controller may sit on a v1 hierarchy; a
+ * flush carries no data; a kernel may have no block cgroups.
  */
 struct bio___blkg {
 	struct blkcg_gq *bi_blkg;
@@ -192,7 +194,7 @@ static __always_inline __u64 request_cgroup(struct request *rq, __u64 issuer)
 	if (!bio || !bpf_core_field_exists(bio->bi_blkg))
 		return issuer;
 	cg = BPF_CORE_READ(bio, bi_blkg, blkcg, css.cgroup);
-	if (!cg || BPF_CORE_READ(cg, root, hierarchy_id) != 0)
+	if (!cg || BPF_CORE_READ(cg, root, hierarchy_id) != 0 || !BPF_CORE_READ(cg, level))
 		return issuer;
 	return BPF_CORE_READ(cg, kn, id);
 }

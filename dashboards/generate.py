@@ -9,6 +9,9 @@ import os
 
 DS = {"type": "prometheus", "uid": "${datasource}"}
 SEL = 'instance=~"$instance"'
+# Series of the workloads chosen in the variable (only labelled ones: cgroup is set).
+WSEL = SEL + ', cgroup=~"$workload"'
+WORKLOAD = "instance, cgroup, pod, container"
 RATE = "$__rate_interval"
 
 panels = []
@@ -208,6 +211,52 @@ timeseries("IOPS and throughput by device and op", [
      "B/s {{instance}} {{device}} {{op}}")], "short", 16, 8)
 next_line()
 
+row("Workloads", "Where a tracer has cgroup: true (OOM kills always): the busiest cgroups. "
+    "cgroup is the systemd unit or the cgroup path; under Kubernetes pod is the pod UID "
+    "(kube_pod_info's uid) and container the container ID.")
+
+
+def top_rate(metric, legend_unit=""):
+    return [(f"topk(10, {rate_by_workload(metric)})",
+             "{{instance}} {{cgroup}} {{pod}} {{container}}" + legend_unit)]
+
+
+def rate_by_workload(metric):
+    return f"sum by ({WORKLOAD}) (rate({metric}{{{WSEL}}}[{RATE}]))"
+
+
+def top_histogram(metric, fn):
+    """Top 10 workloads by the rate of a histogram's sum or count, classic or native."""
+    classic = rate_by_workload(f"{metric}_{fn}")
+    native = f"sum by ({WORKLOAD}) (histogram_{fn}(rate({metric}{{{WSEL}}}[{RATE}])))"
+    return [(f"topk(10, {classic} or {native})", "{{instance}} {{cgroup}} {{pod}} {{container}}")]
+
+
+timeseries("Syscall time by workload, top 10",
+           top_histogram("ebpf_syscall_latency_seconds", "sum"), "s", 0, 8,
+           "Seconds spent in syscalls per second (1 = one thread always in a syscall).")
+timeseries("Run-queue wait by workload, top 10",
+           top_histogram("ebpf_runqueue_latency_seconds", "sum"), "s", 8, 8,
+           "Seconds spent runnable but waiting for a CPU, per second.")
+timeseries("TCP connects by workload, top 10",
+           top_histogram("ebpf_tcp_connect_latency_seconds", "count"), "ops", 16, 8)
+next_line()
+timeseries("Page faults by workload, top 10", top_rate("ebpf_page_faults_total"), "ops", 0, 8)
+timeseries("Page cache misses by workload, top 10",
+           top_rate("ebpf_page_cache_misses_total"), "ops", 8, 8)
+timeseries("Block I/O bytes by workload, top 10",
+           top_rate("ebpf_block_io_bytes_total"), "Bps", 16, 8,
+           "By the cgroup each request is charged to (the writer of dirty pages).")
+next_line()
+timeseries("Packets sent by workload, top 10",
+           top_rate("ebpf_net_xmit_packets_total"), "pps", 0, 8,
+           "By the cgroup of the sending socket.")
+timeseries("OOM kills by workload, last hour", [
+    (f"sum by ({WORKLOAD}) (increase(ebpf_oom_kills_total{{{WSEL}}}[1h]))",
+     "{{instance}} {{cgroup}} {{pod}} {{container}}")], "short", 8, 16,
+           "Processes the OOM killer chose, by the victim's cgroup.")
+next_line()
+
 dashboard = {
     "__inputs": [],
     "__requires": [
@@ -235,6 +284,12 @@ dashboard = {
          "definition": "label_values(ebpf_metricsd_build_info, instance)",
          "query": {"query": "label_values(ebpf_metricsd_build_info, instance)",
                    "refId": "instance"},
+         "refresh": 2, "multi": True, "includeAll": True, "allValue": ".+",
+         "current": {}, "hide": 0, "sort": 1, "regex": "", "options": []},
+        {"type": "query", "name": "workload", "label": "Workload (cgroup)", "datasource": DS,
+         "definition": f'label_values({{__name__=~"ebpf_.+", {SEL}}}, cgroup)',
+         "query": {"query": f'label_values({{__name__=~"ebpf_.+", {SEL}}}, cgroup)',
+                   "refId": "workload"},
          "refresh": 2, "multi": True, "includeAll": True, "allValue": ".+",
          "current": {}, "hide": 0, "sort": 1, "regex": "", "options": []},
     ]},

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <linux/sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -14,7 +15,9 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -98,5 +101,81 @@ class TestCgroup {
   int fd_ = -1;
   std::uint64_t id_ = 0;
 };
+
+// A memory limit on a TestCgroup's processes: the v2 memory controller where the v2
+// hierarchy has it, else the v1 memory controller (hybrid hosts, where v1 holds every
+// controller), with the controller's own count of OOM kills as the oracle.
+class MemoryLimit {
+ public:
+  static constexpr long kBytes = 64L << 20;
+
+  explicit MemoryLimit(const TestCgroup& cg) {
+    const std::string v2_root = cgroup2_mount();
+    if (read(v2_root + "/cgroup.controllers").find("memory") != std::string::npos) {
+      write(v2_root + "/cgroup.subtree_control", "+memory");
+      events_ = cg.path() + "/memory.events.local";
+      if (!write(cg.path() + "/memory.max", std::to_string(kBytes)))
+        throw std::runtime_error("cannot set memory.max of " + cg.path());
+      write(cg.path() + "/memory.swap.max", "0");  // absent without swap accounting
+    } else {
+      v1_ = "/sys/fs/cgroup/memory/emd-oom-" + std::to_string(getpid());
+      rmdir(v1_.c_str());
+      if (mkdir(v1_.c_str(), 0755) != 0 ||
+          !write(v1_ + "/memory.limit_in_bytes", std::to_string(kBytes))) {
+        throw std::runtime_error("cannot make the v1 memory cgroup " + v1_);
+      }
+      write(v1_ + "/memory.memsw.limit_in_bytes", std::to_string(kBytes));  // swap too
+      events_ = v1_ + "/memory.oom_control";
+    }
+  }
+  ~MemoryLimit() {
+    if (!v1_.empty()) rmdir(v1_.c_str());
+  }
+  MemoryLimit(const MemoryLimit&) = delete;
+  MemoryLimit& operator=(const MemoryLimit&) = delete;
+
+  // In the child: join the v1 cgroup (under v2 it was born inside the limit).
+  void enter() const {
+    if (!v1_.empty() && !write(v1_ + "/cgroup.procs", "0"))
+      throw std::runtime_error("join " + v1_);
+  }
+  // The controller's oom_kill count (memory.events.local, or v1's memory.oom_control).
+  std::uint64_t kills() const {
+    std::istringstream in(read(events_));
+    std::string key;
+    std::uint64_t value = 0;
+    while (in >> key >> value) {
+      if (key == "oom_kill") return value;
+    }
+    throw std::runtime_error("no oom_kill in " + events_);
+  }
+  std::string where() const { return v1_.empty() ? "cgroup v2 memory.max" : "cgroup v1 " + v1_; }
+
+ private:
+  static bool write(const std::string& path, const std::string& value) {
+    std::ofstream out(path);
+    out << value;
+    out.flush();
+    return static_cast<bool>(out);
+  }
+  static std::string read(const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  std::string v1_, events_;
+};
+
+// Touches anonymous memory page by page far past MemoryLimit::kBytes: the OOM killer ends
+// the calling process (there is no swap for it).
+inline void exceed_memory_limit() {
+  const std::size_t len = static_cast<std::size_t>(MemoryLimit::kBytes) * 8;
+  auto* p = static_cast<char*>(
+      mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  if (p == MAP_FAILED) throw std::runtime_error("mmap");
+  madvise(p, len, MADV_NOHUGEPAGE);
+  for (std::size_t off = 0; off < len; off += 4096) p[off] = 1;
+}
 
 }  // namespace ebpf_metricsd::test

@@ -99,6 +99,16 @@ inline std::string all_tracers_enabled() {
   return yaml;
 }
 
+// Every tracer enabled, those whose events have an owner with `cgroup: true`.
+inline std::string all_tracers_labelled() {
+  std::string yaml;
+  for (const auto& d : tracer_registry()) {
+    yaml += "  " + d.name + ":\n    enabled: true\n";
+    if (d.name != "kmalloc" && d.name != "oom_kills") yaml += "    cgroup: true\n";
+  }
+  return yaml;
+}
+
 // The daemon as a child process with its stderr in a file.
 class DaemonProcess {
  public:

@@ -15,6 +15,7 @@
 #include <regex>
 #include <set>
 
+#include "../cgroup_fixture.h"
 #include "../kernel_fixtures.h"
 #include "../workloads.h"
 #include "daemon_process.h"
@@ -141,8 +142,9 @@ TEST_CASE(
     FAIL("prometheus is not installed (packaging/install-deps.sh --with-tests)");
   }
   // A series limit that the syscall histogram (one label set per syscall) runs into, so the
-  // status row's series_limited query has data too.
-  Setup s(replace_all(all_tracers_enabled(), "  syscall_latency:\n    enabled: true\n",
+  // status row's series_limited query has data too. Workload labels on every tracer that
+  // has them, for the dashboard's Workloads row.
+  Setup s(replace_all(all_tracers_labelled(), "  syscall_latency:\n    enabled: true\n",
                       "  syscall_latency:\n    enabled: true\n    per_syscall: all\n"));
   s.prepend("max_series: 25\n");
   DaemonProcess daemon(DAEMON_PATH, s.log, {s.args(), false, {}, {}});
@@ -157,6 +159,16 @@ TEST_CASE(
   // themselves; TCP connects that succeed and fail; loopback packets; a loop device read and
   // written with O_DIRECT; a file read cold from disk.
   LoopDevice loop;
+  {
+    // One OOM kill, in a memory-limited cgroup, for the OOM panel.
+    TestCgroup cg("e2e-oom");
+    MemoryLimit limit(cg);
+    const int status = cg.run_status([&] {
+      limit.enter();
+      exceed_memory_limit();
+    });
+    REQUIRE(WIFSIGNALED(status));
+  }
   std::atomic<bool> stop{false};
   std::thread activity([&] {
     const int listener = socket(AF_INET, SOCK_STREAM, 0);
@@ -206,6 +218,7 @@ TEST_CASE(
       std::string expr = t["expr"];
       expr = replace_all(expr, "$instance", instance);
       expr = replace_all(expr, "$__rate_interval", "1m");
+      expr = replace_all(expr, "$workload", ".+");  // "All"
       const bool native_target = heatmap && t["refId"] == "B";
       queries.push_back({"dashboard: " + panel["title"].get<std::string>(), expr,
                          !heatmap || !native_target, !heatmap || native_target});

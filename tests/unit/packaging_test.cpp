@@ -114,6 +114,11 @@ TEST_CASE("the dashboard: data source variable, instance filter, rows, heatmaps,
   CHECK(vars["datasource"]["query"] == "prometheus");
   REQUIRE(vars.count("instance"));
   CHECK(vars["instance"]["datasource"]["uid"] == "${datasource}");
+  // The workload variable lists the cgroups of labelled series; "All" matches only those.
+  REQUIRE(vars.count("workload"));
+  CHECK_THAT(vars["workload"]["query"]["query"].get<std::string>(),
+             Catch::Matchers::Contains(", cgroup)"));
+  CHECK(vars["workload"]["allValue"] == ".+");
 
   // Recorded series the rules define.
   std::set<std::string> recorded;
@@ -124,6 +129,7 @@ TEST_CASE("the dashboard: data source variable, instance filter, rows, heatmaps,
     }
   }
   std::set<std::string> rows, heatmapped, native_heatmapped;
+  std::size_t workload_panels = 0;
   const std::regex recorded_name(R"([a-z_]+:[a-z_]+:[a-z0-9_]+)");
   for (const auto& p : dash["panels"]) {
     if (p["type"] == "row") {
@@ -137,6 +143,7 @@ TEST_CASE("the dashboard: data source variable, instance filter, rows, heatmaps,
       INFO(expr);
       CHECK(t["datasource"]["uid"] == "${datasource}");
       CHECK(expr.find("instance=~\"$instance\"") != std::string::npos);
+      if (expr.find("cgroup=~\"$workload\"") != std::string::npos) ++workload_panels;
       for (std::sregex_iterator m(expr.begin(), expr.end(), recorded_name), end; m != end; ++m) {
         CHECK(recorded.count(m->str()) == 1);
       }
@@ -158,8 +165,10 @@ TEST_CASE("the dashboard: data source variable, instance filter, rows, heatmaps,
     }
   }
   CHECK(rows == std::set<std::string>{"Status", "Syscalls", "TCP connect", "Network transmit",
-                                      "Scheduler", "Memory", "Page cache", "Block I/O"});
+                                      "Scheduler", "Memory", "Page cache", "Block I/O",
+                                      "Workloads"});
   CHECK(native_heatmapped == heatmapped);
+  CHECK(workload_panels == 8);
   CHECK(heatmapped ==
         std::set<std::string>{"ebpf_syscall_latency_seconds", "ebpf_tcp_connect_latency_seconds",
                               "ebpf_net_xmit_queue_latency_seconds",
