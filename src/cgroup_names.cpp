@@ -152,8 +152,11 @@ void CgroupNames::rescan() {
     rel.append(fs::relative(it->path(), root_, ec).string());
     paths_[st.st_ino] = std::move(rel);
   }
-  // Labels of cgroups that are gone are not kept: ids are never reused.
-  std::erase_if(labels_, [&](const auto& entry) { return !paths_.count(entry.first); });
+  // Labels of cgroups that two scans did not find are dropped (ids are never reused).
+  for (auto it = labels_.begin(); it != labels_.end();) {
+    if (paths_.count(it->first)) it->second.seen = scans_;
+    it = it->second.seen + 1 < scans_ ? labels_.erase(it) : std::next(it);
+  }
 }
 
 const std::string* CgroupNames::find_path(std::uint64_t id) {
@@ -168,10 +171,10 @@ const std::string* CgroupNames::find_path(std::uint64_t id) {
 CgroupLabel CgroupNames::label(std::uint64_t id) {
   if (id == 0) return {"none", "", ""};
   std::lock_guard lock(mutex_);
-  if (auto it = labels_.find(id); it != labels_.end()) return it->second;
+  if (auto it = labels_.find(id); it != labels_.end()) return it->second.label;
   const std::string* path = find_path(id);
   if (!path) return {"unknown", "", ""};
-  return labels_.emplace(id, cgroup_label_for_path(*path)).first->second;
+  return labels_.emplace(id, Named{cgroup_label_for_path(*path), scans_}).first->second.label;
 }
 
 bool CgroupNames::gone(std::uint64_t id) {

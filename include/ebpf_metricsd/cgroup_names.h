@@ -63,7 +63,13 @@ class CgroupNames {
   std::string root_;
   std::mutex mutex_;
   std::map<std::uint64_t, std::string> paths_;  // id -> path below root_, from the last scan
-  std::map<std::uint64_t, CgroupLabel> labels_;  // decoded on first use
+  // Decoded on first use; kept until two scans in a row have not found the cgroup, so that
+  // the last events of a cgroup removed since the scan still get its name.
+  struct Named {
+    CgroupLabel label;
+    std::uint64_t seen;  // the last scan that found it
+  };
+  std::map<std::uint64_t, Named> labels_;
   std::chrono::steady_clock::time_point pass_start_{};
   std::chrono::steady_clock::time_point last_scan_{};
   bool scanned_ = false;

@@ -160,7 +160,15 @@ TEST_CASE(
   // written with O_DIRECT; a file read cold from disk.
   LoopDevice loop;
   {
-    // One OOM kill, in a memory-limited cgroup, for the OOM panel.
+    // One OOM kill, in a memory-limited cgroup, for the OOM panel: once the tracer is up
+    // (tracers attach one after another after the server started).
+    REQUIRE(wait_until(
+        [&] {
+          return http_get(s.port, "/metrics")
+                     .body.find("ebpf_metricsd_tracer_up{tracer=\"oom_kills\",hook=\"tp_btf\"} 1") !=
+                 std::string::npos;
+        },
+        30s));
     TestCgroup cg("e2e-oom");
     MemoryLimit limit(cg);
     const int status = cg.run_status([&] {

@@ -126,6 +126,18 @@ TEST_CASE("CgroupNames names directories by inode, and knows when one is gone") 
   CHECK_FALSE(names.gone(nginx));
   CHECK(names.gone(987654321));
   CHECK_FALSE(names.gone(0));
+
+  // A cgroup named once keeps its name for its last events after it is removed, through
+  // the next scan; the scan after that forgets it.
+  std::filesystem::remove(root / "batch/job-1");
+  names.begin_pass();
+  CHECK(names.name(987654322) == "unknown");  // a scan without job-1
+  CHECK(names.scans() == 3);
+  CHECK(names.name(later) == "/batch/job-1");
+  names.begin_pass();
+  CHECK(names.name(987654323) == "unknown");  // a second scan without it
+  CHECK(names.scans() == 4);
+  CHECK(names.name(later) == "unknown");
   std::filesystem::remove_all(root);
 }
 
