@@ -229,7 +229,10 @@ TEST_CASE("page_cache by cgroup: the reading and writing process's cgroup", "[cg
   INFO("cold: misses " << misses1 << " accesses " << accesses1 << "; warm: misses "
                        << misses2 - misses1 << " accesses " << accesses2 - accesses1
                        << "; dirtied " << dirtied);
-  CHECK(misses1 == kPages);
+  // Every page of the file, plus at most a block or two of file system metadata the read
+  // brought in through the block device's own page cache (seen once on 5.10's ext4).
+  CHECK(misses1 >= kPages);
+  CHECK(misses1 <= kPages + 2);
   CHECK(accesses1 >= kPages);
   CHECK(misses2 == misses1);
   CHECK(accesses2 - accesses1 >= kPages);

@@ -1,4 +1,5 @@
 // kmalloc on the real kernel, against an independent BPF counter of the same tracepoints.
+#include <bpf/bpf.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -27,6 +28,15 @@ OracleCounts read_oracle(const kmalloc_oracle* o) {
 // two programs of one event run one after the other, and a read between them sees the event
 // on one side only. At most one such event per CPU at each of the two edges.
 double edge_events() { return 2.0 * ebpf_metricsd::possible_cpus(); }
+
+// The times the kernel skipped a program because it was already running on that CPU (a
+// kmem_cache_free from an interrupt that came while it ran): events the oracle missed.
+std::uint64_t recursion_misses(const bpf_program* prog) {
+  bpf_prog_info info{};
+  std::uint32_t len = sizeof info;
+  if (bpf_obj_get_info_by_fd(bpf_program__fd(prog), &info, &len) != 0) return 0;
+  return info.recursion_misses;
+}
 
 // Opens and attaches the oracle, with its kmalloc_node program where the kernel has that
 // tracepoint (before 6.1).
@@ -138,6 +148,11 @@ TEST_CASE("a full cache map counts every call it cannot hold as map_full", "[kma
     return std::size_t{0};
   };
   const test::Labels full = {{"tracer", "kmalloc"}, {"reason", "map_full"}};
+  const auto oracle_misses = [&] {
+    return recursion_misses(oracle->progs.oracle_cache_alloc) +
+           recursion_misses(oracle->progs.oracle_cache_free);
+  };
+  const std::uint64_t m0 = oracle_misses();
   const std::uint64_t o0 = __atomic_load_n(&oracle->bss->cache_calls, __ATOMIC_SEQ_CST);
   tracer->drain();
   const double counted0 = cache_total();
@@ -145,14 +160,15 @@ TEST_CASE("a full cache map counts every call it cannot hold as map_full", "[kma
   workload::read_proc_files(5000);
   tracer->drain();
   const std::uint64_t o1 = __atomic_load_n(&oracle->bss->cache_calls, __ATOMIC_SEQ_CST);
+  const double missed = static_cast<double>(oracle_misses() - m0);
   const double counted = cache_total() - counted0;
   const double dropped = value(store, "ebpf_metricsd_dropped_events_total", full) - dropped0;
   const double o = static_cast<double>(o1 - o0);
   INFO("cache allocs and frees counted " << counted << " + map_full " << dropped << " vs oracle "
-                                         << o);
+                                         << o << " (+ " << missed << " it missed)");
   CHECK(series() <= 2);
   CHECK(dropped > 0);
   // Nothing vanishes: what the map could not hold is counted as dropped.
-  CHECK(counted + dropped <= o + edge_events());
+  CHECK(counted + dropped <= o + missed + edge_events());
   CHECK(counted + dropped >= o * 0.99 - 200);
 }
