@@ -186,17 +186,19 @@ struct bio___blkg {
 	struct blkcg_gq *bi_blkg;
 } __attribute__((preserve_access_index));
 
-static __always_inline __u64 request_cgroup(struct request *rq, __u64 issuer)
+static __always_inline __u64 request_cgroup(struct request *rq, __u64 issuer,
+					     bool raw)
 {
-	struct bio___blkg *bio = (void *)BPF_CORE_READ(rq, bio);
+	struct bio___blkg *bio = (void *)EMD_READ(raw, rq, bio);
 	struct cgroup *cg;
 
 	if (!bio || !bpf_core_field_exists(bio->bi_blkg))
 		return issuer;
-	cg = BPF_CORE_READ(bio, bi_blkg, blkcg, css.cgroup);
-	if (!cg || BPF_CORE_READ(cg, root, hierarchy_id) != 0 || !BPF_CORE_READ(cg, level))
+	/* tp_btf: plain loads along BTF-typed pointers, no helper calls */
+	cg = EMD_READ(raw, bio, bi_blkg, blkcg, css.cgroup);
+	if (!cg || EMD_READ(raw, cg, root, hierarchy_id) != 0 || !EMD_READ(raw, cg, level))
 		return issuer;
-	return BPF_CORE_READ(cg, kn, id);
+	return EMD_READ(raw, cg, kn, id);
 }
 
 static __always_inline int on_issue(struct request *rq, bool raw)
@@ -271,7 +273,7 @@ static __always_inline int on_complete(struct request *rq,
 	if (emd_by_cgroup) {
 		struct blockio_cgroup_key ck = {};
 
-		ck.cgroup = request_cgroup(rq, issuer);
+		ck.cgroup = request_cgroup(rq, issuer, raw);
 		__builtin_memcpy(ck.disk, key.disk, sizeof(ck.disk));
 		ck.op = op;
 		v = emd_lookup_or_init(&series_by_cgroup, &ck, &zero_value, &drops,

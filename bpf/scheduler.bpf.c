@@ -122,15 +122,15 @@ static __always_inline struct task_sched *task_state(struct task_struct *t,
 
 static __always_inline struct sched_hist *
 hist_for(struct task_struct *t, void *plain, void *labelled, bool by_cgroup,
-	 bool by_comm, __u32 drop_reason)
+	 bool by_comm, __u32 drop_reason, bool raw)
 {
 	struct sched_key key = {};
 	__u32 zero = 0;
 
 	if (!by_cgroup && !by_comm)
 		return bpf_map_lookup_elem(plain, &zero);
-	if (by_cgroup)
-		key.cgroup_id = BPF_CORE_READ(t, cgroups, dfl_cgrp, kn, id);
+	if (by_cgroup) /* tp_btf: four plain loads, no helper calls */
+		key.cgroup_id = EMD_READ(raw, t, cgroups, dfl_cgrp, kn, id);
 	if (by_comm)
 		BPF_CORE_READ_STR_INTO(&key.comm, t, comm);
 	return emd_lookup_or_init(labelled, &key, &zero_hist, &drops,
@@ -195,7 +195,7 @@ static __always_inline int on_switch(bool preempt, struct task_struct *prev,
 	if (s->enqueued && sched_cfg.runq_on) {
 		h = hist_for(next, &runq_hist, &runq_hist_labelled,
 			     sched_cfg.runq_by_cgroup, sched_cfg.runq_by_comm,
-			     SCHED_DROP_RUNQ_LABELS);
+			     SCHED_DROP_RUNQ_LABELS, raw);
 		if (h)
 			emd_hist_add_ns(h, now - s->enqueued);
 	}
@@ -203,7 +203,7 @@ static __always_inline int on_switch(bool preempt, struct task_struct *prev,
 	if (s->blocked && sched_cfg.offcpu_on) {
 		h = hist_for(next, &offcpu_hist, &offcpu_hist_labelled,
 			     sched_cfg.offcpu_by_cgroup, sched_cfg.offcpu_by_comm,
-			     SCHED_DROP_OFFCPU_LABELS);
+			     SCHED_DROP_OFFCPU_LABELS, raw);
 		if (h)
 			emd_hist_add_ns(h, now - s->blocked);
 	}
