@@ -45,14 +45,7 @@ struct {
 	__type(value, struct netxmit_value);
 } dev_series SEC(".maps");
 
-/* cgroup: true; user space sizes it (1 entry when off). */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(max_entries, 1);
-	__type(key, struct netxmit_cgroup_key);
-	__type(value, struct netxmit_value);
-} series_by_cgroup SEC(".maps");
+EMD_CGROUP_MAP(series_by_cgroup, struct netxmit_cgroup_key, struct netxmit_value);
 
 EMD_DROPS_MAP(NETXMIT_DROP__COUNT);
 

@@ -14,14 +14,7 @@
 #include "common/read.bpf.h"
 #include "oom_kills.h"
 
-/* Kills by cgroup id; user space sizes it (label_map_entries). */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(max_entries, 1);
-	__type(key, __u64);
-	__type(value, __u64);
-} kills SEC(".maps");
+EMD_CGROUP_MAP(kills, __u64, __u64);
 
 EMD_DROPS_MAP(OOM_DROP__COUNT);
 

@@ -54,15 +54,7 @@ struct {
 	__type(value, struct last_read);
 } last SEC(".maps");
 
-/* cgroup: true: totals by the cgroup of the task that reads, faults or dirties;
- * user space sizes it (1 entry when off). */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(max_entries, 1);
-	__type(key, __u64);
-	__type(value, struct page_cache_totals);
-} totals_by_cgroup SEC(".maps");
+EMD_CGROUP_MAP(totals_by_cgroup, __u64, struct page_cache_totals);
 
 static const struct page_cache_totals zero_totals = {};
 

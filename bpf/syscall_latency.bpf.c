@@ -47,14 +47,8 @@ struct {
 	__type(value, struct syscall_latency_hist);
 } hists SEC(".maps");
 
-/* cgroup: true; user space sizes it (1 entry when off). */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(max_entries, 1);
-	__type(key, struct syscall_latency_cgroup_key);
-	__type(value, struct syscall_latency_hist);
-} hists_by_cgroup SEC(".maps");
+EMD_CGROUP_MAP(hists_by_cgroup, struct syscall_latency_cgroup_key,
+	       struct syscall_latency_hist);
 
 static const struct syscall_latency_hist zero_hist = {};
 

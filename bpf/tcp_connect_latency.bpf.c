@@ -48,22 +48,9 @@ struct {
 	__type(value, __u64);
 } failures SEC(".maps");
 
-/* cgroup: true; user space sizes them (1 entry when off). */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(max_entries, 1);
-	__type(key, struct tcpconn_cgroup_key);
-	__type(value, struct tcpconn_hist);
-} latency_by_cgroup SEC(".maps");
+EMD_CGROUP_MAP(latency_by_cgroup, struct tcpconn_cgroup_key, struct tcpconn_hist);
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(max_entries, 1);
-	__type(key, struct tcpconn_cgroup_key);
-	__type(value, __u64);
-} failures_by_cgroup SEC(".maps");
+EMD_CGROUP_MAP(failures_by_cgroup, struct tcpconn_cgroup_key, __u64);
 
 static const struct tcpconn_hist zero_hist = {};
 static const __u64 zero_count = 0;

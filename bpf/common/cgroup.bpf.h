@@ -16,6 +16,20 @@
  * and removes the path not taken, so an unlabelled tracer pays nothing. */
 const volatile __u8 emd_by_cgroup = 0;
 
+/*
+ * A tracer's labelled series: a per-CPU hash keyed by (cgroup id, ...), an
+ * entry made on a label set's first event. User space sizes it from
+ * label_map_entries (1 entry when labels are off, as it is then unused).
+ */
+#define EMD_CGROUP_MAP(name, key_type, value_type)                            \
+	struct {                                                               \
+		__uint(type, BPF_MAP_TYPE_PERCPU_HASH);                        \
+		__uint(map_flags, BPF_F_NO_PREALLOC);                          \
+		__uint(max_entries, 1);                                        \
+		__type(key, key_type);                                         \
+		__type(value, value_type);                                     \
+	} name SEC(".maps")
+
 /* The default-hierarchy cgroup of a task that is not the current one. */
 static __always_inline __u64 emd_task_cgroup(struct task_struct *t)
 {

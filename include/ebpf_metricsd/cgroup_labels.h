@@ -43,6 +43,37 @@ class CgroupLabels {
   // a key.
   PerCpuDeltas::Retire retire(std::function<std::uint64_t(const void* key)> id_of);
 
+  // One drain of a labelled map whose key is a struct `Key` with a `cgroup` id: `own(key)`
+  // gives the tracer's own label values, the workload labels are appended, idle entries
+  // of gone cgroups retired. `Drain` is a Log2HistDrain or CounterDrain.
+  template <typename Key, typename Drain, typename Own>
+  void drain(Drain& drain, int map_fd, const Own& own) {
+    begin_pass();
+    drain.drain_hash(
+        map_fd, sizeof(Key),
+        [&](const void* key) {
+          const Key& k = *static_cast<const Key*>(key);
+          MetricStore::LabelValues v = own(k);
+          append(v, k.cgroup);
+          return v;
+        },
+        retire([](const void* key) { return static_cast<const Key*>(key)->cgroup; }));
+  }
+  // The same for a map whose values go to several metrics: `add(labels, values)`.
+  template <typename Key, typename Own, typename Add>
+  void drain_deltas(PerCpuDeltas& deltas, int map_fd, const Own& own, const Add& add) {
+    begin_pass();
+    deltas.drain_hash(
+        map_fd, sizeof(Key),
+        [&](const void* key, const std::uint64_t* d) {
+          const Key& k = *static_cast<const Key*>(key);
+          MetricStore::LabelValues v = own(k);
+          append(v, k.cgroup);
+          add(v, d);
+        },
+        retire([](const void* key) { return static_cast<const Key*>(key)->cgroup; }));
+  }
+
  private:
   CgroupLabelOptions options_;
   std::shared_ptr<CgroupNames> names_;  // one per process: one cache, one scan per miss

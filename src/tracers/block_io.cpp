@@ -95,17 +95,12 @@ class BlockIoTracer final : public Tracer {
       scope_.add(bytes_, labels, d[BLOCKIO_SLOTS + 1]);
     };
     if (labels_.on()) {
-      labels_.begin_pass();
-      cgroup_series_.drain_hash(
-          bpf_map__fd(skel_->maps.series_by_cgroup), sizeof(blockio_cgroup_key),
-          [&](const void* key, const std::uint64_t* d) {
-            const auto* k = static_cast<const blockio_cgroup_key*>(key);
-            MetricStore::LabelValues v{fixed_name(k->disk), op_name(k->op)};
-            labels_.append(v, k->cgroup);
-            add(v, d);
+      labels_.drain_deltas<blockio_cgroup_key>(
+          cgroup_series_, bpf_map__fd(skel_->maps.series_by_cgroup),
+          [](const blockio_cgroup_key& k) {
+            return MetricStore::LabelValues{fixed_name(k.disk), op_name(k.op)};
           },
-          labels_.retire(
-              [](const void* key) { return static_cast<const blockio_cgroup_key*>(key)->cgroup; }));
+          add);
     }
     slot_series_.drain_array(bpf_map__fd(skel_->maps.slot_series),
                              BLOCKIO_QUEUE_SLOTS * BLOCKIO_OPS,

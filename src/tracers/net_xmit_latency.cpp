@@ -84,17 +84,10 @@ class NetXmitLatencyTracer final : public Tracer {
       add_labelled({ifname}, d);
     };
     if (labels_.on()) {
-      labels_.begin_pass();
-      cgroup_series_.drain_hash(
-          bpf_map__fd(skel_->maps.series_by_cgroup), sizeof(netxmit_cgroup_key),
-          [&](const void* key, const std::uint64_t* d) {
-            const auto* k = static_cast<const netxmit_cgroup_key*>(key);
-            MetricStore::LabelValues v{fixed_name(k->ifname)};
-            labels_.append(v, k->cgroup);
-            add_labelled(v, d);
-          },
-          labels_.retire(
-              [](const void* key) { return static_cast<const netxmit_cgroup_key*>(key)->cgroup; }));
+      labels_.drain_deltas<netxmit_cgroup_key>(
+          cgroup_series_, bpf_map__fd(skel_->maps.series_by_cgroup),
+          [](const netxmit_cgroup_key& k) { return MetricStore::LabelValues{fixed_name(k.ifname)}; },
+          add_labelled);
     }
     dev_series_.drain_array(bpf_map__fd(skel_->maps.dev_series), NETXMIT_DEV_SLOTS,
                             [&](const void* key, const std::uint64_t* d) {

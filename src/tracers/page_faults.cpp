@@ -52,18 +52,9 @@ class PageFaultsTracer final : public Tracer {
   void drain() override {
     const auto type = [](std::uint32_t t) { return t == PAGE_FAULT_MINOR ? "minor" : "major"; };
     if (labels_.on()) {
-      labels_.begin_pass();
-      faults_.drain_hash(
-          bpf_map__fd(skel_->maps.faults_by_cgroup), sizeof(page_fault_cgroup_key),
-          [&](const void* key) {
-            const auto* k = static_cast<const page_fault_cgroup_key*>(key);
-            MetricStore::LabelValues v{type(k->type)};
-            labels_.append(v, k->cgroup);
-            return v;
-          },
-          labels_.retire([](const void* key) {
-            return static_cast<const page_fault_cgroup_key*>(key)->cgroup;
-          }));
+      labels_.drain<page_fault_cgroup_key>(
+          faults_, bpf_map__fd(skel_->maps.faults_by_cgroup),
+          [&](const page_fault_cgroup_key& k) { return MetricStore::LabelValues{type(k.type)}; });
     } else {
       faults_.drain_array(bpf_map__fd(skel_->maps.faults), PAGE_FAULT__COUNT,
                           [&](const void* key) {

@@ -138,18 +138,9 @@ class SyscallLatencyTracer final : public Tracer {
   void drain() override {
     static_assert(sizeof(syscall_latency_hist) == (SYSLAT_SLOTS + 1) * 8);
     if (labels_.on()) {
-      labels_.begin_pass();
-      hists_.drain_hash(
-          bpf_map__fd(skel_->maps.hists_by_cgroup), sizeof(syscall_latency_cgroup_key),
-          [&](const void* key) {
-            const auto* k = static_cast<const syscall_latency_cgroup_key*>(key);
-            MetricStore::LabelValues v{name_of(k->nr)};
-            labels_.append(v, k->cgroup);
-            return v;
-          },
-          labels_.retire([](const void* key) {
-            return static_cast<const syscall_latency_cgroup_key*>(key)->cgroup;
-          }));
+      labels_.drain<syscall_latency_cgroup_key>(
+          hists_, bpf_map__fd(skel_->maps.hists_by_cgroup),
+          [&](const syscall_latency_cgroup_key& k) { return MetricStore::LabelValues{name_of(k.nr)}; });
     } else {
       hists_.drain_array(bpf_map__fd(skel_->maps.hists), SYSLAT_MAX_SYSCALLS,
                          [&](const void* key) {

@@ -72,19 +72,13 @@ class TcpConnectLatencyTracer final : public Tracer {
 
   void drain() override {
     if (labels_.on()) {
-      labels_.begin_pass();
-      const auto labelled = [&](const void* key) {
-        const auto* k = static_cast<const tcpconn_cgroup_key*>(key);
-        MetricStore::LabelValues v{family_name(k->family)};
-        labels_.append(v, k->cgroup);
-        return v;
+      const auto family = [](const tcpconn_cgroup_key& k) {
+        return MetricStore::LabelValues{family_name(k.family)};
       };
-      const auto retire = labels_.retire(
-          [](const void* key) { return static_cast<const tcpconn_cgroup_key*>(key)->cgroup; });
-      latency_.drain_hash(bpf_map__fd(skel_->maps.latency_by_cgroup), sizeof(tcpconn_cgroup_key),
-                          labelled, retire);
-      failures_.drain_hash(bpf_map__fd(skel_->maps.failures_by_cgroup),
-                           sizeof(tcpconn_cgroup_key), labelled, retire);
+      labels_.drain<tcpconn_cgroup_key>(latency_, bpf_map__fd(skel_->maps.latency_by_cgroup),
+                                        family);
+      labels_.drain<tcpconn_cgroup_key>(failures_, bpf_map__fd(skel_->maps.failures_by_cgroup),
+                                        family);
     } else {
       latency_.drain_array(bpf_map__fd(skel_->maps.latency), TCPCONN_FAMILIES, family_label);
       failures_.drain_array(bpf_map__fd(skel_->maps.failures), TCPCONN_FAMILIES, family_label);

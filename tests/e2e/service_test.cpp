@@ -444,6 +444,8 @@ TEST_CASE("Ten thousand short-lived cgroups leave maps, series and memory bounde
   INFO(kCgroups << " cgroups in " << seconds << " s; RSS " << rss0 << " KiB before, " << rss1
                 << " KiB after");
 
+  WARN(kCgroups << " cgroups in " << seconds << " s; daemon RSS " << rss0 << " KiB before, "
+                << rss1 << " KiB after");
   // Not one event lost for want of room: idle entries of removed cgroups were retired.
   for (const std::string t : {"syscall_latency", "page_faults", "runqueue_latency",
                               "offcpu_time"}) {
@@ -476,6 +478,7 @@ TEST_CASE("Ten thousand short-lived cgroups leave maps, series and memory bounde
                                          " 2>/dev/null | grep -c '^key\\|\"key\"'");
     const long entries = dump.empty() ? 0 : std::stol(dump);
     INFO(info << "entries " << entries);
+    WARN("label map: " << info.substr(0, info.find('\n')) << " entries " << entries);
     CHECK(entries <= max_entries);
     CHECK(entries < kCgroups);
   }
