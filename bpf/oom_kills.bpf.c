@@ -14,7 +14,14 @@
 #include "common/read.bpf.h"
 #include "oom_kills.h"
 
-EMD_CGROUP_MAP(kills, __u64, __u64);
+/* Kills by (cgroup, parent); user space sizes it (label_map_entries).
+ * Preallocated: a kill must not need an allocation under memory pressure. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 1);
+	__type(key, struct oom_key);
+	__type(value, __u64);
+} kills SEC(".maps");
 
 EMD_DROPS_MAP(OOM_DROP__COUNT);
 
@@ -24,8 +31,12 @@ static __always_inline int on_victim(struct task_struct *task)
 {
 	/* The victim, not the current task: a memory cgroup's OOM runs in the
 	 * task that charged the page, a global one anywhere. */
-	__u64 cgroup = emd_task_cgroup(task);
-	__u64 *n = emd_lookup_or_init(&kills, &cgroup, &zero_count, &drops,
+	struct cgroup *cg = BPF_CORE_READ(task, cgroups, dfl_cgrp);
+	struct oom_key key = {
+		.cgroup = BPF_CORE_READ(cg, kn, id),
+		.parent = BPF_CORE_READ(cg, self.parent, cgroup, kn, id),
+	};
+	__u64 *n = emd_lookup_or_init(&kills, &key, &zero_count, &drops,
 				      OOM_DROP_LABELS_FULL);
 
 	if (n)

@@ -252,7 +252,11 @@ timeseries("Packets sent by workload, top 10",
            top_rate("ebpf_net_xmit_packets_total"), "pps", 0, 8,
            "By the cgroup of the sending socket.")
 timeseries("OOM kills by workload, last hour", [
-    (f"sum by ({WORKLOAD}) (increase(ebpf_oom_kills_total{{{WSEL}}}[1h]))",
+    # A kill usually makes a new series whose first sample is already 1, which increase()
+    # would not count: the value now minus an hour ago, or all of it for a newer series.
+    (f"sum by ({WORKLOAD}) ((ebpf_oom_kills_total{{{WSEL}}} - ebpf_oom_kills_total{{{WSEL}}} "
+     f"offset 1h) or (ebpf_oom_kills_total{{{WSEL}}} unless ebpf_oom_kills_total{{{WSEL}}} "
+     f"offset 1h))",
      "{{instance}} {{cgroup}} {{pod}} {{container}}")], "short", 8, 16,
            "Processes the OOM killer chose, by the victim's cgroup.")
 next_line()

@@ -136,21 +136,28 @@ void CgroupNames::rescan() {
   paths_.clear();
   if (root_.empty()) return;  // no cgroup v2 hierarchy: every id is unknown
   namespace fs = std::filesystem;
-  std::error_code ec;
   struct stat st {};
-  if (::stat(root_.c_str(), &st) == 0) paths_[st.st_ino].clear();
-  for (fs::recursive_directory_iterator
-           it(root_, fs::directory_options::skip_permission_denied, ec),
-       end;
-       it != end; it.increment(ec)) {
-    if (ec) break;
-    if (!it->is_directory(ec)) continue;
-    if (::stat(it->path().c_str(), &st) != 0) continue;
-    // Built by append, not `"/" + s`: GCC 12 at -O2 warns falsely (-Wrestrict) on the
-    // inlined copy of that operator.
-    std::string rel(1, '/');
-    rel.append(fs::relative(it->path(), root_, ec).string());
-    paths_[st.st_ino] = std::move(rel);
+  if (::stat(root_.c_str(), &st) != 0) return;
+  paths_[st.st_ino].clear();
+  // Depth first, one directory at a time: a cgroup removed while it is walked (ENOENT)
+  // costs only its own subtree, never the rest of the tree.
+  std::vector<fs::path> todo{fs::path(root_)};
+  while (!todo.empty()) {
+    const fs::path dir = std::move(todo.back());
+    todo.pop_back();
+    std::error_code ec;
+    for (fs::directory_iterator it(dir, fs::directory_options::skip_permission_denied, ec), end;
+         !ec && it != end; it.increment(ec)) {
+      std::error_code type_ec;
+      if (!it->is_directory(type_ec) || it->is_symlink(type_ec)) continue;
+      if (::stat(it->path().c_str(), &st) != 0) continue;
+      // Built by append, not `"/" + s`: GCC 12 at -O2 warns falsely (-Wrestrict) on the
+      // inlined copy of that operator.
+      std::string rel(1, '/');
+      rel.append(it->path().string().substr(root_.size() + (root_.back() == '/' ? 0 : 1)));
+      paths_[st.st_ino] = std::move(rel);
+      todo.push_back(it->path());
+    }
   }
   // Labels of cgroups that two scans did not find are dropped (ids are never reused).
   for (auto it = labels_.begin(); it != labels_.end();) {

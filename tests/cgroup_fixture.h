@@ -36,13 +36,21 @@ class TestCgroup {
     path_ = mount_ + label_;
     std::filesystem::remove(path_);
     if (mkdir(path_.c_str(), 0755) != 0) throw std::runtime_error("mkdir " + path_);
-    fd_ = open(path_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    struct stat st {};
-    if (fd_ < 0 || fstat(fd_, &st) != 0) throw std::runtime_error("open " + path_);
-    id_ = st.st_ino;
+    open_dir();
   }
-  ~TestCgroup() {
-    close(fd_);
+  // A child cgroup `name` of `parent`.
+  TestCgroup(const TestCgroup& parent, const std::string& name) {
+    mount_ = cgroup2_mount();
+    label_ = parent.label_ + "/" + name;
+    path_ = parent.path_ + "/" + name;
+    if (mkdir(path_.c_str(), 0755) != 0) throw std::runtime_error("mkdir " + path_);
+    open_dir();
+  }
+  ~TestCgroup() { remove(); }
+  // Removes the directory now (its processes must have ended).
+  void remove() {
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
     rmdir(path_.c_str());
   }
   TestCgroup(const TestCgroup&) = delete;
@@ -87,6 +95,12 @@ class TestCgroup {
   }
 
  private:
+  void open_dir() {
+    fd_ = open(path_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    struct stat st {};
+    if (fd_ < 0 || fstat(fd_, &st) != 0) throw std::runtime_error("open " + path_);
+    id_ = st.st_ino;
+  }
   void remove_dead(const std::string& tag) {
     const std::string prefix = "emd-" + tag + "-";
     std::error_code ec;
@@ -113,7 +127,7 @@ class MemoryLimit {
     const std::string v2_root = cgroup2_mount();
     if (read(v2_root + "/cgroup.controllers").find("memory") != std::string::npos) {
       write(v2_root + "/cgroup.subtree_control", "+memory");
-      events_ = cg.path() + "/memory.events.local";
+      events_ = cg.path() + "/memory.events";  // its child cgroups' kills too
       if (!write(cg.path() + "/memory.max", std::to_string(kBytes)))
         throw std::runtime_error("cannot set memory.max of " + cg.path());
       write(cg.path() + "/memory.swap.max", "0");  // absent without swap accounting
@@ -139,7 +153,7 @@ class MemoryLimit {
     if (!v1_.empty() && !write(v1_ + "/cgroup.procs", "0"))
       throw std::runtime_error("join " + v1_);
   }
-  // The controller's oom_kill count (memory.events.local, or v1's memory.oom_control).
+  // The controller's oom_kill count (memory.events, or v1's memory.oom_control).
   std::uint64_t kills() const {
     std::istringstream in(read(events_));
     std::string key;

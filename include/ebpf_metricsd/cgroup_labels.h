@@ -39,6 +39,8 @@ class CgroupLabels {
   void begin_pass() { names_->begin_pass(); }
   // Appends the label values of cgroup `id` (when on).
   void append(MetricStore::LabelValues& values, std::uint64_t id);
+  // The labels of cgroup `id` ("unknown" when it is gone and was never named).
+  CgroupLabel label(std::uint64_t id) { return names_->label(id); }
   // For drain_hash: retires idle entries whose cgroup is gone. `id_of` reads the id from
   // a key.
   PerCpuDeltas::Retire retire(std::function<std::uint64_t(const void* key)> id_of);

@@ -66,15 +66,20 @@ class OomKillsTracer final : public Tracer {
 
   void drain() override {
     labels_.begin_pass();
-    const auto id_of = [](const void* key) { return *static_cast<const std::uint64_t*>(key); };
     kills_.drain_hash(
-        bpf_map__fd(skel_->maps.kills), sizeof(std::uint64_t),
+        bpf_map__fd(skel_->maps.kills), sizeof(oom_key),
         [&](const void* key) {
-          MetricStore::LabelValues v;
-          labels_.append(v, id_of(key));
-          return v;
+          const auto& k = *static_cast<const oom_key*>(key);
+          CgroupLabel l = labels_.label(k.cgroup);
+          // Removed before it was named (a runtime removes an OOM-killed container's
+          // cgroup at once): the kill counts under the parent, for a container its pod.
+          if (l.cgroup == "unknown" && k.parent) {
+            const CgroupLabel parent = labels_.label(k.parent);
+            if (parent.cgroup != "unknown") l = {parent.cgroup, parent.pod, ""};
+          }
+          return MetricStore::LabelValues{l.cgroup, l.pod, l.container};
         },
-        labels_.retire(id_of));
+        labels_.retire([](const void* key) { return static_cast<const oom_key*>(key)->cgroup; }));
     drops_.drain();
   }
 

@@ -12,6 +12,7 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -149,10 +150,21 @@ TEST_CASE("block_io by cgroup: direct I/O of a process in a test cgroup", "[cgro
   // Where the v2 hierarchy has the io controller, requests are charged to the cgroup when
   // it is enabled for it; elsewhere (hybrid hosts: io on v1) the issuing task names it.
   // Either way the owner is the test cgroup.
+  const std::string control = cgroup2_mount() + "/cgroup.subtree_control";
   const bool io_v2 =
       test::read_file(cgroup2_mount() + "/cgroup.controllers").find("io") != std::string::npos;
-  if (io_v2 && GENERATE(false, true)) {
-    std::ofstream(cgroup2_mount() + "/cgroup.subtree_control") << "+io";
+  const bool io_was_on = test::read_file(control).find("io") != std::string::npos;
+  struct Restore {
+    std::string file;
+    bool on;
+    ~Restore() { std::ofstream(file) << (on ? "+io" : "-io"); }
+  };
+  std::optional<Restore> restore;
+  if (io_v2) {
+    const bool io_on = GENERATE(false, true);
+    INFO("io controller " << (io_on ? "on" : "off") << " for the test cgroup");
+    restore.emplace(Restore{control, io_was_on});
+    std::ofstream(control) << (io_on ? "+io" : "-io");  // "-io" fails where others use it
   }
   MetricStore store;
   auto tracer =

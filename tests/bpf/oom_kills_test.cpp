@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <fstream>
 
 #include "../cgroup_fixture.h"
 #include "../metrics_lookup.h"
@@ -16,6 +17,19 @@
 #include "tracer_fixture.h"
 
 using namespace ebpf_metricsd;
+
+namespace {
+// The label set of this test process's own cgroup ("0::<path>" in /proc/self/cgroup).
+test::Labels own_cgroup_labels() {
+  std::ifstream in("/proc/self/cgroup");
+  std::string line, path = "/";
+  while (std::getline(in, line)) {
+    if (line.rfind("0::", 0) == 0) path = line.substr(3);
+  }
+  const CgroupLabel l = cgroup_label_for_path(path == "/" ? "" : path);
+  return {{"cgroup", l.cgroup}, {"pod", l.pod}, {"container", l.container}};
+}
+}  // namespace
 
 
 TEST_CASE("a process the OOM killer kills in a memory-limited cgroup counts once there",
@@ -46,6 +60,31 @@ TEST_CASE("a process the OOM killer kills in a memory-limited cgroup counts once
   CHECK(k1 - k0 == 1);
   CHECK(c1 - c0 == 1);
   // The test process, outside the limit, was not the victim of anything.
+  CHECK(test::counter_value(store, "ebpf_oom_kills_total", own_cgroup_labels()) == 0);
+}
+
+TEST_CASE("a kill in a cgroup removed before the drain counts under its parent",
+          "[oom_kills]") {
+  // As a container runtime removes an OOM-killed container's cgroup at once: the kill then
+  // counts under the pod, its parent.
+  test::TestCgroup parent("oomp");
+  test::MemoryLimit limit(parent);
+  test::TestCgroup victim(parent, "container");
+  MetricStore store;
+  auto tracer = test::start_tracer(store, "oom_kills");
+  const test::Labels labels = {{"cgroup", parent.label()}, {"pod", ""}, {"container", ""}};
+  const std::uint64_t k0 = limit.kills();
+  tracer->drain();
+  const int status = victim.run_status([&] {
+    limit.enter();
+    test::exceed_memory_limit();
+  });
+  REQUIRE(WIFSIGNALED(status));
+  victim.remove();
+  tracer->drain();
+  INFO("oom_kill " << limit.kills() - k0);
+  CHECK(limit.kills() - k0 == 1);
+  CHECK(test::counter_value(store, "ebpf_oom_kills_total", labels) == 1);
   CHECK(test::counter_value(store, "ebpf_oom_kills_total",
-                            {{"cgroup", "/"}, {"pod", ""}, {"container", ""}}) == 0);
+                            {{"cgroup", "unknown"}, {"pod", ""}, {"container", ""}}) == 0);
 }

@@ -154,15 +154,16 @@ TEST_CASE("flags: --version, --help, unknown flags") {
 
 TEST_CASE("every tracer, with every optional label, up at once and valid for promtool") {
   Setup s(
-      "  syscall_latency:\n    enabled: true\n"
+      "  syscall_latency:\n    enabled: true\n    cgroup: true\n"
       "  runqueue_latency:\n    enabled: true\n    cgroup: true\n    comm: true\n"
       "  offcpu_time:\n    enabled: true\n    cgroup: true\n"
-      "  page_faults:\n    enabled: true\n"
+      "  page_faults:\n    enabled: true\n    cgroup: true\n"
       "  kmalloc:\n    enabled: true\n    caches: true\n"
-      "  tcp_connect_latency:\n    enabled: true\n"
-      "  net_xmit_latency:\n    enabled: true\n"
-      "  block_io:\n    enabled: true\n"
-      "  page_cache:\n    enabled: true\n");
+      "  tcp_connect_latency:\n    enabled: true\n    cgroup: true\n"
+      "  net_xmit_latency:\n    enabled: true\n    cgroup: true\n"
+      "  block_io:\n    enabled: true\n    cgroup: true\n"
+      "  page_cache:\n    enabled: true\n    cgroup: true\n"
+      "  oom_kills:\n    enabled: true\n");
   DaemonProcess d(DAEMON_PATH, s.log, {s.args(), false, {}, {}});
   // Every registered tracer: one added to the registry and not to the config above fails here.
   std::vector<std::string> tracers;
@@ -170,14 +171,15 @@ TEST_CASE("every tracer, with every optional label, up at once and valid for pro
   // Scraping over loopback TCP is itself a connect and packets on lo; the rest comes by itself.
   const std::vector<std::string> expected = {
       "ebpf_runqueue_latency_seconds_count{",
-      "ebpf_page_faults_total{type=\"minor\"}",
+      "ebpf_syscall_latency_seconds_count{syscall=\"",
+      "ebpf_page_faults_total{type=\"minor\",cgroup=\"",
       "ebpf_context_switches_total{kind=\"voluntary\"}",
       "ebpf_offcpu_seconds_bucket{cgroup=\"",
       "ebpf_kmalloc_size_bytes_bucket{le=\"8\"}",
       "ebpf_kmem_cache_alloc_calls_total{",
-      "ebpf_page_cache_accesses_total",
-      "ebpf_net_xmit_packets_total{interface=\"lo\"}",
-      "ebpf_tcp_connect_latency_seconds_count{family=\"ipv4\"}"};
+      "ebpf_page_cache_accesses_total{cgroup=\"",
+      "ebpf_net_xmit_packets_total{interface=\"lo\",cgroup=\"",
+      "ebpf_tcp_connect_latency_seconds_count{family=\"ipv4\",cgroup=\""};
   std::string body;
   const bool all_up = wait_until(
       [&] {

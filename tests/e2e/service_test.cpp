@@ -429,7 +429,7 @@ TEST_CASE("Ten thousand short-lived cgroups leave maps, series and memory bounde
   std::vector<std::unique_ptr<TestCgroup>> kept;
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < kCgroups; ++i) {
-    auto cg = std::make_unique<TestCgroup>("churn" + std::to_string(i % kKeepEvery ? 0 : i));
+    auto cg = std::make_unique<TestCgroup>(i % kKeepEvery ? "churn" : "keep" + std::to_string(i));
     cg->run([] {
       ebpf_metricsd::workload::getppid_calls(10);
       ebpf_metricsd::workload::touch_anon_pages(4);
@@ -447,8 +447,8 @@ TEST_CASE("Ten thousand short-lived cgroups leave maps, series and memory bounde
   WARN(kCgroups << " cgroups in " << seconds << " s; daemon RSS " << rss0 << " KiB before, "
                 << rss1 << " KiB after");
   // Not one event lost for want of room: idle entries of removed cgroups were retired.
-  for (const std::string t : {"syscall_latency", "page_faults", "runqueue_latency",
-                              "offcpu_time"}) {
+  for (const std::string t : {"syscall_latency", "page_faults", "page_cache",
+                              "runqueue_latency", "offcpu_time"}) {
     INFO(t);
     CHECK(sample(m, "ebpf_metricsd_dropped_events_total{tracer=\"" + t +
                         "\",reason=\"map_full\"}")
@@ -464,8 +464,7 @@ TEST_CASE("Ten thousand short-lived cgroups leave maps, series and memory bounde
   CHECK_THAT(m, Contains("ebpf_page_faults_total{type=\"minor\",cgroup=\"unknown\""));
   CHECK(rss1 - rss0 < 64 * 1024);
 
-  // Every labelled map holds at most what it was sized for, and fewer entries than the
-  // cgroups that passed through it.
+  // Every labelled map has room left, though far more cgroups passed through it.
   for (int id : bpf_ids(d.pid(), "map_id")) {
     const std::string info = run_capture("bpftool map show id " + std::to_string(id));
     // Map names are cut at 15 characters: "hists_by_cgroup", "series_by_cgrou", ...
@@ -479,8 +478,8 @@ TEST_CASE("Ten thousand short-lived cgroups leave maps, series and memory bounde
     const long entries = dump.empty() ? 0 : std::stol(dump);
     INFO(info << "entries " << entries);
     WARN("label map: " << info.substr(0, info.find('\n')) << " entries " << entries);
-    CHECK(entries <= max_entries);
-    CHECK(entries < kCgroups);
+    // Without retirement every map the workload reaches would be full.
+    CHECK(entries < max_entries);
   }
   kept.clear();
   kill(d.pid(), SIGTERM);
