@@ -68,12 +68,29 @@ void PerCpuDeltas::drain_hash(int map_fd, std::size_t key_size, const Visit& vis
   }
   if (errno != ENOENT) throw BpfError(bpf_error_text("bpf_map_get_next_key", errno));
   // After the walk, which a deletion would restart. The entry was idle for a whole drain
-  // interval; its owner is gone, so nothing more should come (what still did between the
-  // read and the delete would be lost, and an event after it makes the entry anew).
+  // interval and its owner is gone. Taken out with its values in one step where the kernel
+  // can (5.14+), so that what still came since the read above is counted too; elsewhere
+  // deleted (an event between the read and the delete would be lost). An event after it
+  // makes the entry anew.
   for (auto& k : retired) {
-    if (bpf_map_delete_elem(map_fd, k.data()) == 0) last_.erase(k);
+    bool gone = false;
+    if (lookup_and_delete_ != Support::No) {
+      if (bpf_map_lookup_and_delete_elem(map_fd, k.data(), per_cpu.data()) == 0) {
+        lookup_and_delete_ = Support::Yes;
+        account(k.data(), key_size, per_cpu.data(), visit);
+        gone = true;
+      } else if (errno == ENOENT) {
+        gone = true;
+      } else if (lookup_and_delete_ == Support::Unknown) {
+        lookup_and_delete_ = Support::No;  // EINVAL / ENOTSUPP: not for this map type here
+      }
+    }
+    if (!gone && lookup_and_delete_ == Support::No)
+      gone = bpf_map_delete_elem(map_fd, k.data()) == 0 || errno == ENOENT;
+    if (!gone) continue;  // still there: the next drain reads it again
+    last_.erase(k);
+    ++retired_;
   }
-  retired_ += retired.size();
   rebase_ = false;
 }
 

@@ -42,6 +42,8 @@ class PerCpuDeltas {
                const Visit& visit);
   std::size_t width_;
   std::uint64_t retired_ = 0;
+  enum class Support { Unknown, Yes, No };
+  Support lookup_and_delete_ = Support::Unknown;  // of per-CPU hashes, by this kernel
   bool rebase_ = false;
   BatchReads batch_ = BatchReads::Unknown;
   std::map<std::vector<std::uint8_t>, std::vector<std::uint64_t>> last_;
