@@ -14,14 +14,9 @@
 #include "common/read.bpf.h"
 #include "oom_kills.h"
 
-/* Kills by (cgroup, parent); user space sizes it (label_map_entries).
- * Preallocated: a kill must not need an allocation under memory pressure. */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(max_entries, 1);
-	__type(key, struct oom_key);
-	__type(value, __u64);
-} kills SEC(".maps");
+/* Kills by (cgroup, parent). Preallocated: a kill must not need an allocation
+ * under memory pressure. */
+EMD_CGROUP_MAP_PREALLOC(kills, struct oom_key, __u64);
 
 EMD_DROPS_MAP(OOM_DROP__COUNT);
 

@@ -20,16 +20,8 @@ struct {
 	__type(value, __u64);
 } faults SEC(".maps");
 
-/*
- * cgroup: true; user space sizes it (1 entry when off). Preallocated: perf_event
- * programs may not allocate map entries before 6.1.
- */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(max_entries, 1);
-	__type(key, struct page_fault_cgroup_key);
-	__type(value, __u64);
-} faults_by_cgroup SEC(".maps");
+/* Preallocated: perf_event programs may not allocate map entries before 6.1. */
+EMD_CGROUP_MAP_PREALLOC(faults_by_cgroup, struct page_fault_cgroup_key, __u64);
 
 EMD_DROPS_MAP(PAGE_FAULT_DROP__COUNT);
 
