@@ -16,7 +16,7 @@
 #include "../metrics_lookup.h"
 #include "../workloads.h"
 #include "oracle_tool.h"
-#include "sched_oracle.skel.h"
+#include "sched_oracle.h"
 #include "tracer_fixture.h"
 
 using namespace ebpf_metricsd;
@@ -102,20 +102,11 @@ TEST_CASE("off-CPU time of a sleeping thread matches its sleeps", "[scheduler]")
       test::counter_value(store, "ebpf_context_switches_total", {{"kind", "voluntary"}}));
   constexpr int kSleeps = 40;
   double slept = 0;
-  // The oracle counts the thread's switch-ins after a blocking switch-out. (The thread's
-  // voluntary_ctxt_switches is no oracle: under load the kernel counts switches there that
-  // show no switch-in at the sched_switch tracepoint.)
-  std::unique_ptr<sched_oracle, void (*)(sched_oracle*)> oracle(sched_oracle__open(),
-                                                                sched_oracle__destroy);
-  REQUIRE(oracle);
-  const bool has_prev_state = tracepoint_arg_count("sched_switch").value_or(4) == 4;
-  bpf_program__set_autoload(oracle->progs.oracle_switch, has_prev_state);
-  bpf_program__set_autoload(oracle->progs.oracle_switch_3arg, !has_prev_state);
-  REQUIRE(sched_oracle__load(oracle.get()) == 0);
-  REQUIRE(sched_oracle__attach(oracle.get()) == 0);
+  // The oracle counts the thread's switch-ins after a blocking switch-out.
+  test::SchedOracle oracle;
   std::thread t([&] {
     prctl(PR_SET_NAME, "emd-sleeper");
-    oracle->bss->target_tid = static_cast<int>(syscall(SYS_gettid));
+    oracle.target_thread(static_cast<int>(syscall(SYS_gettid)));
     for (int i = 0; i < kSleeps; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -136,8 +127,7 @@ TEST_CASE("off-CPU time of a sleeping thread matches its sleeps", "[scheduler]")
        << ", recursion "
        << test::counter_value(store, "ebpf_metricsd_dropped_events_total",
                               {{"tracer", "offcpu_time"}, {"reason", "recursion"}}));
-  const std::uint64_t blocked =
-      __atomic_load_n(&oracle->bss->returns_from_blocking, __ATOMIC_SEQ_CST);
+  const std::uint64_t blocked = oracle.returns_from_blocking();
   INFO("count " << m->histogram.sample_count << " (oracle: " << blocked
                 << " returns from blocking), sum " << m->histogram.sample_sum << " s, slept "
                 << slept << " s");

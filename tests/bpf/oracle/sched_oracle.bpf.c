@@ -1,7 +1,12 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * An independent count of one thread's returns from blocking: switch-ins of
- * target_tid that follow a switch-out in which it was not runnable.
+ * An independent count of the returns to a CPU of one target: a thread
+ * (target_tid) or the tasks of a cgroup v2 (target_cgroup, its id).
+ *  - returns_from_blocking: switch-ins that follow a switch-out in which the
+ *    task was not runnable;
+ *  - returns_from_queue: switch-ins that follow a wakeup, the wakeup of a new
+ *    task, or a switch-out in which it stayed runnable.
+ * One task of the target at a time: the state is kept once, not per task.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_core_read.h>
@@ -9,21 +14,47 @@
 #include <bpf/bpf_tracing.h>
 
 volatile int target_tid = 0;
+volatile __u64 target_cgroup = 0;
 __u64 returns_from_blocking = 0;
+__u64 returns_from_queue = 0;
 static bool blocked_out = false;
+static bool queued = false;
 
-static __always_inline void on_switch(int prev_pid, int next_pid, bool blocked)
+static __always_inline bool is_target(struct task_struct *t)
 {
 	int tid = target_tid;
+	__u64 cgroup = target_cgroup;
 
-	if (tid == 0)
-		return;
-	if (prev_pid == tid)
-		blocked_out = blocked;
-	if (next_pid == tid && blocked_out) {
-		blocked_out = false;
-		__sync_fetch_and_add(&returns_from_blocking, 1);
+	if (tid)
+		return BPF_CORE_READ(t, pid) == tid;
+	if (cgroup)
+		return BPF_CORE_READ(t, cgroups, dfl_cgrp, kn, id) == cgroup;
+	return false;
+}
+
+static __always_inline void on_switch(struct task_struct *prev,
+				      struct task_struct *next, bool blocked)
+{
+	if (is_target(prev)) {
+		if (blocked)
+			blocked_out = true;
+		else
+			queued = true;
 	}
+	if (is_target(next)) {
+		if (blocked_out)
+			__sync_fetch_and_add(&returns_from_blocking, 1);
+		if (queued)
+			__sync_fetch_and_add(&returns_from_queue, 1);
+		blocked_out = false;
+		queued = false;
+	}
+}
+
+static __always_inline void on_wakeup(struct task_struct *p)
+{
+	if (is_target(p))
+		queued = true;
 }
 
 struct task_struct___long_state {
@@ -40,7 +71,7 @@ int BPF_PROG(oracle_switch_3arg, bool preempt, struct task_struct *prev,
 			     BPF_CORE_READ((struct task_struct___long_state *)prev,
 					   state);
 
-	on_switch(prev->pid, next->pid, !preempt && state != 0);
+	on_switch(prev, next, !preempt && state != 0);
 	return 0;
 }
 
@@ -48,7 +79,21 @@ SEC("tp_btf/sched_switch")
 int BPF_PROG(oracle_switch, bool preempt, struct task_struct *prev,
 	     struct task_struct *next, unsigned int prev_state)
 {
-	on_switch(prev->pid, next->pid, !preempt && prev_state != 0);
+	on_switch(prev, next, !preempt && prev_state != 0);
+	return 0;
+}
+
+SEC("tp_btf/sched_wakeup")
+int BPF_PROG(oracle_wakeup, struct task_struct *p)
+{
+	on_wakeup(p);
+	return 0;
+}
+
+SEC("tp_btf/sched_wakeup_new")
+int BPF_PROG(oracle_wakeup_new, struct task_struct *p)
+{
+	on_wakeup(p);
 	return 0;
 }
 

@@ -1,0 +1,42 @@
+#pragma once
+// The scheduler oracle (oracle/sched_oracle.bpf.c) loaded and attached: an independent
+// count, at the same sched_switch and sched_wakeup tracepoints the tracers use, of one
+// thread's or one cgroup's returns to a CPU. (A task's voluntary_ctxt_switches and the
+// scheduler's own count of its switch-ins are no oracle for a tracer: under load the kernel
+// counts switch-ins there that the sched_switch tracepoint never shows.)
+
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <memory>
+
+#include "ebpf_metricsd/hook_probe.h"
+#include "sched_oracle.skel.h"
+
+namespace ebpf_metricsd::test {
+
+class SchedOracle {
+ public:
+  SchedOracle() : skel_(sched_oracle__open(), sched_oracle__destroy) {
+    REQUIRE(skel_);
+    const bool has_prev_state = tracepoint_arg_count("sched_switch").value_or(4) == 4;
+    bpf_program__set_autoload(skel_->progs.oracle_switch, has_prev_state);
+    bpf_program__set_autoload(skel_->progs.oracle_switch_3arg, !has_prev_state);
+    REQUIRE(sched_oracle__load(skel_.get()) == 0);
+    REQUIRE(sched_oracle__attach(skel_.get()) == 0);
+  }
+  // Counts the thread `tid` from now on.
+  void target_thread(int tid) { skel_->bss->target_tid = tid; }
+  // Counts the tasks of the cgroup v2 with id `id` from now on.
+  void target_cgroup(std::uint64_t id) { skel_->bss->target_cgroup = id; }
+  std::uint64_t returns_from_blocking() const {
+    return __atomic_load_n(&skel_->bss->returns_from_blocking, __ATOMIC_SEQ_CST);
+  }
+  std::uint64_t returns_from_queue() const {
+    return __atomic_load_n(&skel_->bss->returns_from_queue, __ATOMIC_SEQ_CST);
+  }
+
+ private:
+  std::unique_ptr<sched_oracle, void (*)(sched_oracle*)> skel_;
+};
+
+}  // namespace ebpf_metricsd::test
