@@ -67,8 +67,8 @@ struct {
 	__type(value, struct sched_hist);
 } offcpu_hist SEC(".maps");
 
-/* Labelled variants: allocated on first use of a label set, at most
- * SCHED_MAX_LABEL_SETS each. */
+/* Labelled variants: allocated on first use of a label set; user space sets
+ * max_entries (label_map_entries) before load. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC);

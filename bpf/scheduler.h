@@ -16,7 +16,8 @@ struct sched_hist {
 	__u64 sum; /* ns */
 };
 
-/* Distinct (cgroup, comm) label sets per labelled histogram. */
+/* Distinct (cgroup, comm) label sets per labelled histogram, unless user space
+ * sizes the map otherwise (label_map_entries). */
 #define SCHED_MAX_LABEL_SETS 4096
 
 /* Key of the labelled histograms; fields of labels that are off stay 0. */

@@ -30,6 +30,10 @@ class OffcpuTimeTracer final : public SchedHistTracer {
     SchedHistTracer::rebase_next();
     switches_.rebase_next();
   }
+  void forget_counts() override {
+    SchedHistTracer::forget_counts();
+    switches_.forget();
+  }
 
  private:
   CounterDrain switches_;
@@ -58,6 +62,7 @@ TracerDescriptor offcpu_time_descriptor() {
             &sched_config::offcpu_by_comm,
             [](scheduler* s) { return s->maps.offcpu_hist; },
             [](scheduler* s) { return s->maps.offcpu_hist_labelled; },
+            SchedObject::kOffcpuMap,
             drop_reasons<SCHED_DROP__COUNT>({"task_state", "", "map_full"}),
         };
         return std::make_unique<OffcpuTimeTracer>(scope, std::move(kind),

@@ -24,6 +24,7 @@ TracerDescriptor runqueue_latency_descriptor() {
             &sched_config::runq_by_comm,
             [](scheduler* s) { return s->maps.runq_hist; },
             [](scheduler* s) { return s->maps.runq_hist_labelled; },
+            SchedObject::kRunqMap,
             drop_reasons<SCHED_DROP__COUNT>({"task_state", "map_full", ""}),
         };
         return std::make_unique<SchedHistTracer>(scope, std::move(kind),

@@ -15,21 +15,46 @@ constexpr std::uint32_t kPidMapEntries = 65536;
 }  // namespace
 
 std::shared_ptr<SchedObject> SchedObject::acquire(HookProber& prober, HookPreference preference,
-                                                  bool& fresh) {
+                                                  SchedHistTracer& user, bool& fresh) {
   std::lock_guard lock(g_mutex);
+  const LabelledMap map = user.labelled_map();
+  const std::optional<std::uint32_t> wanted = user.label_sets();
+  std::shared_ptr<SchedObject> live = g_live.lock();
   fresh = false;
-  if (auto live = g_live.lock()) return live;
+  if (live && (!wanted || live->entries_[map] == *wanted)) {
+    live->users_.push_back(&user);
+    return live;
+  }
   fresh = true;
 
-  static const std::array<std::string, 4> tracepoints = {"sched_wakeup", "sched_wakeup_new",
-                                                         "sched_switch", "sched_process_free"};
   std::shared_ptr<SchedObject> obj(new SchedObject());
+  obj->entries_ = live ? live->entries_ : MapEntries{SCHED_MAX_LABEL_SETS, SCHED_MAX_LABEL_SETS};
+  if (wanted) obj->entries_[map] = *wanted;
   // sched_switch gained prev_state in 5.18: the 3-argument programs read it from the task.
   obj->switch_3arg_ = tracepoint_arg_count("sched_switch").value_or(4) == 3;
-  obj->kind_ = start_first_loadable(usable_hooks(prober, tracepoints, preference), "scheduler",
-                                    [&](HookKind kind) { obj->load(kind); });
+  if (live) {
+    spdlog::info("scheduler: reloading its BPF object for labelled maps of {} and {} label sets",
+                 obj->entries_[kRunqMap], obj->entries_[kOffcpuMap]);
+    obj->load(live->kind_);  // on failure the live object stays as it was
+    for (SchedHistTracer* other : live->users_) {
+      other->move_to(obj);
+      obj->users_.push_back(other);
+    }
+    live->users_.clear();
+  } else {
+    static const std::array<std::string, 4> tracepoints = {"sched_wakeup", "sched_wakeup_new",
+                                                           "sched_switch", "sched_process_free"};
+    obj->kind_ = start_first_loadable(usable_hooks(prober, tracepoints, preference), "scheduler",
+                                      [&](HookKind kind) { obj->load(kind); });
+  }
+  obj->users_.push_back(&user);
   g_live = obj;
   return obj;
+}
+
+void SchedObject::leave(SchedHistTracer& user) {
+  std::lock_guard lock(g_mutex);
+  std::erase(users_, &user);
 }
 
 void SchedObject::load(HookKind kind) {
@@ -54,6 +79,8 @@ void SchedObject::load(HookKind kind) {
   // tp_btf keeps per-task state in task storage, raw_tp in the pid map: only one is made.
   bpf_map__set_autocreate(s->maps.tstate, btf);
   bpf_map__set_max_entries(s->maps.tstate_by_pid, btf ? 1 : kPidMapEntries);
+  bpf_map__set_max_entries(s->maps.runq_hist_labelled, entries_[kRunqMap]);
+  bpf_map__set_max_entries(s->maps.offcpu_hist_labelled, entries_[kOffcpuMap]);
   if (int err = scheduler__load(s)) throw BpfError(bpf_error_text("load scheduler", err));
   if (!btf) links_.push_back(attach_program(s->progs.sched_free_raw));
   links_.push_back(attach_program(switch_program()));
@@ -76,7 +103,7 @@ bpf_program* SchedObject::wakeup_new_program() const {
 SchedLabelOptions SchedLabelOptions::read(YamlMapReader& options,
                                           const Log2Layout& default_buckets) {
   SchedLabelOptions o;
-  o.cgroup = options.get_bool("cgroup", false);
+  o.cgroup = CgroupLabelOptions::read(options);
   o.comm = options.get_bool("comm", false);
   o.buckets = read_buckets(options, default_buckets);
   return o;
@@ -84,7 +111,7 @@ SchedLabelOptions SchedLabelOptions::read(YamlMapReader& options,
 
 std::vector<std::string> SchedLabelOptions::names() const {
   std::vector<std::string> n;
-  if (cgroup) n.insert(n.end(), {"cgroup", "pod", "container"});
+  if (cgroup.on) n.insert(n.end(), {"cgroup", "pod", "container"});
   if (comm) n.push_back("comm");
   return n;
 }
@@ -110,10 +137,17 @@ SchedHistTracer::SchedHistTracer(MetricScope& scope, SchedHistKind kind, SchedLa
       labels_(labels),
       hist_(scope, scope.declare(with_labels(kind_.spec, labels_)), SCHED_SLOTS),
       drops_(scope, kind_.drop_reasons),
-      cgroups_(CgroupLabelOptions{labels_.cgroup, SCHED_MAX_LABEL_SETS}) {}
+      cgroups_(labels_.cgroup) {}
 
 SchedHistTracer::~SchedHistTracer() {
-  if (obj_) skel()->bss->sched_cfg.*kind_.on = 0;
+  if (!obj_) return;
+  skel()->bss->sched_cfg.*kind_.on = 0;
+  obj_->leave(*this);
+}
+
+std::optional<std::uint32_t> SchedHistTracer::label_sets() const {
+  if (!labels_.labelled()) return std::nullopt;
+  return labels_.cgroup.map_entries;
 }
 
 void SchedHistTracer::rebase_next() {
@@ -121,9 +155,27 @@ void SchedHistTracer::rebase_next() {
   drops_.rebase_next();
 }
 
+void SchedHistTracer::forget_counts() {
+  hist_.forget();
+  drops_.forget();
+}
+
 void SchedHistTracer::start(HookProber& prober, HookPreference preference) {
   bool fresh = true;
-  obj_ = SchedObject::acquire(prober, preference, fresh);
+  obj_ = SchedObject::acquire(prober, preference, *this, fresh);
+  attach(fresh);
+}
+
+void SchedHistTracer::move_to(std::shared_ptr<SchedObject> obj) {
+  skel()->bss->sched_cfg.*kind_.on = 0;
+  drain();
+  links_.clear();
+  obj_ = std::move(obj);
+  forget_counts();
+  attach(/*fresh=*/true);
+}
+
+void SchedHistTracer::attach(bool fresh) {
   std::vector<ProgramChoice> progs = {{obj_->switch_program(), true}};
   if (kind_.wants_wakeups) {
     for (bpf_program* p : {obj_->wakeup_program(), obj_->wakeup_new_program()}) {
@@ -138,20 +190,20 @@ void SchedHistTracer::start(HookProber& prober, HookPreference preference) {
     drain();
   }
   sched_config& cfg = skel()->bss->sched_cfg;
-  cfg.*kind_.by_cgroup = labels_.cgroup;
+  cfg.*kind_.by_cgroup = labels_.cgroup.on;
   cfg.*kind_.by_comm = labels_.comm;
   cfg.*kind_.on = 1;
 }
 
 void SchedHistTracer::drain() {
-  if (labels_.cgroup || labels_.comm) {
+  if (labels_.labelled()) {
     cgroups_.begin_pass();
     hist_.drain_hash(
         bpf_map__fd(kind_.labelled_map(skel())), sizeof(sched_key),
         [&](const void* key) {
           return labels_.values(*static_cast<const sched_key*>(key), cgroups_);
         },
-        labels_.cgroup ? cgroups_.retire([](const void* key) {
+        labels_.cgroup.on ? cgroups_.retire([](const void* key) {
           return static_cast<const sched_key*>(key)->cgroup_id;
         })
                        : PerCpuDeltas::Retire{});

@@ -2,10 +2,14 @@
 // The BPF object shared by runqueue_latency and offcpu_time, so that sched_switch is hooked
 // once however many of them run.
 
+#include <array>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "ebpf_metricsd/bpf_support.h"
+#include "ebpf_metricsd/cgroup_labels.h"
 #include "ebpf_metricsd/cgroup_names.h"
 #include "ebpf_metricsd/hook_probe.h"
 #include "ebpf_metricsd/map_deltas.h"
@@ -21,14 +25,26 @@
 
 namespace ebpf_metricsd {
 
+class SchedHistTracer;
+
 class SchedObject {
  public:
-  // The live object, or a newly loaded one with sched_switch attached. The hook kind is
-  // chosen by whoever loads it first.
-  // `fresh` tells whether it was loaded now (its maps empty) or was already live.
+  // The kinds' labelled maps, by SchedHistKind::map.
+  enum LabelledMap : std::size_t { kRunqMap = 0, kOffcpuMap = 1 };
+  using MapEntries = std::array<std::uint32_t, 2>;
+
+  // The live object with `user` among its users, or a newly loaded one with sched_switch
+  // attached; the hook kind is chosen by whoever loads it first. A user whose labelled map
+  // must hold another number of label sets than the live object's gets a new object, loaded
+  // with that size and the live one's hook kind, and the other users are moved onto it
+  // (SchedHistTracer::move_to); the old one goes with its last user. `fresh` tells whether
+  // the object was loaded now (its maps empty) or was already live.
   static std::shared_ptr<SchedObject> acquire(HookProber& prober, HookPreference preference,
-                                              bool& fresh);
+                                              SchedHistTracer& user, bool& fresh);
+  // `user` no longer uses this object.
+  void leave(SchedHistTracer& user);
   ~SchedObject();
+  std::uint32_t label_sets(LabelledMap map) const { return entries_[map]; }
 
   scheduler* skel() const { return skel_.get(); }
   bool raw() const { return kind_ == HookKind::RawTp; }
@@ -44,18 +60,21 @@ class SchedObject {
   // template arguments of a type in a header.
   std::unique_ptr<scheduler, void (*)(scheduler*)> skel_{nullptr, scheduler__destroy};
   HookKind kind_ = HookKind::TpBtf;
-  bool switch_3arg_ = false;    // sched_switch without prev_state (before 5.18)
+  bool switch_3arg_ = false;  // sched_switch without prev_state (before 5.18)
+  MapEntries entries_{};
+  std::vector<SchedHistTracer*> users_;
   std::vector<BpfLink> links_;  // declared after skel_: detached first
 };
 
 // The optional labels of the scheduler histograms.
 struct SchedLabelOptions {
-  bool cgroup = false;
+  CgroupLabelOptions cgroup;  // `cgroup`, and `label_map_entries` for either label
   bool comm = false;
   Log2Layout buckets;
   static SchedLabelOptions read(YamlMapReader& options, const Log2Layout& default_buckets);
   std::vector<std::string> names() const;
   MetricStore::LabelValues values(const sched_key& key, CgroupLabels& cgroups) const;
+  bool labelled() const { return cgroup.on || comm; }
 };
 
 // One histogram tracer on the shared object: runqueue_latency and offcpu_time differ only
@@ -68,6 +87,7 @@ struct SchedHistKind {
   std::uint8_t sched_config::*by_comm;
   bpf_map* (*plain_map)(scheduler*);
   bpf_map* (*labelled_map)(scheduler*);
+  SchedObject::LabelledMap map;  // the same map, as SchedObject names it
   std::vector<std::string> drop_reasons;  // by enum sched_drop_reason, "" = not ours
 };
 
@@ -79,11 +99,21 @@ class SchedHistTracer : public Tracer {
   std::string hook() const override { return obj_->hook(); }
   void drain() override;
 
+  SchedObject::LabelledMap labelled_map() const { return kind_.map; }
+  // Label sets its labelled map must hold; nullopt when it has no labels (any size does).
+  std::optional<std::uint32_t> label_sets() const;
+  // Goes on with `obj`, a new object replacing the one it uses: drains the old maps a last
+  // time and attaches to the new one, whose maps start empty. Tasks' periods in progress at
+  // that moment are not measured (the new object has no stamp of their start).
+  void move_to(std::shared_ptr<SchedObject> obj);
+
  protected:
   scheduler* skel() const { return obj_->skel(); }
   // Counts already in the shared maps (the other tracer kept the object loaded) are the
   // baseline of the first drain, not new events. Overrides add their own drains.
   virtual void rebase_next();
+  // The maps were replaced by empty ones: the next drain counts from zero.
+  virtual void forget_counts();
 
  private:
   SchedHistKind kind_;
@@ -91,6 +121,8 @@ class SchedHistTracer : public Tracer {
   Log2HistDrain hist_;
   DropAccounting drops_;
   CgroupLabels cgroups_;
+  // Attaches this kind's programs and switches it on in obj_; `fresh`: obj_'s maps are empty.
+  void attach(bool fresh);
   std::shared_ptr<SchedObject> obj_;
   std::vector<BpfLink> links_;  // after obj_: detached before it is released
 };

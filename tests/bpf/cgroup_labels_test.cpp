@@ -2,6 +2,7 @@
 // born in a cgroup the test makes, and the series of that cgroup count exactly what it did
 // (the kernel's own accounting of the process where there is one).
 #include <arpa/inet.h>
+#include <bpf/bpf.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/mman.h>
@@ -281,4 +282,120 @@ TEST_CASE("runqueue_latency and offcpu_time by cgroup: a process that sleeps and
   CHECK(off == oracle.returns_from_blocking());
   CHECK(rq == oracle.returns_from_queue());
   CHECK(off >= kSleeps * 9 / 10);  // the workload did sleep
+}
+
+namespace {
+
+// max_entries of the newest map called `name` (as the kernel keeps it, 15 bytes) whose id is
+// above `after`; 0 when there is none.
+std::uint32_t newest_map_entries(const std::string& name, std::uint32_t after,
+                                 std::uint32_t* id_out = nullptr) {
+  std::uint32_t id = after, found = 0, entries = 0;
+  while (bpf_map_get_next_id(id, &id) == 0) {
+    const int fd = bpf_map_get_fd_by_id(id);
+    if (fd < 0) continue;
+    bpf_map_info info{};
+    __u32 len = sizeof info;
+    if (bpf_obj_get_info_by_fd(fd, &info, &len) == 0 && name.compare(0, 15, info.name) == 0) {
+      found = id;
+      entries = info.max_entries;
+    }
+    close(fd);
+  }
+  if (id_out) *id_out = found;
+  return entries;
+}
+
+std::uint32_t newest_map_id() {
+  std::uint32_t id = 0, next = 0;
+  while (bpf_map_get_next_id(id, &next) == 0) id = next;
+  return id;
+}
+
+bool map_exists(std::uint32_t id) {
+  const int fd = bpf_map_get_fd_by_id(id);
+  if (fd < 0) return false;
+  close(fd);
+  return true;
+}
+
+std::size_t series_with_samples(const MetricStore& store, const std::string& name) {
+  std::size_t n = 0;
+  for (const auto& f : test::collect(store)) {
+    if (f.name != name) continue;
+    for (const auto& m : f.metric) n += m.histogram.sample_count > 0 ? 1 : 0;
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("runqueue_latency and offcpu_time: label_map_entries sizes each one's map; a change "
+          "reloads the shared object and the other tracer counts on",
+          "[cgroup]") {
+  MetricStore store;
+  const std::uint32_t before = newest_map_id();
+  auto runq = test::start_tracer(store, "runqueue_latency",
+                                 "    cgroup: true\n    label_map_entries: 2\n");
+  auto offcpu = test::start_tracer(store, "offcpu_time", "    cgroup: true\n");
+  std::uint32_t runq_map = 0, offcpu_map = 0;
+  CHECK(newest_map_entries("runq_hist_labelled", before, &runq_map) == 2);
+  CHECK(newest_map_entries("offcpu_hist_labelled", before, &offcpu_map) == 4096);
+  const auto map_full = [&](const char* tracer) {
+    return test::counter_value(store, "ebpf_metricsd_dropped_events_total",
+                               {{"tracer", tracer}, {"reason", "map_full"}});
+  };
+
+  // Three cgroups sleep in turn: run-queue waits of more than two label sets find its map
+  // full; off-CPU time has room for every one, exactly as the oracle counts it.
+  test::SchedOracle oracle;
+  constexpr int kSleeps = 50;
+  const auto sleeper = [] {
+    for (int i = 0; i < kSleeps; ++i) usleep(500);
+  };
+  std::vector<std::unique_ptr<test::TestCgroup>> cgroups;
+  std::vector<std::uint64_t> expected_off;
+  const auto run_in_new_cgroup = [&](const std::string& tag) {
+    cgroups.push_back(std::make_unique<test::TestCgroup>(tag));
+    const std::uint64_t blocked0 = oracle.returns_from_blocking();
+    oracle.target_cgroup(cgroups.back()->id());
+    cgroups.back()->run(sleeper);
+    runq->drain();
+    offcpu->drain();
+    expected_off.push_back(oracle.returns_from_blocking() - blocked0);
+  };
+  for (const char* tag : {"size-a", "size-b", "size-c"}) run_in_new_cgroup(tag);
+  INFO("run-queue series " << series_with_samples(store, "ebpf_runqueue_latency_seconds")
+                           << ", map_full " << map_full("runqueue_latency") << "; off-CPU map_full "
+                           << map_full("offcpu_time"));
+  CHECK(series_with_samples(store, "ebpf_runqueue_latency_seconds") <= 2);
+  CHECK(map_full("runqueue_latency") > 0);
+  CHECK(map_full("offcpu_time") == 0);
+  for (std::size_t i = 0; i < cgroups.size(); ++i) {
+    CHECK(test::histogram_count(store, "ebpf_offcpu_seconds", in_cgroup(*cgroups[i])) ==
+          expected_off[i]);
+  }
+
+  // runqueue_latency restarts with room for 64: a new object, with both maps sized anew;
+  // offcpu_time moved onto it and counts on, its series kept.
+  runq = {};
+  const std::uint32_t before_reload = newest_map_id();
+  runq = test::start_tracer(store, "runqueue_latency",
+                            "    cgroup: true\n    label_map_entries: 64\n");
+  CHECK(newest_map_entries("runq_hist_labelled", before_reload) == 64);
+  CHECK(newest_map_entries("offcpu_hist_labelled", before_reload) == 4096);
+  // The old object is gone (the kernel frees its maps after an RCU grace period).
+  CHECK(test::wait_until([&] { return !map_exists(runq_map) && !map_exists(offcpu_map); },
+                         std::chrono::seconds(10)));
+  const std::uint64_t queued0 = oracle.returns_from_queue();
+  run_in_new_cgroup("size-d");
+  const auto& d = *cgroups.back();
+  CHECK(test::histogram_count(store, "ebpf_offcpu_seconds", in_cgroup(d)) == expected_off.back());
+  CHECK(test::histogram_count(store, "ebpf_runqueue_latency_seconds", in_cgroup(d)) ==
+        oracle.returns_from_queue() - queued0);
+  CHECK(expected_off.back() >= kSleeps * 9 / 10);
+  for (std::size_t i = 0; i + 1 < cgroups.size(); ++i) {
+    CHECK(test::histogram_count(store, "ebpf_offcpu_seconds", in_cgroup(*cgroups[i])) ==
+          expected_off[i]);
+  }
 }

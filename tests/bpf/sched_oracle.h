@@ -25,9 +25,15 @@ class SchedOracle {
     REQUIRE(sched_oracle__attach(skel_.get()) == 0);
   }
   // Counts the thread `tid` from now on.
-  void target_thread(int tid) { skel_->bss->target_tid = tid; }
-  // Counts the tasks of the cgroup v2 with id `id` from now on.
-  void target_cgroup(std::uint64_t id) { skel_->bss->target_cgroup = id; }
+  void target_thread(int tid) {
+    skel_->bss->target_tid = tid;
+    clear_state();
+  }
+  // Counts the tasks of the cgroup v2 with id `id` from now on (none of them running yet).
+  void target_cgroup(std::uint64_t id) {
+    skel_->bss->target_cgroup = id;
+    clear_state();
+  }
   std::uint64_t returns_from_blocking() const {
     return __atomic_load_n(&skel_->bss->returns_from_blocking, __ATOMIC_SEQ_CST);
   }
@@ -36,6 +42,10 @@ class SchedOracle {
   }
 
  private:
+  void clear_state() {
+    __atomic_store_n(&skel_->bss->blocked_out, false, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&skel_->bss->queued, false, __ATOMIC_SEQ_CST);
+  }
   std::unique_ptr<sched_oracle, void (*)(sched_oracle*)> skel_;
 };
 

@@ -6,7 +6,9 @@
  *    task was not runnable;
  *  - returns_from_queue: switch-ins that follow a wakeup, the wakeup of a new
  *    task, or a switch-out in which it stayed runnable.
- * One task of the target at a time: the state is kept once, not per task.
+ * One task of the target at a time: the state is kept once, not per task (and
+ * cleared by user space with a new target: a task's last switch-out, at its exit,
+ * leaves it set).
  */
 #include "vmlinux.h"
 #include <bpf/bpf_core_read.h>
@@ -17,8 +19,8 @@ volatile int target_tid = 0;
 volatile __u64 target_cgroup = 0;
 __u64 returns_from_blocking = 0;
 __u64 returns_from_queue = 0;
-static bool blocked_out = false;
-static bool queued = false;
+bool blocked_out = false;
+bool queued = false;
 
 static __always_inline bool is_target(struct task_struct *t)
 {
