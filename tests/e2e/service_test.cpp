@@ -170,6 +170,15 @@ TEST_CASE("reload: a bad file keeps the running config, a good one changes only 
       std::this_thread::sleep_for(20ms);
     }
   });
+  // A failed REQUIRE leaves this scope at once: the scraper must not outlive it unjoined.
+  struct JoinOnExit {
+    std::atomic<bool>& stop;
+    std::thread& thread;
+    ~JoinOnExit() {
+      stop = true;
+      if (thread.joinable()) thread.join();
+    }
+  } join_scraper{stop, scraper};
   REQUIRE(wait_until([&] { return sample(scrape(s.port), getppid).value_or(0) > 0; }, 5s));
 
   SECTION("an invalid file changes nothing") {
@@ -232,6 +241,64 @@ TEST_CASE("reload: a bad file keeps the running config, a good one changes only 
     CHECK(prog_ids_named(d.pid(), "sched_") == sched_progs_before);
     CHECK(prog_ids_named(d.pid(), "minor_fault").empty());
     CHECK(prog_ids_named(d.pid(), "major_fault").empty());
+  }
+
+  SECTION("a scheduler tracer's new label_map_entries reloads the object both use; the other "
+          "counts on") {
+    const auto reload_with = [&](const std::string& offcpu_options) {
+      std::ofstream(s.config) << "web:\n  listen_address: \"127.0.0.1:" << s.port
+                              << "\"\ndrain_interval: 200ms\ntracers:\n"
+                              << "  syscall_latency:\n    enabled: true\n"
+                              << "    include: [getppid]\n    per_syscall: all\n"
+                              << "  runqueue_latency:\n    enabled: true\n"
+                              << "  offcpu_time:\n    enabled: true\n"
+                              << offcpu_options;
+      const std::size_t before = notify.messages().size();
+      kill(d.pid(), SIGHUP);
+      REQUIRE(notify.wait_for("READY=1", before));
+      REQUIRE(sample(scrape(s.port), "ebpf_metricsd_config_last_reload_successful") == 1.0);
+    };
+    // The daemon's labelled off-CPU map: its max_entries.
+    const auto offcpu_map_entries = [&] {
+      for (int id : bpf_ids(d.pid(), "map_id")) {
+        const std::string info = run_capture("bpftool map show id " + std::to_string(id));
+        std::smatch match;
+        if (info.find(" name offcpu_hist_lab") != std::string::npos &&
+            std::regex_search(info, match, std::regex("max_entries (\\d+)"))) {
+          return std::stol(match[1]);
+        }
+      }
+      return 0L;
+    };
+    const std::string runq_total = "ebpf_runqueue_latency_seconds_count";
+    const std::string voluntary = "ebpf_context_switches_total{kind=\"voluntary\"}";
+    reload_with("    comm: true\n");  // offcpu_time joins the object runqueue_latency loaded
+    CHECK(offcpu_map_entries() == 4096);
+    const auto progs_before = prog_ids_named(d.pid(), "sched_");
+    std::string m = scrape(s.port);
+    const double runq0 = sample(m, runq_total).value_or(0);
+    const double voluntary0 = sample(m, voluntary).value_or(0);
+    REQUIRE(runq0 > 0);
+
+    reload_with("    comm: true\n    label_map_entries: 64\n");
+    CHECK(offcpu_map_entries() == 64);
+    const auto progs_after = prog_ids_named(d.pid(), "sched_");
+    CHECK(progs_after.size() == progs_before.size());
+    for (int id : progs_after) CHECK(progs_before.count(id) == 0);  // all loaded anew
+    const std::string log = d.log();
+    CHECK_THAT(log, Contains("scheduler: reloading its BPF object for labelled maps of 4096 "
+                             "and 64 label sets"));
+    CHECK_THAT(log, Contains("tracer offcpu_time options changed: restarting"));
+    CHECK_THAT(log, !Contains("runqueue_latency options changed"));
+    // runqueue_latency was moved onto the new object: its total went on from where it was,
+    // and so did the context switches offcpu_time kept across its restart.
+    m = scrape(s.port);
+    CHECK(sample(m, runq_total).value_or(0) >= runq0);
+    CHECK(sample(m, voluntary).value_or(0) >= voluntary0);
+    CHECK(wait_until([&] { return sample(scrape(s.port), runq_total).value_or(0) > runq0 + 100; },
+                     5s));
+    CHECK(sample(scrape(s.port), "ebpf_metricsd_tracer_up{tracer=\"runqueue_latency\",hook=\"tp_btf\"}") ==
+          1);
   }
 
   stop = true;
