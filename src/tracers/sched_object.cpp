@@ -36,11 +36,17 @@ std::shared_ptr<SchedObject> SchedObject::acquire(HookProber& prober, HookPrefer
     spdlog::info("scheduler: reloading its BPF object for labelled maps of {} and {} label sets",
                  obj->entries_[kRunqMap], obj->entries_[kOffcpuMap]);
     obj->load(live->kind_);  // on failure the live object stays as it was
-    for (SchedHistTracer* other : live->users_) {
-      other->move_to(obj);
-      obj->users_.push_back(other);
+    // The other users' programs are attached to the new object before any of them moves, so
+    // that a failure there leaves everything as it was.
+    std::vector<std::vector<BpfLink>> links;
+    for (SchedHistTracer* other : live->users_) links.push_back(other->link(*obj));
+    for (std::size_t i = 0; i < live->users_.size(); ++i) {
+      live->users_[i]->finish_move(obj, std::move(links[i]));
+      obj->users_.push_back(live->users_[i]);
     }
     live->users_.clear();
+    // Users moved onto it count already in the counters the kinds share (drops, misses).
+    fresh = obj->users_.empty();
   } else {
     static const std::array<std::string, 4> tracepoints = {"sched_wakeup", "sched_wakeup_new",
                                                            "sched_switch", "sched_process_free"};
@@ -163,25 +169,45 @@ void SchedHistTracer::forget_counts() {
 void SchedHistTracer::start(HookProber& prober, HookPreference preference) {
   bool fresh = true;
   obj_ = SchedObject::acquire(prober, preference, *this, fresh);
-  attach(fresh);
+  links_ = link(*obj_);
+  switch_on(fresh);
 }
 
-void SchedHistTracer::move_to(std::shared_ptr<SchedObject> obj) {
+std::vector<BpfLink> SchedHistTracer::link(const SchedObject& obj) const {
+  std::vector<BpfLink> links;
+  if (kind_.wants_wakeups) {
+    for (bpf_program* p : {obj.wakeup_program(), obj.wakeup_new_program()})
+      links.push_back(attach_program(p));
+  }
+  return links;
+}
+
+void SchedHistTracer::finish_move(std::shared_ptr<SchedObject> obj,
+                                  std::vector<BpfLink> links) noexcept {
   skel()->bss->sched_cfg.*kind_.on = 0;
-  drain();
-  links_.clear();
+  try {
+    drain();
+  } catch (const std::exception& e) {
+    spdlog::error("{}: the last drain of the replaced scheduler object failed: {}",
+                  kind_.spec.name, e.what());
+  }
+  links_ = std::move(links);  // the old ones detach
   obj_ = std::move(obj);
   forget_counts();
-  attach(/*fresh=*/true);
+  try {
+    switch_on(/*fresh=*/false);
+  } catch (const std::exception& e) {
+    spdlog::error("{}: taking the new scheduler object's counts as baseline failed: {}",
+                  kind_.spec.name, e.what());
+    skel()->bss->sched_cfg.*kind_.on = 1;
+  }
 }
 
-void SchedHistTracer::attach(bool fresh) {
+void SchedHistTracer::switch_on(bool fresh) {
   std::vector<ProgramChoice> progs = {{obj_->switch_program(), true}};
   if (kind_.wants_wakeups) {
-    for (bpf_program* p : {obj_->wakeup_program(), obj_->wakeup_new_program()}) {
-      links_.push_back(attach_program(p));
+    for (bpf_program* p : {obj_->wakeup_program(), obj_->wakeup_new_program()})
       progs.push_back({p, true});
-    }
   }
   drops_.bind(bpf_map__fd(skel()->maps.drops), progs);
   // Taken while this kind is still switched off, so no event falls between baseline and on.

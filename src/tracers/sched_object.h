@@ -37,8 +37,8 @@ class SchedObject {
   // attached; the hook kind is chosen by whoever loads it first. A user whose labelled map
   // must hold another number of label sets than the live object's gets a new object, loaded
   // with that size and the live one's hook kind, and the other users are moved onto it
-  // (SchedHistTracer::move_to); the old one goes with its last user. `fresh` tells whether
-  // the object was loaded now (its maps empty) or was already live.
+  // (SchedHistTracer::link, then finish_move); the old one goes with its last user. `fresh`
+  // tells whether nothing in the object counted yet (loaded now, no user moved onto it).
   static std::shared_ptr<SchedObject> acquire(HookProber& prober, HookPreference preference,
                                               SchedHistTracer& user, bool& fresh);
   // `user` no longer uses this object.
@@ -102,10 +102,13 @@ class SchedHistTracer : public Tracer {
   SchedObject::LabelledMap labelled_map() const { return kind_.map; }
   // Label sets its labelled map must hold; nullopt when it has no labels (any size does).
   std::optional<std::uint32_t> label_sets() const;
-  // Goes on with `obj`, a new object replacing the one it uses: drains the old maps a last
-  // time and attaches to the new one, whose maps start empty. Tasks' periods in progress at
-  // that moment are not measured (the new object has no stamp of their start).
-  void move_to(std::shared_ptr<SchedObject> obj);
+  // Links of this kind's own programs (its wakeup hooks) in `obj`; may throw.
+  std::vector<BpfLink> link(const SchedObject& obj) const;
+  // Goes on with `obj`, a new object replacing the one it uses, whose programs `links`
+  // (from link()) attached: drains the old maps a last time and switches over; the new
+  // maps start empty. Tasks' periods in progress at that moment are not measured (the new
+  // object has no stamp of their start).
+  void finish_move(std::shared_ptr<SchedObject> obj, std::vector<BpfLink> links) noexcept;
 
  protected:
   scheduler* skel() const { return obj_->skel(); }
@@ -121,8 +124,9 @@ class SchedHistTracer : public Tracer {
   Log2HistDrain hist_;
   DropAccounting drops_;
   CgroupLabels cgroups_;
-  // Attaches this kind's programs and switches it on in obj_; `fresh`: obj_'s maps are empty.
-  void attach(bool fresh);
+  // Switches this kind on in obj_ (its programs linked); `fresh`: nothing in obj_ counted
+  // yet, else what its maps hold is taken as the baseline first.
+  void switch_on(bool fresh);
   std::shared_ptr<SchedObject> obj_;
   std::vector<BpfLink> links_;  // after obj_: detached before it is released
 };

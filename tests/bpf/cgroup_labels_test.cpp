@@ -355,41 +355,59 @@ TEST_CASE("runqueue_latency and offcpu_time: label_map_entries sizes each one's 
   };
   std::vector<std::unique_ptr<test::TestCgroup>> cgroups;
   std::vector<std::uint64_t> expected_off;
-  const auto run_in_new_cgroup = [&](const std::string& tag) {
+  const auto run_in_new_cgroup = [&](const std::string& tag, bool drain) {
     cgroups.push_back(std::make_unique<test::TestCgroup>(tag));
     const std::uint64_t blocked0 = oracle.returns_from_blocking();
     oracle.target_cgroup(cgroups.back()->id());
     cgroups.back()->run(sleeper);
-    runq->drain();
-    offcpu->drain();
+    if (drain) {
+      runq->drain();
+      offcpu->drain();
+    }
     expected_off.push_back(oracle.returns_from_blocking() - blocked0);
   };
-  for (const char* tag : {"size-a", "size-b", "size-c"}) run_in_new_cgroup(tag);
+  for (const char* tag : {"size-a", "size-b"}) run_in_new_cgroup(tag, true);
+  // size-c's periods are still in the maps when the object is replaced below: the last
+  // drain of the old maps must count them.
+  run_in_new_cgroup("size-c", false);
+  runq->drain();
   INFO("run-queue series " << series_with_samples(store, "ebpf_runqueue_latency_seconds")
                            << ", map_full " << map_full("runqueue_latency") << "; off-CPU map_full "
                            << map_full("offcpu_time"));
   CHECK(series_with_samples(store, "ebpf_runqueue_latency_seconds") <= 2);
   CHECK(map_full("runqueue_latency") > 0);
-  CHECK(map_full("offcpu_time") == 0);
-  for (std::size_t i = 0; i < cgroups.size(); ++i) {
+  for (std::size_t i = 0; i + 1 < cgroups.size(); ++i) {
     CHECK(test::histogram_count(store, "ebpf_offcpu_seconds", in_cgroup(*cgroups[i])) ==
           expected_off[i]);
   }
+  const double voluntary0 =
+      test::counter_value(store, "ebpf_context_switches_total", {{"kind", "voluntary"}});
 
-  // runqueue_latency restarts with room for 64: a new object, with both maps sized anew;
-  // offcpu_time moved onto it and counts on, its series kept.
+  // runqueue_latency restarts with room for 65536: a new object, with both maps sized
+  // anew; offcpu_time moved onto it (its old maps drained a last time) and counts on, its
+  // series kept.
   runq = {};
   const std::uint32_t before_reload = newest_map_id();
   runq = test::start_tracer(store, "runqueue_latency",
-                            "    cgroup: true\n    label_map_entries: 64\n");
-  CHECK(newest_map_entries("runq_hist_labelled", before_reload) == 64);
+                            "    cgroup: true\n    label_map_entries: 65536\n");
+  CHECK(newest_map_entries("runq_hist_labelled", before_reload) == 65536);
   CHECK(newest_map_entries("offcpu_hist_labelled", before_reload) == 4096);
   // The old object is gone (the kernel frees its maps after an RCU grace period).
   CHECK(test::wait_until([&] { return !map_exists(runq_map) && !map_exists(offcpu_map); },
                          std::chrono::seconds(10)));
   const std::uint64_t queued0 = oracle.returns_from_queue();
-  run_in_new_cgroup("size-d");
+  const double runq_full0 = map_full("runqueue_latency");
+  run_in_new_cgroup("size-d", true);
   const auto& d = *cgroups.back();
+  INFO("after the reload: run-queue map_full " << map_full("runqueue_latency") - runq_full0
+                                                << ", off-CPU map_full "
+                                                << map_full("offcpu_time"));
+  CHECK(map_full("offcpu_time") == 0);
+  // Counted on from the new, empty maps: no jump from a baseline of the old ones.
+  const double voluntary1 =
+      test::counter_value(store, "ebpf_context_switches_total", {{"kind", "voluntary"}});
+  CHECK(voluntary1 >= voluntary0 + kSleeps * 9 / 10);
+  CHECK(voluntary1 < voluntary0 + 1e6);
   CHECK(test::histogram_count(store, "ebpf_offcpu_seconds", in_cgroup(d)) == expected_off.back());
   CHECK(test::histogram_count(store, "ebpf_runqueue_latency_seconds", in_cgroup(d)) ==
         oracle.returns_from_queue() - queued0);
@@ -398,4 +416,13 @@ TEST_CASE("runqueue_latency and offcpu_time: label_map_entries sizes each one's 
     CHECK(test::histogram_count(store, "ebpf_offcpu_seconds", in_cgroup(*cgroups[i])) ==
           expected_off[i]);
   }
+  // A cgroup counted in the old maps sleeps again: its entry in the new map starts from
+  // zero, so its series grows by exactly the new periods.
+  auto& a = *cgroups.front();
+  const std::uint64_t blocked0 = oracle.returns_from_blocking();
+  oracle.target_cgroup(a.id());
+  a.run(sleeper);
+  offcpu->drain();
+  CHECK(test::histogram_count(store, "ebpf_offcpu_seconds", in_cgroup(a)) ==
+        expected_off.front() + (oracle.returns_from_blocking() - blocked0));
 }

@@ -295,6 +295,9 @@ TEST_CASE("reload: a bad file keeps the running config, a good one changes only 
     m = scrape(s.port);
     CHECK(sample(m, runq_total).value_or(0) >= runq0);
     CHECK(sample(m, voluntary).value_or(0) >= voluntary0);
+    // ... counted from the new maps, with no jump from a baseline of the old ones.
+    CHECK(sample(m, runq_total).value_or(0) < runq0 + 1e7);
+    CHECK(sample(m, voluntary).value_or(0) < voluntary0 + 1e7);
     CHECK(wait_until([&] { return sample(scrape(s.port), runq_total).value_or(0) > runq0 + 100; },
                      5s));
     CHECK(sample(scrape(s.port), "ebpf_metricsd_tracer_up{tracer=\"runqueue_latency\",hook=\"tp_btf\"}") ==
