@@ -61,6 +61,20 @@ class CgroupLabels {
         },
         retire([](const void* key) { return static_cast<const Key*>(key)->cgroup; }));
   }
+  // One drain of a tracer that counts by a u32 index: in the labelled map keyed by
+  // {cgroup, index} (the index the key's member `index`) when labels are on, else in the
+  // plain array of `entries` indexed by it. `own(index)` gives the tracer's own label values.
+  template <typename Key, typename Drain, typename Own>
+  void drain_indexed(Drain& drain, int labelled_fd, int plain_fd, std::uint32_t entries,
+                     std::uint32_t Key::*index, const Own& own) {
+    if (on()) {
+      this->drain<Key>(drain, labelled_fd, [&](const Key& k) { return own(k.*index); });
+    } else {
+      drain.drain_array(plain_fd, entries, [&](const void* key) {
+        return own(*static_cast<const std::uint32_t*>(key));
+      });
+    }
+  }
   // The same for a map whose values go to several metrics: `add(labels, values)`.
   template <typename Key, typename Own, typename Add>
   void drain_deltas(PerCpuDeltas& deltas, int map_fd, const Own& own, const Add& add) {

@@ -50,18 +50,12 @@ class PageFaultsTracer final : public Tracer {
   std::string hook() const override { return "perf_event"; }
 
   void drain() override {
-    const auto type = [](std::uint32_t t) { return t == PAGE_FAULT_MINOR ? "minor" : "major"; };
-    if (labels_.on()) {
-      labels_.drain<page_fault_cgroup_key>(
-          faults_, bpf_map__fd(skel_->maps.faults_by_cgroup),
-          [&](const page_fault_cgroup_key& k) { return MetricStore::LabelValues{type(k.type)}; });
-    } else {
-      faults_.drain_array(bpf_map__fd(skel_->maps.faults), PAGE_FAULT__COUNT,
-                          [&](const void* key) {
-                            return MetricStore::LabelValues{
-                                type(*static_cast<const std::uint32_t*>(key))};
+    labels_.drain_indexed(faults_, bpf_map__fd(skel_->maps.faults_by_cgroup),
+                          bpf_map__fd(skel_->maps.faults), PAGE_FAULT__COUNT,
+                          &page_fault_cgroup_key::type, [](std::uint32_t type) {
+                            return MetricStore::LabelValues{type == PAGE_FAULT_MINOR ? "minor"
+                                                                                     : "major"};
                           });
-    }
     drops_.drain();
   }
 

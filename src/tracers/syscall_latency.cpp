@@ -137,17 +137,10 @@ class SyscallLatencyTracer final : public Tracer {
 
   void drain() override {
     static_assert(sizeof(syscall_latency_hist) == (SYSLAT_SLOTS + 1) * 8);
-    if (labels_.on()) {
-      labels_.drain<syscall_latency_cgroup_key>(
-          hists_, bpf_map__fd(skel_->maps.hists_by_cgroup),
-          [&](const syscall_latency_cgroup_key& k) { return MetricStore::LabelValues{name_of(k.nr)}; });
-    } else {
-      hists_.drain_array(bpf_map__fd(skel_->maps.hists), SYSLAT_MAX_SYSCALLS,
-                         [&](const void* key) {
-                           return MetricStore::LabelValues{
-                               name_of(*static_cast<const std::uint32_t*>(key))};
-                         });
-    }
+    labels_.drain_indexed(
+        hists_, bpf_map__fd(skel_->maps.hists_by_cgroup), bpf_map__fd(skel_->maps.hists),
+        SYSLAT_MAX_SYSCALLS, &syscall_latency_cgroup_key::nr,
+        [&](std::uint32_t nr) { return MetricStore::LabelValues{name_of(nr)}; });
     drops_.drain();
   }
 

@@ -22,10 +22,6 @@ const char* family_name(std::uint32_t family) {
   return family == TCPCONN_IPV4 ? "ipv4" : "ipv6";
 }
 
-MetricStore::LabelValues family_label(const void* key) {
-  return {family_name(*static_cast<const std::uint32_t*>(key))};
-}
-
 class TcpConnectLatencyTracer final : public Tracer {
  public:
   TcpConnectLatencyTracer(MetricScope& scope, const OwnedHistogramOptions& options)
@@ -71,18 +67,13 @@ class TcpConnectLatencyTracer final : public Tracer {
   std::string hook() const override { return hook_; }
 
   void drain() override {
-    if (labels_.on()) {
-      const auto family = [](const tcpconn_cgroup_key& k) {
-        return MetricStore::LabelValues{family_name(k.family)};
-      };
-      labels_.drain<tcpconn_cgroup_key>(latency_, bpf_map__fd(skel_->maps.latency_by_cgroup),
-                                        family);
-      labels_.drain<tcpconn_cgroup_key>(failures_, bpf_map__fd(skel_->maps.failures_by_cgroup),
-                                        family);
-    } else {
-      latency_.drain_array(bpf_map__fd(skel_->maps.latency), TCPCONN_FAMILIES, family_label);
-      failures_.drain_array(bpf_map__fd(skel_->maps.failures), TCPCONN_FAMILIES, family_label);
-    }
+    const auto family = [](std::uint32_t f) { return MetricStore::LabelValues{family_name(f)}; };
+    labels_.drain_indexed(latency_, bpf_map__fd(skel_->maps.latency_by_cgroup),
+                          bpf_map__fd(skel_->maps.latency), TCPCONN_FAMILIES,
+                          &tcpconn_cgroup_key::family, family);
+    labels_.drain_indexed(failures_, bpf_map__fd(skel_->maps.failures_by_cgroup),
+                          bpf_map__fd(skel_->maps.failures), TCPCONN_FAMILIES,
+                          &tcpconn_cgroup_key::family, family);
     drops_.drain();
     // Every connect leaves SYN_SENT within the SYN retries (about two minutes); a stamp
     // older than ten minutes belongs to a socket that vanished unseen.
