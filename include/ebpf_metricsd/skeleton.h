@@ -1,7 +1,8 @@
 #pragma once
 // The one step that brings a tracer's BPF object into the kernel: open the bpftool skeleton
-// (CO-RE against the kernel's BTF, or btf_path), set it up, load it, attach the programs
-// this start uses and bind the tracer's drop accounting. The result owns all of it.
+// (CO-RE against the kernel's BTF, or btf_path), set it up, apply the host-safety rule
+// (host_safety.h), load it, attach the programs this start uses and bind the tracer's drop
+// accounting. The result owns all of it.
 
 #include <bpf/libbpf.h>
 
@@ -14,6 +15,7 @@
 #include "ebpf_metricsd/bpf_support.h"
 #include "ebpf_metricsd/drop_accounting.h"
 #include "ebpf_metricsd/hook_probe.h"
+#include "ebpf_metricsd/host_safety.h"
 
 namespace ebpf_metricsd {
 
@@ -38,7 +40,12 @@ class LoadedSkeleton {
     if (!l.skel_) throw BpfError(bpf_error_text("open " + tracer, errno));
     const std::vector<ProgramChoice> programs = choose(l.skel_.get());
     l.links_ = load_and_attach(
-        programs, [&] { return Load(l.skel_.get()); }, tracer);
+        programs,
+        [&] {
+          make_host_safe(l.skel_->obj, tracer);
+          return Load(l.skel_.get());
+        },
+        tracer);
     const bpf_map* map = bpf_object__find_map_by_name(l.skel_->obj, "drops");
     drops.bind(map ? bpf_map__fd(map) : -1, programs);
     return l;

@@ -3,6 +3,7 @@
 
 #include "ebpf_metricsd/bpf_support.h"
 #include "ebpf_metricsd/cgroup_labels.h"
+#include "ebpf_metricsd/host_safety.h"
 #include "ebpf_metricsd/map_deltas.h"
 #include "ebpf_metricsd/tracer.h"
 
@@ -34,6 +35,7 @@ class PageFaultsTracer final : public Tracer {
     if (!skel) throw BpfError(bpf_error_text("open page_faults", errno));
     skel->rodata->emd_by_cgroup = labels_.on();
     bpf_map__set_max_entries(skel->maps.faults_by_cgroup, labels_.options().kernel_map_entries());
+    make_host_safe(skel->obj, "page_faults");
     if (int err = page_faults__load(skel.get()))
       throw BpfError(bpf_error_text("load page_faults", err));
     for (int cpu : online_cpus()) {

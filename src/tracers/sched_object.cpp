@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "ebpf_metricsd/host_safety.h"
+
 #include <array>
 #include <cstring>
 #include <mutex>
@@ -87,6 +89,7 @@ void SchedObject::load(HookKind kind) {
   bpf_map__set_max_entries(s->maps.tstate_by_pid, btf ? 1 : kPidMapEntries);
   bpf_map__set_max_entries(s->maps.runq_hist_labelled, entries_[kRunqMap]);
   bpf_map__set_max_entries(s->maps.offcpu_hist_labelled, entries_[kOffcpuMap]);
+  make_host_safe(s->obj, "scheduler");
   if (int err = scheduler__load(s)) throw BpfError(bpf_error_text("load scheduler", err));
   if (!btf) links_.push_back(attach_program(s->progs.sched_free_raw));
   links_.push_back(attach_program(switch_program()));

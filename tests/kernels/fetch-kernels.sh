@@ -17,7 +17,10 @@ cache=$(cd "$cache" && pwd)
 # name  suite  meta-package
 KERNELS=(
   "5.10 bullseye-security linux-image-amd64"
+  "5.10-cloud bullseye-security linux-image-cloud-amd64"
   "6.1 bookworm linux-image-amd64"
+  "6.1-cloud bookworm linux-image-cloud-amd64"
+  "6.1-rt bookworm linux-image-rt-amd64"
   "6.12 bookworm-security linux-image-6.12-amd64"
   "newest trixie-backports linux-image-amd64"
 )

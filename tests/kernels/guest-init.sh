@@ -11,6 +11,16 @@ mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 . /matrix.env
 
+# The guest's progress, once a second on the third serial port: the host takes a gap as a
+# stall and asks the kernel and qemu what the CPUs are doing.
+(while :; do
+  echo "EMD-BEAT $(cut -d' ' -f1 /proc/uptime) $(cut -d' ' -f1-3 /proc/loadavg)"
+  sleep 1
+done) >/dev/ttyS2 2>/dev/null &
+# Where the kernel can see a stall itself, it says so at once and panics, which prints every
+# task's state and stack (panic_print=1 on the command line).
+echo 10 >/proc/sys/kernel/hung_task_timeout_secs 2>/dev/null
+
 fail() {
   echo "EMD-GUEST-ERROR $*" >/dev/ttyS1
   poweroff -f
@@ -19,6 +29,26 @@ fail() {
 for m in $(cat /modules/order); do
   insmod "/modules/$m" || fail "insmod $m"
 done
+
+# The stall job, from the initramfs alone: /tmp, cgroup v2, the scratch disk at /scratch.
+mkdir -p /tmp /scratch
+mount -t tmpfs tmpfs /tmp
+mount -t cgroup2 cgroup2 /sys/fs/cgroup
+mount -t bpf bpf /sys/fs/bpf
+mdev -s 2>/dev/null
+i=0
+while [ ! -b /dev/vda ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+mount -t ext4 /dev/vda /scratch || fail "mount scratch disk"
+# The kernel's symbols, for the host to name the addresses on a stalled CPU's stack.
+cat /proc/kallsyms >/scratch/kallsyms
+sync
+ip link set lo up
+/stall-job.sh
+[ "$JOB" = full ] || {
+  echo "EMD-GUEST-DONE" >/dev/ttyS1
+  sync
+  poweroff -f
+}
 
 mkdir -p /host
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=262144 hostroot /host ||
@@ -48,12 +78,9 @@ exec chroot /host /sbin/modprobe -d "$KERNEL_ROOT" "\$@"
 EOF
 chmod +x /sbin/emd-modprobe
 echo /sbin/emd-modprobe >/proc/sys/kernel/modprobe
-chroot /host /sbin/modprobe -d "$KERNEL_ROOT" -a virtio_blk ext4 loop ||
-  fail "modprobe virtio_blk ext4 loop"
-mdev -s 2>/dev/null
-i=0
-while [ ! -b /host/dev/vda ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
-mount -t ext4 /host/dev/vda /host/var/tmp || fail "mount scratch disk"
+chroot /host /sbin/modprobe -d "$KERNEL_ROOT" -a loop || fail "modprobe loop"
+rm -f /scratch/stall.dat
+mount -o bind /scratch /host/var/tmp || fail "bind the scratch disk"
 
 # The build, the sources and the kernel package, if under a directory the guest covers.
 for d in "$BUILD_DIR" "$SOURCE_DIR" "$KERNEL_ROOT"; do
@@ -65,7 +92,6 @@ for d in "$BUILD_DIR" "$SOURCE_DIR" "$KERNEL_ROOT"; do
   esac
 done
 
-ip link set lo up
 cp /job.sh /host/tmp/emd-job.sh
 cp /matrix.env /host/tmp/emd-matrix.env
 chroot /host /bin/bash /tmp/emd-job.sh

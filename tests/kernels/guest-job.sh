@@ -41,6 +41,7 @@ run_daemon() {
   say "EMD-END $section-log"
 }
 
+
 sed -e 's/enabled: false/enabled: true/' -e 's/^drain_interval:.*/drain_interval: 1s/' \
   "$SOURCE_DIR/config/ebpf-metricsd.yaml" >/tmp/all-tracers.yaml
 run_daemon metrics /tmp/all-tracers.yaml

@@ -12,11 +12,13 @@ qemu or the kernel packages cannot be had here (reported as skipped by ctest).
 """
 
 import argparse
+import bisect
 import gzip
 import lzma
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -27,9 +29,22 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE_DIR = os.path.dirname(os.path.dirname(HERE))
 SKIP = 77
 
+# Debian's kernels (tests/kernels/fetch-kernels.sh names them), the ones whose first boot
+# also runs the oracle tests, and how often each is booted: a stall that happens in one boot
+# of two is missed by a single boot in one run of four.
+ALL_KERNELS = ["5.10", "5.10-cloud", "6.1", "6.1-cloud", "6.1-rt", "6.12", "newest"]
+FULL_KERNELS = ["5.10", "6.1", "6.12", "newest"]
+DEFAULT_BOOTS = "5.10=5,5.10-cloud=5,*=3"
+
+# Tracers that may refuse to start in the stall job (every option on) on some kernels, with
+# the reason they must give: anything else down is a failure.
+EXPECTED_REFUSALS = {
+    "kmalloc": "caches: true needs the slab cache as the third argument of kmem_cache_alloc",
+}
+
 # The modules a guest loads from its initramfs to reach the host's root; the rest come
 # from the chrooted modprobe.
-BOOT_MODULES = ["virtio_pci", "9pnet_virtio", "9p"]
+BOOT_MODULES = ["virtio_pci", "virtio_blk", "ext4", "9pnet_virtio", "9p"]
 
 # Which tracers each BPF test file proves.
 TEST_FILE_TRACERS = {
@@ -125,6 +140,18 @@ def make_initramfs(workdir, kernel_root, version, env):
     shutil.copy(os.path.join(HERE, "guest-init.sh"), os.path.join(tree, "init"))
     os.chmod(os.path.join(tree, "init"), 0o755)
     shutil.copy(os.path.join(HERE, "guest-job.sh"), os.path.join(tree, "job.sh"))
+    shutil.copy(os.path.join(HERE, "stall-job.sh"), os.path.join(tree, "stall-job.sh"))
+    os.chmod(os.path.join(tree, "stall-job.sh"), 0o755)
+    shutil.copy(os.path.join(SOURCE_DIR, "config", "ebpf-metricsd.yaml"),
+                os.path.join(tree, "ebpf-metricsd.yaml"))
+    # The daemon and the shared libraries it loads, at their own paths.
+    daemon = os.path.join(env["BUILD_DIR"], "ebpf-metricsd")
+    shutil.copy(daemon, os.path.join(tree, "ebpf-metricsd"))
+    ldd = subprocess.run(["ldd", daemon], capture_output=True, text=True, check=True).stdout
+    for lib in re.findall(r"(/\S+) \(0x", ldd):
+        dest = os.path.join(tree, lib.lstrip("/"))
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        shutil.copy(os.path.realpath(lib), dest)
     with open(os.path.join(tree, "matrix.env"), "w") as f:
         for k, v in env.items():
             f.write(f"{k}='{v}'\n")
@@ -176,7 +203,108 @@ def sections(text):
     return {k: "\n".join(v) for k, v in blocks.items()}, values
 
 
-def boot(name, kernel_root, build_dir, tracers, tests, keep, timeout):
+class KernelSymbols:
+    """Kernel text addresses to names, from the guest's /proc/kallsyms, which the guest
+    copies to its scratch disk at boot (Debian's System.map is a stub). The guest boots with
+    nokaslr, so the addresses hold for the whole run."""
+
+    def __init__(self, disk):
+        self.addrs, self.names = [], []
+        text = subprocess.run(["debugfs", "-R", "cat /kallsyms", disk], capture_output=True,
+                              text=True).stdout
+        entries = []
+        for line in text.splitlines():
+            parts = line.split()
+            if len(parts) >= 3 and parts[1] in "TtWw":
+                entries.append((int(parts[0], 16), parts[2]))
+        entries.sort()
+        self.addrs = [a for a, _ in entries]
+        self.names = [n for _, n in entries]
+
+    def name(self, addr):
+        if not self.addrs or addr < self.addrs[0] or addr >= 0xffffffffff000000:
+            return None
+        i = bisect.bisect_right(self.addrs, addr) - 1
+        if i < 0 or addr - self.addrs[i] > 0x10000:
+            return None
+        return f"{self.names[i]}+{addr - self.addrs[i]:#x}"
+
+
+class Monitor:
+    """qemu's human monitor on a unix socket."""
+
+    def __init__(self, path):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(10)
+        self.sock.connect(path)
+        self._until_prompt()
+
+    def _until_prompt(self):
+        data = b""
+        while not data.endswith(b"(qemu) "):
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        return data.decode(errors="replace")
+
+    def cmd(self, line):
+        self.sock.sendall(line.encode() + b"\n")
+        out = self._until_prompt()
+        # The monitor echoes the command (with terminal escapes) on the first line.
+        return re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", out).split("\n", 1)[-1].rsplit("(qemu)", 1)[0]
+
+
+def cpu_state(monitor_path):
+    """What each vCPU of a stalled guest is doing: [(cpu, rip, interrupts on, stack words)],
+    the words being a raw scan of its kernel stack (innermost first). Then an NMI to every
+    CPU, which the guest's kernel (unknown_nmi_panic) answers with a panic that prints the
+    stack of the CPU that takes it and every task's state (panic_print=1)."""
+    cpus = []
+    try:
+        mon = Monitor(monitor_path)
+        regs = mon.cmd("info registers -a")
+        for block in re.split(r"\n(?=CPU#\d+)", "\n" + regs):
+            m = re.search(r"CPU#(\d+)", block)
+            rip = re.search(r"RIP=([0-9a-f]+)", block)
+            rsp = re.search(r"RSP=([0-9a-f]+)", block)
+            efl = re.search(r"RFL=([0-9a-f]+)", block)
+            if not (m and rip and rsp):
+                continue
+            cpu, rip, rsp = int(m.group(1)), int(rip.group(1), 16), int(rsp.group(1), 16)
+            words = []
+            if rip >= 0xffff800000000000:
+                mon.cmd(f"cpu {cpu}")
+                dump = mon.cmd(f"x /512gx {rsp:#x}")
+                words = [int(w, 16) for w in re.findall(r"0x([0-9a-f]{16})", dump)]
+            cpus.append((cpu, rip, bool(efl and int(efl.group(1), 16) & 0x200), words))
+        mon.cmd("nmi")
+    except OSError as e:
+        cpus.append((-1, 0, False, [f"qemu monitor: {e}"]))
+    return cpus
+
+
+def describe_cpus(cpus, symbols):
+    lines = []
+    for cpu, rip, irqs, words in cpus:
+        if cpu < 0:
+            lines += words
+            continue
+        lines.append(f"cpu {cpu}: at {symbols.name(rip) or hex(rip)}, "
+                     f"interrupts {'on' if irqs else 'off'}; kernel text on its stack:")
+        frames = []
+        for w in words:
+            name = symbols.name(w)
+            if name and (not frames or frames[-1] != name):
+                frames.append(name)
+        lines += ["    " + f for f in frames[:40]]
+    return lines
+
+
+def boot(name, kernel_root, build_dir, tracers, job, tests, keep, timeout, stall_after,
+         stall_seconds):
+    """One guest run. Returns (version, seconds, qemu_error, report, console, stall) where
+    stall is None or the lines that describe a guest that stopped making progress."""
     version = open(os.path.join(kernel_root, ".version")).read().strip()
     workdir = tempfile.mkdtemp(prefix=f"emd-kernel-{name}-")
     try:
@@ -186,42 +314,77 @@ def boot(name, kernel_root, build_dir, tracers, tests, keep, timeout):
             "SOURCE_DIR": SOURCE_DIR,
             "TRACER_COUNT": str(len(tracers)),
             "BPF_TEST_ARGS": tests,
+            "JOB": job,
+            "STALL_SECONDS": str(stall_seconds),
         }
         initrd = make_initramfs(workdir, kernel_root, version, env)
         disk = make_scratch_disk(workdir)
         console = os.path.join(workdir, "console.log")
         report = os.path.join(workdir, "report.log")
+        beats = os.path.join(workdir, "beats.log")
+        monitor = os.path.join(workdir, "monitor.sock")
         # One host thread for both vCPUs: multi-threaded TCG has crashed newer guests
         # (an int3 oops in __schedule while a tracepoint's static key is patched), and the
         # jobs mostly wait, so it costs no time.
         accel = os.environ.get("EBPF_METRICSD_KERNEL_ACCEL", "tcg,thread=single")
+        cmdline = ("console=ttyS0 panic=-1 loglevel=7 mitigations=off nokaslr "
+                   "softlockup_panic=0 watchdog_thresh=5 hung_task_panic=0 "
+                   "unknown_nmi_panic=1 panic_print=1 sysrq_always_enabled")
         cmd = [
             "qemu-system-x86_64", "-accel", accel, "-cpu", "max", "-smp", "2", "-m", "2G",
             "-nodefaults", "-no-reboot", "-display", "none",
             "-kernel", os.path.join(kernel_root, "boot", f"vmlinuz-{version}"),
             "-initrd", initrd,
-            "-append", "console=ttyS0 panic=-1 loglevel=4 mitigations=off",
+            "-append", cmdline,
             "-serial", f"file:{console}", "-serial", f"file:{report}",
+            "-serial", f"file:{beats}",
+            "-monitor", f"unix:{monitor},server=on,wait=off",
             "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,"
                        "multidevs=remap",
             "-drive", f"file={disk},if=virtio,format=raw,cache=unsafe",
         ]
         start = time.monotonic()
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-            qemu_error = proc.stderr.strip() if proc.returncode != 0 else ""
-        except subprocess.TimeoutExpired:
-            qemu_error = f"timed out after {timeout} s"
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True)
+        qemu_error, stall = "", None
+        last_size, last_progress = 0, start
+        while True:
+            try:
+                proc.wait(timeout=1)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.monotonic()
+            size = os.path.getsize(beats) if os.path.exists(beats) else 0
+            if size != last_size:
+                last_size, last_progress = size, now
+            elif size and now - last_progress > stall_after:
+                with open(beats, errors="replace") as f:
+                    last = (f.read().strip().splitlines() or ["-"])[-1]
+                stall = [f"no progress for {stall_after} s (the guest's last heartbeat: {last})"]
+                cpus = cpu_state(monitor)
+                time.sleep(20)  # the guest's panic output, if it still can
+                break
+            if now - start > timeout:
+                qemu_error = f"timed out after {timeout} s"
+                break
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        elif proc.returncode != 0:
+            qemu_error = proc.stderr.read().strip()
         seconds = time.monotonic() - start
+        if stall:
+            stall += describe_cpus(cpus, KernelSymbols(disk))
         text = open(report, errors="replace").read() if os.path.exists(report) else ""
         console_text = open(console, errors="replace").read() if os.path.exists(console) else ""
         if keep:
             dest = os.path.join(keep, name)
             os.makedirs(dest, exist_ok=True)
-            for f in (console, report):
+            for f in (console, report, beats):
                 if os.path.exists(f):
                     shutil.copy(f, dest)
-        return version, seconds, qemu_error, text, console_text
+        return version, seconds, qemu_error, text, console_text, stall
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -295,15 +458,79 @@ def parse_result(tracers, text):
     return result, errors, blocks, values
 
 
+def parse_boots(spec, kernels):
+    """"5.10=5,*=3" -> {kernel: boots}."""
+    counts = {}
+    for item in spec.split(","):
+        k, _, n = item.partition("=")
+        counts[k.strip()] = int(n)
+    return {k: counts.get(k, counts.get("*", 1)) for k in kernels}
+
+
+def stall_problems(tracers, blocks, values):
+    """What the stall job (every tracer and label on, a workload on every hook) reports."""
+    problems = []
+    if "EMD-STALL-ROUNDS" not in values:
+        problems.append("the stall job did not finish")
+        return problems
+    if int(values["EMD-STALL-ROUNDS"] or 0) < 1:
+        problems.append("the stall job ran no workload round")
+    status = values.get("EMD-DAEMON-EXIT-stall", "?")
+    if status != "0":
+        problems.append(f"daemon (stall run, every label on) exit status {status}")
+    up = tracer_up(blocks.get("stall", ""))
+    log = blocks.get("stall-log", "")
+    for t in tracers:
+        if t not in up:
+            problems.append(f"{t}: no tracer_up with every label on")
+        elif not up[t][1]:
+            reason = EXPECTED_REFUSALS.get(t)
+            if not reason or f"tracer {t} failed to start: {reason}" not in log:
+                problems.append(f"{t}: not up with every label on")
+    for t, n in drain_errors(blocks.get("stall", "")).items():
+        problems.append(f"{t}: {n:.0f} failed drains with every label on")
+    return problems
+
+
+def full_problems(tracers, result, drain_errors, values):
+    problems = []
+    for run in ("metrics", "btf-path"):
+        status = values.get(f"EMD-DAEMON-EXIT-{run}", "?")
+        if status != "0":
+            problems.append(f"daemon ({run} run) exit status {status}")
+    if values.get("EMD-BPF-EXIT") != "0":
+        problems.append(f"bpf_tests exit status {values.get('EMD-BPF-EXIT', '?')}")
+    for t, n in drain_errors.items():
+        problems.append(f"{t}: {n:.0f} failed drains")
+    for t, r in result.items():
+        if not r["up"]:
+            problems.append(f"{t}: not up")
+        if not r["btf_path"] or not r["btf_path"][1]:
+            problems.append(f"{t}: not up with btf_path and the kernel's BTF hidden")
+        if not r["tests"]:
+            problems.append(f"{t}: no oracle test ran")
+        for f in r["failed"]:
+            problems.append(f"{t}: failed test: {f}")
+    return problems
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", required=True)
-    ap.add_argument("--kernels", default="5.10,6.1,6.12,newest")
+    ap.add_argument("--kernels", default=",".join(ALL_KERNELS))
+    ap.add_argument("--full", default=",".join(FULL_KERNELS),
+                    help="kernels whose first boot also runs the oracle tests")
+    ap.add_argument("--boots", default=DEFAULT_BOOTS,
+                    help="boots per kernel, e.g. '5.10=5,*=3' (each runs the stall job)")
+    ap.add_argument("--stall-seconds", type=int, default=20,
+                    help="seconds of workload in each boot's stall job")
+    ap.add_argument("--stall-after", type=int, default=30,
+                    help="seconds without a guest heartbeat that make a stall")
     ap.add_argument("--cache", default=os.environ.get("EBPF_METRICSD_KERNEL_CACHE",
                                                       "/var/cache/ebpf-metricsd/kernels"))
     ap.add_argument("--tests", default="", help="Catch2 test spec for bpf_tests")
     ap.add_argument("--keep", default="", help="copy each guest's console and report here")
-    ap.add_argument("--timeout", type=int, default=600, help="seconds per kernel")
+    ap.add_argument("--timeout", type=int, default=600, help="seconds per boot")
     args = ap.parse_args()
 
     if os.geteuid() != 0:
@@ -313,49 +540,53 @@ def main():
             skip(f"{tool} is not installed (packaging/install-deps.sh --with-tests)")
     tracers = tracer_names(args.build)
     wanted = [k for k in args.kernels.split(",") if k]
+    full = {k for k in args.full.split(",") if k}
+    boots = parse_boots(args.boots, wanted)
     t0 = time.monotonic()
     kernels = fetch_kernels(args.cache, wanted)
     fetch_seconds = time.monotonic() - t0
 
-    rows, ok = [], True
+    rows, summary, ok = [], [], True
     for name, root in kernels:
-        version, seconds, qemu_error, text, console = boot(
-            name, root, args.build, tracers, args.tests, args.keep, args.timeout)
-        result, drain_errors, blocks, values = parse_result(tracers, text)
-        rows.append((name, version, seconds, result))
-        problems = []
-        if qemu_error:
-            problems.append(f"qemu: {qemu_error[-300:]}")
-        if "EMD-GUEST-ERROR" in values:
-            problems.append("guest: " + values["EMD-GUEST-ERROR"])
-        if "EMD-GUEST-DONE" not in text:
-            problems.append("the guest did not finish its job")
-            crash = re.search(r"^.*(Kernel panic|Oops|BUG:).*$", console, re.M)
-            if crash:
-                problems.append("guest kernel: " + crash.group(0).strip())
-        for run in ("metrics", "btf-path"):
-            status = values.get(f"EMD-DAEMON-EXIT-{run}", "?")
-            if status != "0":
-                problems.append(f"daemon ({run} run) exit status {status}")
-        if values.get("EMD-BPF-EXIT") != "0":
-            problems.append(f"bpf_tests exit status {values.get('EMD-BPF-EXIT', '?')}")
-        for t, n in drain_errors.items():
-            problems.append(f"{t}: {n:.0f} failed drains")
-        for t, r in result.items():
-            if not r["up"]:
-                problems.append(f"{t}: not up")
-            if not r["btf_path"] or not r["btf_path"][1]:
-                problems.append(f"{t}: not up with btf_path and the kernel's BTF hidden")
-            if not r["tests"]:
-                problems.append(f"{t}: no oracle test ran")
-            for f in r["failed"]:
-                problems.append(f"{t}: failed test: {f}")
-        print(f"== {name} ({version}): {seconds:.0f} s", flush=True)
-        if problems:
+        passed, seconds_all = 0, []
+        for n in range(boots[name]):
+            job = "full" if n == 0 and name in full else "stall"
+            label = f"{name} boot {n + 1}/{boots[name]} ({job})"
+            version, seconds, qemu_error, text, console, stall = boot(
+                name, root, args.build, tracers, job, args.tests,
+                os.path.join(args.keep, f"boot{n + 1}") if args.keep else "",
+                args.timeout, args.stall_after, args.stall_seconds)
+            seconds_all.append(seconds)
+            result, drain_errs, blocks, values = parse_result(tracers, text)
+            problems = []
+            if stall:
+                problems.append("STALL: " + stall[0])
+            if qemu_error:
+                problems.append(f"qemu: {qemu_error[-300:]}")
+            if "EMD-GUEST-ERROR" in values:
+                problems.append("guest: " + values["EMD-GUEST-ERROR"])
+            if "EMD-GUEST-DONE" not in text:
+                problems.append("the guest did not finish its job")
+                crash = re.search(r"^.*(Kernel panic|Oops|BUG:|soft lockup|blocked for more).*$",
+                                  console, re.M)
+                if crash:
+                    problems.append("guest kernel: " + crash.group(0).strip())
+            problems += stall_problems(tracers, blocks, values)
+            if job == "full":
+                rows.append((name, version, seconds, result))
+                problems += full_problems(tracers, result, drain_errs, values)
+            print(f"== {label} ({version}): {seconds:.0f} s, "
+                  f"{values.get('EMD-STALL-ROUNDS', '0')} workload rounds"
+                  + (", ok" if not problems else ""), flush=True)
+            if not problems:
+                passed += 1
+                continue
             ok = False
             for p in problems:
                 print(f"   problem: {p}")
-            for run in ("metrics", "btf-path"):
+            if stall:
+                print("   the CPUs when the guest stopped:\n      " + "\n      ".join(stall[1:]))
+            for run in ("stall", "metrics", "btf-path"):
                 log = blocks.get(f"{run}-log", "").strip()
                 if log:
                     print(f"   daemon log ({run} run):\n      " + log.replace("\n", "\n      "))
@@ -363,30 +594,34 @@ def main():
             if out and values.get("EMD-BPF-EXIT") != "0":
                 print("   bpf_tests:\n      " + out.replace("\n", "\n      "))
             if "EMD-GUEST-DONE" not in text:
-                print("   console tail:\n      " +
-                      "\n      ".join(console.strip().splitlines()[-30:]))
+                tail = console.strip().splitlines()[-150 if stall else -30:]
+                print("   console tail:\n      " + "\n      ".join(tail))
+        summary.append((name, passed, boots[name], sum(seconds_all)))
 
     def cell(r):
-        if not r["up"] and r["hook"] == "-":
-            status = "DOWN"
-        else:
-            status = "up" if r["up"] else "DOWN"
+        status = "up" if r["up"] else "DOWN"
         oracle = "-" if not r["tests"] else ("FAIL" if r["failed"] else "pass")
         btf_path = "DOWN" if not r["btf_path"] or not r["btf_path"][1] else r["btf_path"][0]
         return f"{r['hook']} {status} {oracle} / {btf_path}"
 
     print()
-    print("kernel matrix: hook chosen, up, oracle tests / hook with btf_path and no kernel BTF")
-    header = ["tracer"] + [f"{n} ({v})" for n, v, _, _ in rows]
-    table = [header] + [[t] + [cell(r[t]) for _, _, _, r in rows] for t in tracers]
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    for i, row in enumerate(table):
-        print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |")
-        if i == 0:
-            print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    print("boots (each: every tracer and label on under a workload on every hook, "
+          "watched for stalls):")
+    for name, passed, total, secs in summary:
+        print(f"  {name}: {passed}/{total} boots passed, {secs:.0f} s")
+    if rows:
+        print()
+        print("kernel matrix: hook chosen, up, oracle tests / hook with btf_path and no kernel BTF")
+        header = ["tracer"] + [f"{n} ({v})" for n, v, _, _ in rows]
+        table = [header] + [[t] + [cell(r[t]) for _, _, _, r in rows] for t in tracers]
+        widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+        for i, row in enumerate(table):
+            print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |")
+            if i == 0:
+                print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     total = time.monotonic() - t0
     print(f"\nwall time {total:.0f} s (fetch {fetch_seconds:.0f} s, "
-          + ", ".join(f"{n} {s:.0f} s" for n, _, s, _ in rows) + ")")
+          + ", ".join(f"{n} {s:.0f} s" for n, _, _, s in summary) + ")")
     print("kernel matrix: " + ("PASS" if ok else "FAIL"))
     return 0 if ok else 1
 

@@ -1,0 +1,143 @@
+#include "ebpf_metricsd/host_safety.h"
+
+#include <bpf/btf.h>
+#include <linux/bpf.h>
+#include <spdlog/spdlog.h>
+
+#include <array>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "ebpf_metricsd/bpf_support.h"
+
+namespace ebpf_metricsd {
+
+namespace {
+
+bool struct_has_member(const btf* b, const char* type, const char* member) {
+  const int id = btf__find_by_name_kind(b, type, BTF_KIND_STRUCT);
+  if (id < 0) return false;
+  const btf_type* t = btf__type_by_id(b, static_cast<__u32>(id));
+  const btf_member* m = btf_members(t);
+  for (int i = 0; i < btf_vlen(t); ++i) {
+    const char* name = btf__name_by_offset(b, m[i].name_off);
+    if (name && std::string_view(name) == member) return true;
+  }
+  return false;
+}
+
+bool is_hash(bpf_map_type type) {
+  return type == BPF_MAP_TYPE_HASH || type == BPF_MAP_TYPE_PERCPU_HASH ||
+         type == BPF_MAP_TYPE_LRU_HASH || type == BPF_MAP_TYPE_LRU_PERCPU_HASH;
+}
+
+bool is_percpu(bpf_map_type type) {
+  return type == BPF_MAP_TYPE_PERCPU_HASH || type == BPF_MAP_TYPE_LRU_PERCPU_HASH;
+}
+
+std::size_t round8(std::size_t n) { return (n + 7) / 8 * 8; }
+
+// What the kernel allocates for a preallocated hash map: every element (its header, key and
+// value, per-CPU values for every possible CPU) at creation.
+std::size_t preallocated_size(const bpf_map* map) {
+  constexpr std::size_t kElementHeader = 48;  // struct htab_elem before the key
+  const std::size_t values = is_percpu(bpf_map__type(map))
+                                 ? round8(bpf_map__value_size(map)) *
+                                       static_cast<std::size_t>(possible_cpus())
+                                 : round8(bpf_map__value_size(map));
+  return bpf_map__max_entries(map) * (kElementHeader + round8(bpf_map__key_size(map)) + values);
+}
+
+bool calls_helper(const bpf_program* prog, int helper) {
+  const bpf_insn* insns = bpf_program__insns(prog);
+  const std::size_t n = bpf_program__insn_cnt(prog);
+  for (std::size_t i = 0; i < n; ++i) {
+    const bpf_insn& in = insns[i];
+    if (in.code == (BPF_JMP | BPF_CALL) && in.src_reg == 0 && in.imm == helper) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+KernelAllocators probe_kernel_allocators() {
+  std::unique_ptr<btf, void (*)(btf*)> vmlinux(load_kernel_btf(), btf__free);
+  KernelAllocators k;
+  if (!vmlinux) return k;
+  k.hash_elements = struct_has_member(vmlinux.get(), "bpf_htab", "pcpu_ma");
+  k.task_storage = struct_has_member(vmlinux.get(), "bpf_local_storage_map", "selem_ma");
+  return k;
+}
+
+const KernelAllocators& kernel_allocators() {
+  static std::mutex mutex;
+  static std::map<std::string, KernelAllocators> cache;
+  std::lock_guard lock(mutex);
+  const std::string path = kernel_btf_path();
+  auto it = cache.find(path);
+  if (it == cache.end()) {
+    it = cache.emplace(path, probe_kernel_allocators()).first;
+    spdlog::info("kernel allocators for BPF programs: hash map elements {}, task storage {}",
+                 it->second.hash_elements ? "from the BPF memory allocator"
+                                          : "from the page allocator (maps are preallocated)",
+                 it->second.task_storage
+                     ? "from the BPF memory allocator"
+                     : "from the page allocator (not created on scheduler hooks)");
+  }
+  return it->second;
+}
+
+bool hook_holds_scheduler_locks(std::string_view section) {
+  static constexpr std::array<std::string_view, 6> kLocked = {
+      "sched_switch", "sched_wakeup", "sched_wakeup_new", "sched_waking", "sched_migrate_task",
+      "sched_stat_runtime"};
+  const auto slash = section.find('/');
+  if (slash == std::string_view::npos) return false;
+  const std::string_view hook = section.substr(slash + 1);
+  for (std::string_view locked : kLocked) {
+    if (hook == locked) return true;
+  }
+  return false;
+}
+
+HostSafetyReport make_host_safe(bpf_object* obj, const KernelAllocators& kernel) {
+  HostSafetyReport report;
+  bpf_program* prog;
+  bpf_object__for_each_program(prog, obj) {
+    if (!bpf_program__autoload(prog)) continue;
+    if (!kernel.task_storage && hook_holds_scheduler_locks(bpf_program__section_name(prog)) &&
+        calls_helper(prog, BPF_FUNC_task_storage_get)) {
+      throw BpfError(std::string("program ") + bpf_program__name(prog) + " on " +
+                     bpf_program__section_name(prog) +
+                     " would create task storage under the scheduler's locks, and this "
+                     "kernel's task storage allocates from the page allocator (no BPF memory "
+                     "allocator for it before Linux 6.4)");
+    }
+  }
+  bpf_map* map;
+  bpf_object__for_each_map(map, obj) {
+    if (kernel.hash_elements || !bpf_map__autocreate(map) || !is_hash(bpf_map__type(map)))
+      continue;
+    const __u32 flags = bpf_map__map_flags(map);
+    if (!(flags & BPF_F_NO_PREALLOC)) continue;
+    if (int err = bpf_map__set_map_flags(map, flags & ~static_cast<__u32>(BPF_F_NO_PREALLOC)))
+      throw BpfError(bpf_error_text(std::string("preallocate map ") + bpf_map__name(map), err));
+    report.preallocated_maps.emplace_back(bpf_map__name(map));
+    report.preallocated_bytes += preallocated_size(map);
+  }
+  return report;
+}
+
+void make_host_safe(bpf_object* obj, const std::string& name) {
+  const HostSafetyReport r = make_host_safe(obj, kernel_allocators());
+  if (r.preallocated_maps.empty()) return;
+  std::string maps;
+  for (const auto& m : r.preallocated_maps) maps += (maps.empty() ? "" : ", ") + m;
+  spdlog::info(
+      "tracer {}: hash maps preallocated, {:.1f} MiB (this kernel's hash maps have no BPF "
+      "memory allocator, so no element is allocated in a program): {}",
+      name, static_cast<double>(r.preallocated_bytes) / (1 << 20), maps);
+}
+
+}  // namespace ebpf_metricsd
