@@ -65,8 +65,15 @@ KernelAllocators probe_kernel_allocators() {
   std::unique_ptr<btf, void (*)(btf*)> vmlinux(load_kernel_btf(), btf__free);
   KernelAllocators k;
   if (!vmlinux) return k;
-  k.hash_elements = struct_has_member(vmlinux.get(), "bpf_htab", "pcpu_ma");
-  k.task_storage = struct_has_member(vmlinux.get(), "bpf_local_storage_map", "selem_ma");
+  // kmalloc_nolock() (6.18+) is safe in any context; BPF maps that left the BPF memory
+  // allocator moved to it (local storage did in 7.x), so where it exists neither can reach
+  // the page allocator's locks or wake a task from a program.
+  const bool nolock_kmalloc =
+      btf__find_by_name_kind(vmlinux.get(), "kmalloc_nolock_noprof", BTF_KIND_FUNC) >= 0 ||
+      btf__find_by_name_kind(vmlinux.get(), "kmalloc_nolock", BTF_KIND_FUNC) >= 0;
+  k.hash_elements = struct_has_member(vmlinux.get(), "bpf_htab", "pcpu_ma") || nolock_kmalloc;
+  k.task_storage =
+      struct_has_member(vmlinux.get(), "bpf_local_storage_map", "selem_ma") || nolock_kmalloc;
   return k;
 }
 
@@ -101,19 +108,30 @@ bool hook_holds_scheduler_locks(std::string_view section) {
   return false;
 }
 
-HostSafetyReport make_host_safe(bpf_object* obj, const KernelAllocators& kernel) {
-  HostSafetyReport report;
+std::vector<std::string> host_safety_refusals(bpf_object* obj, const KernelAllocators& kernel) {
+  std::vector<std::string> refusals;
   bpf_program* prog;
   bpf_object__for_each_program(prog, obj) {
     if (!bpf_program__autoload(prog)) continue;
     if (!kernel.task_storage && hook_holds_scheduler_locks(bpf_program__section_name(prog)) &&
         calls_helper(prog, BPF_FUNC_task_storage_get)) {
-      throw BpfError(std::string("program ") + bpf_program__name(prog) + " on " +
-                     bpf_program__section_name(prog) +
-                     " would create task storage under the scheduler's locks, and this "
-                     "kernel's task storage allocates from the page allocator (no BPF memory "
-                     "allocator for it before Linux 6.4)");
+      refusals.push_back(std::string("program ") + bpf_program__name(prog) + " on " +
+                         bpf_program__section_name(prog) +
+                         " would create task storage under the scheduler's locks, and this "
+                         "kernel's task storage allocates from the page allocator (no BPF "
+                         "memory allocator for it before Linux 6.4)");
     }
+  }
+  return refusals;
+}
+
+HostSafetyReport make_host_safe(bpf_object* obj, const KernelAllocators& kernel) {
+  HostSafetyReport report;
+  const std::vector<std::string> refusals = host_safety_refusals(obj, kernel);
+  if (!refusals.empty()) {
+    std::string all;
+    for (const auto& r : refusals) all += (all.empty() ? "" : "; ") + r;
+    throw BpfError(all);
   }
   bpf_map* map;
   bpf_object__for_each_map(map, obj) {

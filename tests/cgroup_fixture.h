@@ -64,6 +64,44 @@ class TestCgroup {
   // Runs `fn` in a child process born in this cgroup and waits for it; returns its wait
   // status and, in `usage`, what the kernel accounted to it (faults, ...).
   int run_status(const std::function<void()>& fn, rusage* usage = nullptr) {
+    return wait_for(spawn(fn), usage);
+  }
+
+  // A child born in this cgroup blocks `n` times in read() on an empty pipe: this process
+  // writes each byte only after the child acknowledged the previous one and is seen asleep
+  // (state S in /proc: the read is the only thing left that can sleep), so each read blocks
+  // at any machine speed; a sleep, whose timer may fire before the task reaches the
+  // scheduler, guarantees nothing. Returns what the kernel accounted to the child.
+  rusage run_blocking_reads(int n) {
+    int data[2], ack[2];
+    if (pipe2(data, O_CLOEXEC) != 0 || pipe2(ack, O_CLOEXEC) != 0)
+      throw std::runtime_error("pipe2");
+    const pid_t pid = spawn([&] {
+      char c;
+      for (int i = 0; i < n; ++i) {
+        if (read(data[0], &c, 1) != 1 || write(ack[1], &c, 1) != 1)
+          throw std::runtime_error("pipe");
+      }
+    });
+    close(data[0]);
+    close(ack[1]);
+    const std::string stat = "/proc/" + std::to_string(pid) + "/stat";
+    bool ok = true;
+    for (int i = 0; ok && i < n; ++i) {
+      ok = wait_asleep(stat);
+      char c = 'x';
+      ok = ok && write(data[1], &c, 1) == 1 && read(ack[0], &c, 1) == 1;
+    }
+    close(data[1]);  // a child still reading sees EOF
+    close(ack[0]);
+    rusage ru{};
+    const int status = wait_for(pid, &ru);
+    if (!ok || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+      throw std::runtime_error("the blocking reads in " + path_ + " failed");
+    return ru;
+  }
+  // A child born in this cgroup that runs `fn` and exits (1 when it throws).
+  pid_t spawn(const std::function<void()>& fn) {
     clone_args args{};
     args.flags = CLONE_INTO_CGROUP;
     args.exit_signal = SIGCHLD;
@@ -78,13 +116,32 @@ class TestCgroup {
       }
       _exit(0);
     }
+    return static_cast<pid_t>(pid);
+  }
+
+  static int wait_for(pid_t pid, rusage* usage) {
     int status = 0;
     rusage ru{};
-    if (wait4(static_cast<pid_t>(pid), &status, 0, &ru) != pid)
-      throw std::runtime_error("wait4");
+    if (wait4(pid, &status, 0, &ru) != pid) throw std::runtime_error("wait4");
     if (usage) *usage = ru;
     return status;
   }
+
+  // Waits until the task whose /proc stat file is `stat` is asleep (S); false after a
+  // minute, or when it has gone.
+  static bool wait_asleep(const std::string& stat) {
+    for (int i = 0; i < 600000; ++i) {
+      std::ifstream in(stat);
+      std::string line;
+      if (!std::getline(in, line)) return false;
+      const auto paren = line.rfind(')');
+      if (paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'S')
+        return true;
+      usleep(100);
+    }
+    return false;
+  }
+
   // run_status() of a child that must exit with 0.
   rusage run(const std::function<void()>& fn) {
     rusage ru{};

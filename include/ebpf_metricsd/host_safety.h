@@ -11,7 +11,7 @@
 // allocated hash maps are unsafe"). Since 6.1 hash maps allocate from the BPF memory
 // allocator (per-CPU caches refilled from irq_work), safe in any context. Task storage
 // allocates with kmalloc(GFP_ATOMIC), which may wake kswapd, until it too moved to the BPF
-// memory allocator (6.4).
+// memory allocator (6.4), and later to kmalloc_nolock() (7.x), which is safe anywhere.
 //
 // Whether the kernel has those allocators is read from its BTF (the fields that hold them),
 // never from its version number.
@@ -23,15 +23,18 @@
 #include <string_view>
 #include <vector>
 
+#include "ebpf_metricsd/bpf_support.h"
+
 namespace ebpf_metricsd {
 
 // Which run-time allocations a tracing program may make on this kernel.
 struct KernelAllocators {
-  // Hash map elements (per-CPU ones too) come from the BPF memory allocator:
-  // struct bpf_htab has a pcpu_ma (6.1+).
+  // Hash map elements (per-CPU ones too) come from the BPF memory allocator
+  // (struct bpf_htab has a pcpu_ma: 6.1+) or kmalloc_nolock() exists.
   bool hash_elements = false;
-  // Task storage elements come from the BPF memory allocator:
-  // struct bpf_local_storage_map has a selem_ma (6.4+).
+  // Task storage elements come from the BPF memory allocator (struct
+  // bpf_local_storage_map has a selem_ma: 6.4+) or from kmalloc_nolock() (a kernel
+  // function of that name: 6.18+; local storage moved to it in 7.x).
   bool task_storage = false;
 };
 
@@ -50,6 +53,10 @@ struct HostSafetyReport {
   std::vector<std::string> preallocated_maps;
   std::size_t preallocated_bytes = 0;
 };
+
+// The autoloaded programs of an opened object that the rule refuses on this kernel, each
+// with its reason.
+std::vector<std::string> host_safety_refusals(bpf_object* obj, const KernelAllocators& kernel);
 
 // Applies the rule to an opened, not yet loaded object, given what the kernel allows:
 //  - every hash map created with BPF_F_NO_PREALLOC is preallocated where the kernel's hash

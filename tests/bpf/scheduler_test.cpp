@@ -41,7 +41,7 @@ TEST_CASE("run-queue latency sees every wakeup of a pipe ping-pong", "[scheduler
   MetricStore store;
   auto runq = test::start_tracer(store, "runqueue_latency", "    hook: " + hook + "\n");
   auto offcpu = test::start_tracer(store, "offcpu_time");
-  CHECK(runq->hook() == (hook == "auto" ? test::auto_hook_with_task_storage() : "raw_tp"));
+  CHECK(runq->hook() == (hook == "auto" ? test::auto_hook_for_scheduler() : "raw_tp"));
   CHECK(offcpu->hook() == runq->hook());  // one shared object, loaded once
 
   const std::uint64_t ctxt0 = test::proc_counter("/proc/stat", "ctxt");
@@ -68,7 +68,8 @@ TEST_CASE("run-queue latency sees every wakeup of a pipe ping-pong", "[scheduler
   CHECK(sw_delta + (ctxt1 - ctxt0) / 100 + 50 >= ctxt1 - ctxt0);
 }
 
-TEST_CASE("run-queue totals agree with libbpf-tools runqlat over the same window", "[scheduler]") {
+TEST_CASE("run-queue totals agree with libbpf-tools runqlat over the same window",
+          "[scheduler][external]") {
   MetricStore store;
   auto runq = test::start_tracer(store, "runqueue_latency");
   test::OracleTool oracle("/usr/sbin/runqlat 3 1", "Tracing run queue latency");
@@ -80,7 +81,11 @@ TEST_CASE("run-queue totals agree with libbpf-tools runqlat over the same window
   REQUIRE(oracle.status() == 0);
   const std::uint64_t ours = histogram_count(store, kRunq, {}) - before;
   const std::uint64_t theirs = oracle.histogram_total();
-  INFO("ours " << ours << ", runqlat " << theirs << "\n" << out);
+  INFO("ours " << ours << ", runqlat " << theirs
+                << " (runqlat, an external tool, loses wakeups on a slow or loaded machine: "
+                   "its 10240-entry pid hash and its 3 s window; the exact check against the "
+                   "same-tracepoint oracle is the test above)\n"
+                << out);
   // Same events, but: the windows are offset (runqlat starts before our first drain and
   // stops before our last, so the machine's background wakeups in those gaps differ);
   // runqlat treats a task preempted before it could sleep as not runnable where the

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "ebpf_metricsd/host_safety.h"
 #include "ebpf_metricsd/config.h"
 #include "ebpf_metricsd/hook_probe.h"
 #include "ebpf_metricsd/tracer.h"
@@ -18,6 +19,11 @@ namespace ebpf_metricsd::test {
 // programs keep it in a pid-keyed hash.
 inline std::string auto_hook_with_task_storage() {
   return libbpf_probe_bpf_map_type(BPF_MAP_TYPE_TASK_STORAGE, nullptr) == 1 ? "tp_btf" : "raw_tp";
+}
+// The scheduler tracers create task storage on scheduler hooks: only where the kernel's task
+// storage has the BPF memory allocator (docs/host-safety.md), raw_tp elsewhere.
+inline std::string auto_hook_for_scheduler() {
+  return kernel_allocators().task_storage ? auto_hook_with_task_storage() : "raw_tp";
 }
 
 // A started tracer with the scope its metrics live in (declared first: outlives it).

@@ -1,0 +1,128 @@
+// The host-safety rule (docs/host-safety.md) on BPF objects opened, never loaded: the cases
+// it must judge (tests/unit/bpf/host_safety_cases.bpf.c) and every tracer's object.
+#include <bpf/libbpf.h>
+
+#include <catch2/catch.hpp>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ebpf_metricsd/host_safety.h"
+#include "host_safety_cases.skel.h"
+
+using namespace ebpf_metricsd;
+
+namespace {
+
+// The kernels of the matrix, as the rule sees them.
+constexpr KernelAllocators kLinux5_10{false, false};
+constexpr KernelAllocators kLinux6_1{true, false};
+constexpr KernelAllocators kLinux6_12{true, true};
+
+using Cases = std::unique_ptr<host_safety_cases, void (*)(host_safety_cases*)>;
+Cases open_cases() {
+  Cases c(host_safety_cases__open(), host_safety_cases__destroy);
+  REQUIRE(c);
+  return c;
+}
+
+bool preallocated(const bpf_map* map) { return !(bpf_map__map_flags(map) & BPF_F_NO_PREALLOC); }
+
+using Object = std::unique_ptr<bpf_object, void (*)(bpf_object*)>;
+
+std::vector<std::string> tracer_objects() {
+  std::vector<std::string> paths;
+  std::stringstream ss(TRACER_BPF_OBJECTS);
+  for (std::string p; std::getline(ss, p, ':');) paths.push_back(p);
+  return paths;
+}
+
+}  // namespace
+
+TEST_CASE("host safety: which hooks hold the scheduler's locks") {
+  CHECK(hook_holds_scheduler_locks("tp_btf/sched_switch"));
+  CHECK(hook_holds_scheduler_locks("raw_tp/sched_wakeup"));
+  CHECK(hook_holds_scheduler_locks("tp_btf/sched_wakeup_new"));
+  CHECK_FALSE(hook_holds_scheduler_locks("tp_btf/sys_enter"));
+  CHECK_FALSE(hook_holds_scheduler_locks("raw_tp/sched_process_free"));
+  CHECK_FALSE(hook_holds_scheduler_locks("tp_btf/sched_switch_x"));
+  CHECK_FALSE(hook_holds_scheduler_locks("perf_event"));
+}
+
+TEST_CASE("host safety: task storage made on sched_switch is refused before 6.4, not after") {
+  for (const KernelAllocators& k : {kLinux5_10, kLinux6_1}) {
+    Cases c = open_cases();
+    const auto refusals = host_safety_refusals(c->obj, k);
+    REQUIRE(refusals.size() == 1);
+    CHECK(refusals[0].find("on_switch_storage on tp_btf/sched_switch") != std::string::npos);
+    CHECK_THROWS_AS(make_host_safe(c->obj, k), BpfError);
+  }
+  Cases c = open_cases();
+  CHECK(host_safety_refusals(c->obj, kLinux6_12).empty());
+  // The same helper on sys_enter (no scheduler lock held) passes everywhere.
+  bpf_program__set_autoload(c->progs.on_switch_storage, false);
+  CHECK(host_safety_refusals(c->obj, kLinux5_10).empty());
+}
+
+TEST_CASE("host safety: run-time allocated hash maps are preallocated before 6.1, not after") {
+  Cases old = open_cases();
+  bpf_program__set_autoload(old->progs.on_switch_storage, false);
+  const HostSafetyReport r = make_host_safe(old->obj, kLinux5_10);
+  CHECK(r.preallocated_maps == std::vector<std::string>{"lazily"});
+  CHECK(r.preallocated_bytes >= 64 * 8);
+  CHECK(preallocated(old->maps.lazily));
+  CHECK(preallocated(old->maps.eager));
+  // Task storage has no preallocated form: the map is left as it is (its programs are
+  // what the rule judges).
+  CHECK_FALSE(preallocated(old->maps.storage));
+
+  for (const KernelAllocators& k : {kLinux6_1, kLinux6_12}) {
+    Cases c = open_cases();
+    bpf_program__set_autoload(c->progs.on_switch_storage, false);
+    CHECK(make_host_safe(c->obj, k).preallocated_maps.empty());
+    CHECK_FALSE(preallocated(c->maps.lazily));
+  }
+}
+
+TEST_CASE("host safety: every tracer starts on a kernel without the BPF memory allocators") {
+  const auto paths = tracer_objects();
+  REQUIRE(paths.size() >= 9);
+  for (const std::string& path : paths) {
+    INFO(path);
+    Object obj(bpf_object__open_file(path.c_str(), nullptr), bpf_object__close);
+    REQUIRE(obj);
+    CHECK(host_safety_refusals(obj.get(), kLinux6_12).empty());
+
+    // Each program the rule refuses on 5.10 has a raw_tp twin that it does not refuse: the
+    // tracer falls back to it (start_first_loadable) instead of going down.
+    std::set<std::string> names, refused;
+    bpf_program* prog;
+    bpf_object__for_each_program(prog, obj.get()) names.insert(bpf_program__name(prog));
+    for (const auto& reason : host_safety_refusals(obj.get(), kLinux5_10)) {
+      const std::string name = reason.substr(8, reason.find(' ', 8) - 8);  // "program X on"
+      refused.insert(name);
+    }
+    for (const std::string& name : refused) {
+      INFO(name);
+      REQUIRE(name.size() > 4);
+      REQUIRE(name.substr(name.size() - 4) == "_btf");
+      const std::string twin = name.substr(0, name.size() - 4) + "_raw";
+      CHECK(names.count(twin) == 1);
+      CHECK(refused.count(twin) == 0);
+    }
+
+    // With the refused programs left out, the rest loads with every hash map preallocated.
+    bpf_object__for_each_program(prog, obj.get()) {
+      if (refused.count(bpf_program__name(prog))) bpf_program__set_autoload(prog, false);
+    }
+    make_host_safe(obj.get(), kLinux5_10);
+    bpf_map* map;
+    bpf_object__for_each_map(map, obj.get()) {
+      INFO(bpf_map__name(map));
+      const auto type = bpf_map__type(map);
+      if (type == BPF_MAP_TYPE_HASH || type == BPF_MAP_TYPE_PERCPU_HASH) CHECK(preallocated(map));
+    }
+  }
+}
