@@ -68,9 +68,10 @@ KernelAllocators probe_kernel_allocators() {
   // kmalloc_nolock() (6.18+) is safe in any context; BPF maps that left the BPF memory
   // allocator moved to it (local storage did in 7.x), so where it exists neither can reach
   // the page allocator's locks or wake a task from a program.
+  // Its allocating half has had several names (kmalloc_nolock_noprof, _kmalloc_nolock_noprof);
+  // kfree_nolock() came with it and kept its name.
   const bool nolock_kmalloc =
-      btf__find_by_name_kind(vmlinux.get(), "kmalloc_nolock_noprof", BTF_KIND_FUNC) >= 0 ||
-      btf__find_by_name_kind(vmlinux.get(), "kmalloc_nolock", BTF_KIND_FUNC) >= 0;
+      btf__find_by_name_kind(vmlinux.get(), "kfree_nolock", BTF_KIND_FUNC) >= 0;
   k.hash_elements = struct_has_member(vmlinux.get(), "bpf_htab", "pcpu_ma") || nolock_kmalloc;
   k.task_storage =
       struct_has_member(vmlinux.get(), "bpf_local_storage_map", "selem_ma") || nolock_kmalloc;

@@ -33,8 +33,8 @@ struct KernelAllocators {
   // (struct bpf_htab has a pcpu_ma: 6.1+) or kmalloc_nolock() exists.
   bool hash_elements = false;
   // Task storage elements come from the BPF memory allocator (struct
-  // bpf_local_storage_map has a selem_ma: 6.4+) or from kmalloc_nolock() (a kernel
-  // function of that name: 6.18+; local storage moved to it in 7.x).
+  // bpf_local_storage_map has a selem_ma: 6.4+) or from kmalloc_nolock() (the kernel has
+  // its kfree_nolock(): 6.18+; local storage moved to it in 7.x).
   bool task_storage = false;
 };
 
