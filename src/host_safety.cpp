@@ -49,14 +49,37 @@ std::size_t preallocated_size(const bpf_map* map) {
   return bpf_map__max_entries(map) * (kElementHeader + round8(bpf_map__key_size(map)) + values);
 }
 
-bool calls_helper(const bpf_program* prog, int helper) {
+// Local storage of every kind (task, socket, inode, cgroup) takes its elements from the
+// same allocator.
+// bpf_cgrp_storage_get (6.2) is newer than the build's kernel headers: it follows
+// bpf_user_ringbuf_drain in the kernel's helper list.
+constexpr int kCgrpStorageGet = BPF_FUNC_user_ringbuf_drain + 1;
+constexpr std::array<int, 4> kStorageGetHelpers = {
+    BPF_FUNC_task_storage_get, BPF_FUNC_sk_storage_get, BPF_FUNC_inode_storage_get,
+    kCgrpStorageGet};
+
+enum class StorageUse { None, Direct, Unknown };
+
+// Whether the program calls a local-storage get helper. Before load libbpf shows only the
+// entry function's instructions (subprograms are appended at load), so a call into a
+// subprogram, or a callback handed to a helper, could hide one: Unknown.
+StorageUse storage_use(const bpf_program* prog) {
   const bpf_insn* insns = bpf_program__insns(prog);
   const std::size_t n = bpf_program__insn_cnt(prog);
+  bool unknown = false;
   for (std::size_t i = 0; i < n; ++i) {
     const bpf_insn& in = insns[i];
-    if (in.code == (BPF_JMP | BPF_CALL) && in.src_reg == 0 && in.imm == helper) return true;
+    if (in.code == (BPF_JMP | BPF_CALL)) {
+      if (in.src_reg == BPF_PSEUDO_CALL) unknown = true;
+      if (in.src_reg == 0) {
+        for (int helper : kStorageGetHelpers) {
+          if (in.imm == helper) return StorageUse::Direct;
+        }
+      }
+    }
+    if (in.code == (BPF_LD | BPF_IMM | BPF_DW) && in.src_reg == BPF_PSEUDO_FUNC) unknown = true;
   }
-  return false;
+  return unknown ? StorageUse::Unknown : StorageUse::None;
 }
 
 }  // namespace
@@ -97,16 +120,19 @@ const KernelAllocators& kernel_allocators() {
 }
 
 bool hook_holds_scheduler_locks(std::string_view section) {
-  static constexpr std::array<std::string_view, 6> kLocked = {
-      "sched_switch", "sched_wakeup", "sched_wakeup_new", "sched_waking", "sched_migrate_task",
-      "sched_stat_runtime"};
-  const auto slash = section.find('/');
+  // The tracepoint is the last part of the section: tp_btf/sched_switch,
+  // raw_tp/sched_switch, tracepoint/sched/sched_switch.
+  static constexpr std::array<std::string_view, 7> kLocked = {
+      "sched_switch",       "sched_wakeup",    "sched_wakeup_new", "sched_waking",
+      "sched_migrate_task", "sched_pi_setprio", "sched_stat_runtime"};
+  const auto slash = section.rfind('/');
   if (slash == std::string_view::npos) return false;
   const std::string_view hook = section.substr(slash + 1);
   for (std::string_view locked : kLocked) {
     if (hook == locked) return true;
   }
-  return false;
+  // sched_stat_wait, _sleep, _iowait, _blocked: fired from the enqueue path, rq lock held.
+  return hook.starts_with("sched_stat_");
 }
 
 std::vector<std::string> host_safety_refusals(bpf_object* obj, const KernelAllocators& kernel) {
@@ -114,14 +140,18 @@ std::vector<std::string> host_safety_refusals(bpf_object* obj, const KernelAlloc
   bpf_program* prog;
   bpf_object__for_each_program(prog, obj) {
     if (!bpf_program__autoload(prog)) continue;
-    if (!kernel.task_storage && hook_holds_scheduler_locks(bpf_program__section_name(prog)) &&
-        calls_helper(prog, BPF_FUNC_task_storage_get)) {
-      refusals.push_back(std::string("program ") + bpf_program__name(prog) + " on " +
-                         bpf_program__section_name(prog) +
-                         " would create task storage under the scheduler's locks, and this "
-                         "kernel's task storage allocates from the page allocator (no BPF "
-                         "memory allocator for it before Linux 6.4)");
-    }
+    if (kernel.task_storage || !hook_holds_scheduler_locks(bpf_program__section_name(prog)))
+      continue;
+    const StorageUse use = storage_use(prog);
+    if (use == StorageUse::None) continue;
+    refusals.push_back(
+        std::string("program ") + bpf_program__name(prog) + " on " +
+        bpf_program__section_name(prog) +
+        (use == StorageUse::Direct
+             ? " would create local storage under the scheduler's locks"
+             : " calls a subprogram that may create local storage under the scheduler's locks") +
+        ", and this kernel's local storage allocates from the page allocator (no BPF memory "
+        "allocator for it before Linux 6.4)");
   }
   return refusals;
 }

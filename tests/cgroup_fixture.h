@@ -77,6 +77,8 @@ class TestCgroup {
     if (pipe2(data, O_CLOEXEC) != 0 || pipe2(ack, O_CLOEXEC) != 0)
       throw std::runtime_error("pipe2");
     const pid_t pid = spawn([&] {
+      close(data[1]);  // so that the test closing its end is an EOF here
+      close(ack[0]);
       char c;
       for (int i = 0; i < n; ++i) {
         if (read(data[0], &c, 1) != 1 || write(ack[1], &c, 1) != 1)
@@ -86,13 +88,17 @@ class TestCgroup {
     close(data[0]);
     close(ack[1]);
     const std::string stat = "/proc/" + std::to_string(pid) + "/stat";
+    // A child that died early must not kill the test with SIGPIPE.
+    const auto old_sigpipe = signal(SIGPIPE, SIG_IGN);
     bool ok = true;
     for (int i = 0; ok && i < n; ++i) {
       ok = wait_asleep(stat);
       char c = 'x';
       ok = ok && write(data[1], &c, 1) == 1 && read(ack[0], &c, 1) == 1;
     }
-    close(data[1]);  // a child still reading sees EOF
+    signal(SIGPIPE, old_sigpipe);
+    if (!ok) kill(pid, SIGKILL);
+    close(data[1]);
     close(ack[0]);
     rusage ru{};
     const int status = wait_for(pid, &ru);
@@ -128,15 +134,16 @@ class TestCgroup {
   }
 
   // Waits until the task whose /proc stat file is `stat` is asleep (S); false after a
-  // minute, or when it has gone.
+  // minute, or when it has exited (Z, X) or gone.
   static bool wait_asleep(const std::string& stat) {
     for (int i = 0; i < 600000; ++i) {
       std::ifstream in(stat);
       std::string line;
       if (!std::getline(in, line)) return false;
       const auto paren = line.rfind(')');
-      if (paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'S')
-        return true;
+      const char state = paren != std::string::npos && paren + 2 < line.size() ? line[paren + 2] : '?';
+      if (state == 'S') return true;
+      if (state == 'Z' || state == 'X') return false;
       usleep(100);
     }
     return false;

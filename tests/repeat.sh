@@ -14,13 +14,17 @@ n=3
 for arg in "$@"; do
   case $arg in
   --busy) busy=1 ;;
-  [0-9]*) n=$arg ;;
-  *)
+  *[!0-9]* | "")
     echo "usage: tests/repeat.sh [--busy] [N]" >&2
     exit 2
     ;;
+  *) n=$arg ;;
   esac
 done
+if ((EUID != 0)); then
+  echo "tests/repeat.sh: run as root, as CI does (the privileged suites must run)" >&2
+  exit 2
+fi
 src=$(cd "$(dirname "$0")/.." && pwd)
 command=$(bash "$src/tests/readme-command.sh" 2) || exit 2
 work=$(mktemp -d /var/tmp/emd-repeat-XXXXXX)

@@ -30,7 +30,13 @@ std::shared_ptr<SchedObject> SchedObject::acquire(HookProber& prober, HookPrefer
   fresh = true;
 
   std::shared_ptr<SchedObject> obj(new SchedObject());
-  obj->entries_ = live ? live->entries_ : MapEntries{SCHED_MAX_LABEL_SETS, SCHED_MAX_LABEL_SETS};
+  // A map no tracer labels yet: full size where entries are allocated on first use (free
+  // until used), one entry where the kernel's hash maps must be preallocated
+  // (host_safety.h), so that an unlabelled tracer costs no memory there; a labelled one
+  // joining later reloads the object with its size.
+  const std::uint32_t unlabelled =
+      kernel_allocators().hash_elements ? SCHED_MAX_LABEL_SETS : 1;
+  obj->entries_ = live ? live->entries_ : MapEntries{unlabelled, unlabelled};
   if (wanted) obj->entries_[map] = *wanted;
   // sched_switch gained prev_state in 5.18: the 3-argument programs read it from the task.
   obj->switch_3arg_ = tracepoint_arg_count("sched_switch").value_or(4) == 3;

@@ -105,9 +105,11 @@ class Conn:
         self.slot = slot
         self.sock = sock
         self.state = "connecting"
-        # When connect() was called: the server cannot accept before. The connection's age is
-        # counted from here, so that a client late to notice its connects (a loaded machine,
-        # a thousand TLS handshakes in one Python loop) never makes the server look quick.
+        # When connect() was called: the server cannot accept before. Whether the server
+        # refused a connection at once or held it is judged by its age from here, so that a
+        # client late to notice its connects (a loaded machine, a thousand TLS handshakes in
+        # one Python loop) never makes a held connection look refused. (How long one was
+        # seen open, max_open_seconds, counts from when its connect was seen to complete.)
         self.started = now
         self.connected = None
         self.closed = None

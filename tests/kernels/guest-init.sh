@@ -17,8 +17,9 @@ mount -t devtmpfs devtmpfs /dev
   echo "EMD-BEAT $(cut -d' ' -f1 /proc/uptime) $(cut -d' ' -f1-3 /proc/loadavg)"
   sleep 1
 done) >/dev/ttyS2 2>/dev/null &
-# Where the kernel can see a stall itself, it says so at once and panics, which prints every
-# task's state and stack (panic_print=1 on the command line).
+# Where the kernel can see a stall itself (hung task, soft lockup), it says so on the console
+# without panicking, so that the host can still look at the CPUs; the host's NMI then makes
+# it panic, which prints every task's state and stack (panic_print=1 on the command line).
 echo 10 >/proc/sys/kernel/hung_task_timeout_secs 2>/dev/null
 
 fail() {

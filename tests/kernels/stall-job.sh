@@ -85,3 +85,11 @@ say "EMD-END stall"
 say "EMD-BEGIN stall-log"
 grep -v ' debug' /tmp/daemon-stall.log | grep -E '^[0-9]{4}-' | tail -n 60 >/dev/ttyS1
 say "EMD-END stall-log"
+say "EMD-BEGIN stall-refusals"
+grep 'failed to start' /tmp/daemon-stall.log >/dev/ttyS1
+say "EMD-END stall-refusals"
+
+# Leave the cgroup tree as the boot found it, for the oracle tests of a full boot.
+for d in $cg/emd-stall-*; do [ -d "$d" ] && rmdir "$d" 2>/dev/null; done
+echo "-memory -io -pids" >$cg/cgroup.subtree_control 2>/dev/null
+rm -f $data

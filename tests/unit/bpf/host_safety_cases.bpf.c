@@ -6,6 +6,8 @@
  *    allocates from the page allocator);
  *  - on_switch_hash: inserts into a run-time allocated hash on sched_switch (its map is
  *    preallocated where hash maps allocate from the page allocator);
+ *  - on_switch_subprog: calls a function of its own that creates task storage (libbpf
+ *    shows a subprogram's instructions only at load: refused as the direct call is);
  *  - on_enter_storage: creates task storage on sys_enter, where no scheduler lock is held
  *    (allowed everywhere).
  */
@@ -45,6 +47,23 @@ int BPF_PROG(on_switch_storage, bool preempt, struct task_struct *prev,
 	if (v)
 		*v += 1;
 	return 0;
+}
+
+static __noinline int count_in_storage(struct task_struct *t)
+{
+	__u64 *v = bpf_task_storage_get(&storage, t, 0,
+					BPF_LOCAL_STORAGE_GET_F_CREATE);
+
+	if (v)
+		*v += 1;
+	return 0;
+}
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(on_switch_subprog, bool preempt, struct task_struct *prev,
+	     struct task_struct *next)
+{
+	return count_in_storage(next);
 }
 
 SEC("raw_tp/sched_switch")
