@@ -61,8 +61,9 @@ std::vector<std::string> host_safety_refusals(bpf_object* obj, const KernelAlloc
 // Applies the rule to an opened, not yet loaded object, given what the kernel allows:
 //  - every hash map created with BPF_F_NO_PREALLOC is preallocated where the kernel's hash
 //    maps have no BPF memory allocator;
-//  - an autoloaded program on a scheduler hook that creates task storage is refused
-//    (BpfError with the reason) where task storage has no BPF memory allocator.
+//  - an autoloaded program on a scheduler hook that calls a local-storage get helper, or a
+//    subprogram (whose instructions libbpf shows only at load), is refused (BpfError with
+//    the reason) where local storage has no allocator that is safe there.
 // Map sizes must be set before: preallocation is sized from max_entries.
 HostSafetyReport make_host_safe(bpf_object* obj, const KernelAllocators& kernel);
 
