@@ -390,7 +390,7 @@ TEST_CASE("runqueue_latency and offcpu_time: label_map_entries sizes each one's 
   CHECK(newest_map_entries("offcpu_hist_labelled", before_reload) == 4096);
   // The old object is gone (the kernel frees its maps after an RCU grace period).
   CHECK(test::wait_until([&] { return !map_exists(runq_map) && !map_exists(offcpu_map); },
-                         std::chrono::seconds(10)));
+                         std::chrono::seconds(30)));
   const std::uint64_t queued0 = oracle.returns_from_queue();
   const double runq_full0 = map_full("runqueue_latency");
   run_in_new_cgroup("size-d", true);

@@ -45,6 +45,10 @@ TEST_CASE("UDP datagrams over a veth pair: packets, bytes and latency per interf
     REQUIRE(sendto(fd, payload, kPayload, 0, reinterpret_cast<sockaddr*>(&to), sizeof to) ==
             static_cast<ssize_t>(kPayload));
   }
+  // Every datagram has left the device (the kernel's own count says so) before the drain,
+  // however late a busy machine's softirq sends what the qdisc queued.
+  REQUIRE(test::wait_until([&] { return veth.tx().first >= tx0.first + kPackets; },
+                           std::chrono::seconds(30)));
   tracer->drain();
   const auto tx1 = veth.tx();
   close(fd);
@@ -79,6 +83,7 @@ TEST_CASE("packets held back by a rate-limiting qdisc: timed through the shared 
   to.sin_port = htons(9);
   REQUIRE(inet_pton(AF_INET, "169.254.77.2", &to.sin_addr) == 1);
   const test::Labels iface = {{"interface", veth.host()}};
+  const auto tx0 = veth.tx();
   tracer->drain();
   const double p0 = test::counter_value(store, "ebpf_net_xmit_packets_total", iface);
   const std::uint64_t h0 =
@@ -90,8 +95,9 @@ TEST_CASE("packets held back by a rate-limiting qdisc: timed through the shared 
             static_cast<ssize_t>(sizeof payload));
   }
   close(fd);
-  // 40 x 142 bytes at 1 Mbit/s is about 45 ms.
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // 40 x 142 bytes at 1 Mbit/s is about 45 ms: wait until the device has sent them all.
+  REQUIRE(test::wait_until([&] { return veth.tx().first >= tx0.first + kPackets; },
+                           std::chrono::seconds(30)));
   tracer->drain();
   const double packets = test::counter_value(store, "ebpf_net_xmit_packets_total", iface) - p0;
   const auto fams = test::collect(store);

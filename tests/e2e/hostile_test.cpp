@@ -99,6 +99,22 @@ struct WebDaemon {
     INFO("daemon log:\n" << d->log());
     REQUIRE(exit_status == -1);
     REQUIRE(up);
+    // How long a scrape takes on this machine with nothing else at the daemon: the baseline
+    // that the good scrapes during a flood are judged against.
+    for (int i = 0; i < 5; ++i) quiet_scrape_seconds = std::max(quiet_scrape_seconds, scrape().seconds);
+  }
+  double quiet_scrape_seconds = 0;
+  // How long a good scrape may take while hostile clients are at the daemon: twenty times the
+  // slowest quiet scrape of this run, at least a second, and always under the floods'
+  // request_timeout. A scrape that was only served once the flood's connections were cut would
+  // take that long: the budget tells "served beside the flood" from "served after it" on a
+  // machine of any speed.
+  double good_scrape_budget() const {
+    return std::min(0.8 * kRequestTimeout, std::max(1.0, 20 * quiet_scrape_seconds));
+  }
+  // The status of one scrape held to that budget ("000" when it took longer).
+  std::string good_scrape_status() const {
+    return scrape(std::to_string(good_scrape_budget()).c_str()).status;
   }
   // One scrape (with the credentials when basic auth is on) that must finish within `limit`.
   Scrape scrape(const char* limit = "5") const {
@@ -119,21 +135,25 @@ struct WebDaemon {
   }
 };
 
-// `n` good scrapes one after another, `gap` apart: each must answer 200 within a second.
+// `n` good scrapes one after another, `gap` apart: each must answer 200 within the budget.
 // The slowest is printed, with the running test's name, for the record.
 void check_good_scrapes(const WebDaemon& t, int n, std::chrono::milliseconds gap) {
+  const double budget = t.good_scrape_budget();
+  const std::string limit = std::to_string(budget);
   double slowest = 0;
   for (int i = 1; i <= n; ++i) {
-    const Scrape r = t.scrape("1");
+    const Scrape r = t.scrape(limit.c_str());
     slowest = std::max(slowest, r.seconds);
     INFO("good scrape " << i << " of " << n << ": status " << r.status << " after " << r.seconds
-                        << " s");
+                        << " s; budget " << budget << " s (quiet scrapes of this run took up to "
+                        << t.quiet_scrape_seconds << " s)");
     CHECK(r.status == "200");
-    CHECK(r.seconds < 1.0);
+    CHECK(r.seconds < budget);
     std::this_thread::sleep_for(gap);
   }
-  std::printf("good scrapes during \"%s\": %d, slowest %.1f ms\n",
-              Catch::getResultCapture().getCurrentTestName().c_str(), n, slowest * 1000);
+  std::printf("good scrapes during \"%s\": %d, slowest %.1f ms (budget %.0f ms, quiet %.1f ms)\n",
+              Catch::getResultCapture().getCurrentTestName().c_str(), n, slowest * 1000,
+              budget * 1000, t.quiet_scrape_seconds * 1000);
 }
 
 // The end of the daemon's log: a flood can leave a line per connection in it.
@@ -148,7 +168,7 @@ std::string log_tail(const DaemonProcess& d, int lines = 40) {
 void check_alive_and_serving(WebDaemon& t) {
   INFO("daemon log, end:\n" << log_tail(*t.d));
   CHECK(t.d->wait_exit(0ms) == -1);
-  CHECK(t.scrape_status("1") == "200");
+  CHECK(t.good_scrape_status() == "200");
 }
 
 // tests/e2e/flood_client.py in the background (its docstring has the modes and options).
@@ -230,10 +250,10 @@ TEST_CASE("TLS clients that reset at every stage leave the daemon serving", "[ho
     INFO("hostile client: " << mode << "\ndaemon log:\n" << t.d->log());
     auto hostile = std::async(std::launch::async, [&] { return t.hostile(mode, 50); });
     // A good scrape while they run.
-    CHECK(t.scrape_status("1") == "200");
+    CHECK(t.good_scrape_status() == "200");
     CHECK(hostile.get() == 0);
     CHECK(t.d->wait_exit(0ms) == -1);  // still running
-    CHECK(t.scrape_status("1") == "200");
+    CHECK(t.good_scrape_status() == "200");
   }
 }
 
@@ -246,7 +266,7 @@ TEST_CASE("downloads aborted mid-way, plain and TLS, leave the daemon serving", 
   }
   INFO("daemon log:\n" << t.d->log());
   CHECK(t.d->wait_exit(0ms) == -1);
-  CHECK(t.scrape_status("1") == "200");
+  CHECK(t.good_scrape_status() == "200");
 }
 
 TEST_CASE(
@@ -444,7 +464,7 @@ function done(summary, latency, requests)
 end
 )";
   auto wrk = std::async(std::launch::async, [&] {
-    return run_capture("timeout -k 5 40 wrk -t2 -c100 -d10s --timeout 5s --latency -s " + script +
+    return run_capture("timeout -k 5 60 wrk -t2 -c100 -d10s --timeout 20s --latency -s " + script +
                        " " + t.base + "/metrics 2>&1");
   });
   std::this_thread::sleep_for(1s);

@@ -149,7 +149,7 @@ TEST_CASE(
   s.prepend("max_series: 25\n");
   DaemonProcess daemon(DAEMON_PATH, s.log, {s.args(), false, {}, {}});
   const std::string instance = "127.0.0.1:" + std::to_string(s.port);
-  REQUIRE(wait_until([&] { return http_get(s.port, "/metrics").status == 200; }, 10s));
+  REQUIRE(wait_until([&] { return http_get(s.port, "/metrics").status == 200; }, 30s));
 
   PrometheusServer classic(s, instance, false);
   PrometheusServer native(s, instance, true);
@@ -301,9 +301,31 @@ TEST_CASE(
     }
   }
 
-  // Both servers have scraped the last of the activity; the loop device is idle from now on,
-  // so its histograms hold the same counts in both.
-  std::this_thread::sleep_for(4s);
+  // The loop device is idle from now on: wait until both servers hold the same count of its
+  // requests, unchanged over a few of their scrapes (they have scraped the last of the
+  // activity), however late a busy machine's drains and scrapes come.
+  const std::string loop_device = loop.dev().substr(loop.dev().rfind('/') + 1);
+  const auto stored_count = [&](PrometheusServer& server) {
+    const std::string sel = "{device=\"" + loop_device + "\"}";
+    const json r = server.native
+                       ? server.api.result("histogram_count(sum(ebpf_block_io_latency_seconds" +
+                                           sel + "))")
+                       : server.api.result("sum(ebpf_block_io_latency_seconds_count" + sel + ")");
+    return r.size() == 1 ? r[0]["value"][1].get<std::string>() : std::string("none");
+  };
+  std::string settled;
+  int same = 0;
+  const bool idle_everywhere = wait_until(
+      [&] {
+        std::this_thread::sleep_for(1s);  // a scrape apart
+        const std::string now = stored_count(classic) + " " + stored_count(native);
+        same = now == settled ? same + 1 : 0;
+        settled = now;
+        return same >= 3 && stored_count(classic) == stored_count(native);
+      },
+      60s);
+  INFO("loop device requests stored (classic, native): " << settled);
+  REQUIRE(idle_everywhere);
 
   // The recorded series are the same in both modes: same names, same label sets.
   for (const auto& group : rules["groups"]) {
@@ -325,7 +347,7 @@ TEST_CASE(
 
   // histogram_quantile on the native series falls in the bucket it falls in on the classic
   // buckets, for the loop device's reads and writes (counts frozen since the activity ended).
-  const std::string device = loop.dev().substr(loop.dev().rfind('/') + 1);
+  const std::string& device = loop_device;
   int compared = 0;
   for (const char* op : {"read", "write"}) {
     const std::string sel = "{device=\"" + device + "\",op=\"" + op + "\"}";

@@ -95,11 +95,11 @@ TEST_CASE("WATCHDOG=1 only after rounds in which every drain succeeded") {
   REQUIRE(set.apply({flaky_config()}).empty());
   DrainLoop loop([&] { return set.drain(); }, 50ms);
   loop.start();
-  REQUIRE(test::wait_until([&] { return tracer.drains >= 5; }, 5s));
+  REQUIRE(test::wait_until([&] { return tracer.drains >= 5; }, 30s));
   CHECK(notify.count("WATCHDOG=1") == 0);
   CHECK(test::counter_value(store, "ebpf_metricsd_drain_errors_total", {{"tracer", "flaky"}}) >= 5);
   tracer.fail = false;
-  CHECK(test::wait_until([&] { return notify.count("WATCHDOG=1") >= 3; }, 5s));
+  CHECK(test::wait_until([&] { return notify.count("WATCHDOG=1") >= 3; }, 30s));
   CHECK(loop.healthy());
   loop.stop();
   const int drains = tracer.drains;
