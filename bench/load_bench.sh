@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Load on the web layer: wrk with C connections for D seconds against /metrics of a daemon
 # with the shipped config's tracers. Prints requests/s, the count of each HTTP status, latency
-# percentiles, and the daemon's RSS before, right after, and 30 s after the load.
+# percentiles, and the daemon's RSS before, right after, and 30 s after the load; fails when
+# that last one is more than 5 MiB above the start.
 # Root; run from the repository root after building.
 #   bash bench/load_bench.sh [connections] [seconds]
 set -euo pipefail
@@ -49,3 +50,8 @@ sleep 30
 rss2=$(rss)
 echo "daemon RSS: ${rss0} KiB before, ${rss1} KiB right after, ${rss2} KiB 30 s later"
 kill -0 "$pid" && echo "daemon alive"
+# The memory a burst took comes back: within 5 MiB of where it started.
+if ((rss2 - rss0 > 5120)); then
+  echo "FAIL: RSS 30 s after the load is $(((rss2 - rss0) / 1024)) MiB above the start" >&2
+  exit 1
+fi

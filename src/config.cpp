@@ -50,7 +50,7 @@ Config parse_config(const std::string& yaml_text, const std::string& file_name) 
     std::unique_ptr<btf, void (*)(btf*)> parsed(btf__parse(cfg.btf_path.c_str(), nullptr),
                                                 btf__free);
     if (!parsed) {
-      top.fail("btf_path", "cannot read BTF from " + cfg.btf_path + ": " + std::strerror(errno));
+      top.fail("btf_path", "cannot read BTF from " + quoted_excerpt(cfg.btf_path, 200) + ": " + std::strerror(errno));
     }
   }
 
@@ -69,7 +69,7 @@ Config parse_config(const std::string& yaml_text, const std::string& file_name) 
     tc.enabled = t.get_bool("enabled", false);
     const std::string hook = t.get_string("hook", "auto");
     const auto pref = parse_hook_preference(hook);
-    if (!pref) t.fail("hook", "expected auto, tp_btf or raw_tp, got '" + hook + "'");
+    if (!pref) t.fail("hook", "expected auto, tp_btf or raw_tp, got " + quoted_excerpt(hook));
     if (!desc.single_hook.empty() && *pref != HookPreference::Auto) {
       t.fail("hook", desc.name + " has a single hook kind (" + desc.single_hook +
                          "); only auto is accepted");

@@ -1,9 +1,11 @@
 #include "ebpf_metricsd/daemon.h"
 
+#include <malloc.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <systemd/sd-daemon.h>
 
+#include <atomic>
 #include <ctime>
 #include <memory>
 #include <stdexcept>
@@ -20,6 +22,25 @@
 #include "ebpf_metricsd/tracer_set.h"
 
 namespace ebpf_metricsd {
+
+namespace {
+
+// What a burst freed (the buffers of a hundred connections, the parse of a refused config)
+// the allocator keeps for reuse, and RSS stays at the burst's peak. Once the free memory it
+// holds has grown by more than 1 MiB since the last trim, it goes back to the kernel.
+void release_free_memory() {
+  constexpr std::size_t kSlack = 1 << 20;
+  static std::atomic<std::size_t> after_last_trim{0};
+  const std::size_t free_now = mallinfo2().fordblks;
+  std::size_t last = after_last_trim.load();
+  if (free_now < last) after_last_trim = last = free_now;  // reused since: the new floor
+  if (free_now > last + kSlack) {
+    malloc_trim(0);
+    after_last_trim = mallinfo2().fordblks;
+  }
+}
+
+}  // namespace
 
 namespace {
 
@@ -172,6 +193,7 @@ bool Daemon::reload() {
   } catch (const ConfigError& e) {
     spdlog::error("reload failed, keeping the running configuration: {}", e.what());
     store_->set(reload_ok_, {}, 0);
+    release_free_memory();
     notify_ready();
     return true;
   }
@@ -229,8 +251,13 @@ int Daemon::run() {
   store_->set(reload_time_, {}, static_cast<double>(std::time(nullptr)));
 
   tracers_ = std::make_shared<TracerSet>(*store_, prober_);
-  drain_ = std::make_shared<DrainLoop>([tracers = tracers_.get()] { return tracers->drain(); },
-                                       cfg_.drain_interval);
+  drain_ = std::make_shared<DrainLoop>(
+      [tracers = tracers_.get()] {
+        const bool ok = tracers->drain();
+        release_free_memory();
+        return ok;
+      },
+      cfg_.drain_interval);
   try {
     web_ = make_web(cfg_.web);
   } catch (const std::exception& e) {

@@ -105,7 +105,7 @@ Log2Layout read_buckets(YamlMapReader& options, const Log2Layout& defaults) {
     try {
       amount = parse_amount(text, seconds);
     } catch (const std::invalid_argument&) {
-      range.fail(key, "'" + text + "' is not " + what);
+      range.fail(key, quoted_excerpt(text) + " is not " + what);
     }
     int exp = static_cast<int>(round_up ? std::ceil(std::log2(amount) - 1e-12)
                                         : std::floor(std::log2(amount) + 1e-12));
@@ -113,7 +113,7 @@ Log2Layout read_buckets(YamlMapReader& options, const Log2Layout& defaults) {
     // holds it.
     if (!round_up && exp == lowest - 1 && amount >= (seconds ? 1e-9 : 1.0)) exp = lowest;
     if (exp < lowest || exp > highest) {
-      range.fail(key, "'" + text + "' is outside " + format_power(lowest, seconds) + " .. " +
+      range.fail(key, quoted_excerpt(text) + " is outside " + format_power(lowest, seconds) + " .. " +
                           format_power(highest, seconds));
     }
     return exp;

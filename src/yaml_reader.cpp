@@ -51,7 +51,8 @@ YamlMapReader::YamlMapReader(const YAML::Node& node, std::string file, std::stri
 
 std::string YamlMapReader::key_path(const std::string& key) const {
   if (key.empty()) return path_.empty() ? "<top level>" : path_;
-  return path_.empty() ? key : path_ + "." + key;
+  const std::string shown = quoted_excerpt(key, 64, false);
+  return path_.empty() ? shown : path_ + "." + shown;
 }
 
 void YamlMapReader::fail_at(const YAML::Node& node, const std::string& key,
@@ -98,7 +99,7 @@ bool YamlMapReader::get_bool(const std::string& key, bool fallback) {
   }
   fail_at(n, key,
           std::string("expected true or false, got ") +
-              (n.IsScalar() ? "'" + n.Scalar() + "'" : kind_name(n)));
+              (n.IsScalar() ? quoted_excerpt(n.Scalar()) : kind_name(n)));
 }
 
 std::string YamlMapReader::get_string(const std::string& key, const std::string& fallback) {
@@ -123,10 +124,10 @@ std::int64_t YamlMapReader::get_int(const std::string& key, std::int64_t fallbac
   } catch (const std::exception&) {
     used = 0;
   }
-  if (used == 0 || used != s.size()) fail_at(n, key, "expected an integer, got '" + s + "'");
+  if (used == 0 || used != s.size()) fail_at(n, key, "expected an integer, got " + quoted_excerpt(s));
   if (v < min || v > max) {
     fail_at(n, key,
-            "value " + s + " is out of range [" + std::to_string(min) + ", " + std::to_string(max) +
+"value " + quoted_excerpt(s, 48, false) + " is out of range [" + std::to_string(min) + ", " + std::to_string(max) +
                 "]");
   }
   return v;
@@ -148,7 +149,7 @@ std::chrono::milliseconds YamlMapReader::get_duration(const std::string& key,
   }
   if (d < min || d > max) {
     fail_at(n, key,
-            "duration " + n.Scalar() + " is out of range [" + format_duration(min) + ", " +
+            "duration " + quoted_excerpt(n.Scalar(), 48, false) + " is out of range [" + format_duration(min) + ", " +
                 format_duration(max) + "]");
   }
   return d;
@@ -196,13 +197,13 @@ std::chrono::milliseconds parse_duration(const std::string& text) {
   std::size_t i = 0;
   while (i < text.size()) {
     if (!std::isdigit(static_cast<unsigned char>(text[i]))) {
-      throw std::invalid_argument("invalid duration '" + text +
-                                  "' (expected e.g. 500ms, 5s, 1m, 1h30m)");
+      throw std::invalid_argument("invalid duration " + quoted_excerpt(text) +
+                                  " (expected e.g. 500ms, 5s, 1m, 1h30m)");
     }
     std::int64_t n = 0;
     while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) {
       if (n > std::numeric_limits<std::int64_t>::max() / 10 / 86'400'000) {
-        throw std::invalid_argument("duration '" + text + "' is too large");
+        throw std::invalid_argument("duration " + quoted_excerpt(text) + " is too large");
       }
       n = n * 10 + (text[i] - '0');
       ++i;
@@ -217,11 +218,11 @@ std::chrono::milliseconds parse_duration(const std::string& text) {
       }
     }
     if (!unit) {
-      throw std::invalid_argument("invalid duration '" + text +
-                                  "' (expected a unit: ms, s, m, h, d)");
+      throw std::invalid_argument("invalid duration " + quoted_excerpt(text) +
+                                  " (expected a unit: ms, s, m, h, d)");
     }
     if (n > (std::numeric_limits<std::int64_t>::max() - total) / unit->ms) {
-      throw std::invalid_argument("duration '" + text + "' is too large");
+      throw std::invalid_argument("duration " + quoted_excerpt(text) + " is too large");
     }
     total += n * unit->ms;
   }
@@ -270,64 +271,149 @@ void reject_duplicate_keys(const YAML::Node& node, const std::string& file_name,
 
 namespace {
 
-// Watches one document's parse events for content, remembering where the first one stands.
-class ContentSeen : public YAML::EventHandler {
- public:
-  std::optional<YAML::Mark> first;
-  void OnDocumentStart(const YAML::Mark&) override {}
-  void OnDocumentEnd() override {}
-  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
-  void OnAlias(const YAML::Mark& m, YAML::anchor_t) override { see(m); }
-  void OnScalar(const YAML::Mark& m, const std::string&, YAML::anchor_t,
-                const std::string&) override {
-    see(m);
-  }
-  void OnSequenceStart(const YAML::Mark& m, const std::string&, YAML::anchor_t,
-                       YAML::EmitterStyle::value) override {
-    see(m);
-  }
-  void OnSequenceEnd() override {}
-  void OnMapStart(const YAML::Mark& m, const std::string&, YAML::anchor_t,
-                  YAML::EmitterStyle::value) override {
-    see(m);
-  }
-  void OnMapEnd() override {}
-
- private:
-  void see(const YAML::Mark& m) {
-    if (!first) first = m;
-  }
-};
-
 ConfigError yaml_error(const std::string& file_name, const YAML::Exception& e,
                        const std::string& what) {
   return ConfigError(file_name + ":" + std::to_string(e.mark.line + 1) + ":" +
                      std::to_string(e.mark.column + 1) + ": " + what);
 }
 
+// Watches one document's parse events before any node is built, so that what a file can ask
+// of the parser is bounded by its size: no anchors or aliases (an alias bomb of 1 KiB stands
+// for 10^10 nodes; no setting needs one), at most kMaxConfigNodes nodes, at most
+// kMaxConfigDepth levels. Keeps the dotted key path for its messages, and where the
+// document's first content stands.
+class EventGuard : public YAML::EventHandler {
+ public:
+  explicit EventGuard(const std::string& file) : file_(file) {}
+  std::optional<YAML::Mark> first;
+
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& m, YAML::anchor_t anchor) override { node(m, anchor); }
+  void OnAlias(const YAML::Mark& m, YAML::anchor_t) override {
+    refuse(m, "a YAML alias (*name); anchors and aliases are not accepted in this config "
+              "(no setting needs them): write the value out");
+  }
+  void OnScalar(const YAML::Mark& m, const std::string&, YAML::anchor_t anchor,
+                const std::string& value) override {
+    node(m, anchor);
+    if (!frames_.empty() && frames_.back().map && frames_.back().expect_key) {
+      frames_.back().key = value.size() <= 64 ? value : value.substr(0, 64) + "...";
+      frames_.back().expect_key = false;
+      return;
+    }
+    value_done();
+  }
+  void OnSequenceStart(const YAML::Mark& m, const std::string&, YAML::anchor_t anchor,
+                       YAML::EmitterStyle::value) override {
+    open(m, anchor, false);
+  }
+  void OnSequenceEnd() override { close(); }
+  void OnMapStart(const YAML::Mark& m, const std::string&, YAML::anchor_t anchor,
+                  YAML::EmitterStyle::value) override {
+    open(m, anchor, true);
+  }
+  void OnMapEnd() override { close(); }
+
+ private:
+  struct Frame {
+    bool map;
+    bool expect_key = true;
+    std::string key;  // the key whose value is being read (mappings)
+  };
+
+  std::string path() const {
+    std::string out;
+    for (const Frame& f : frames_) {
+      if (!f.map || f.expect_key) continue;
+      out += (out.empty() ? "" : ".") + f.key;
+    }
+    return out.empty() ? "<top level>" : out;
+  }
+  [[noreturn]] void refuse(const YAML::Mark& m, const std::string& what) const {
+    throw ConfigError(file_ + ":" + std::to_string(m.line + 1) + ":" +
+                      std::to_string(m.column + 1) + ": " + path() + ": " + what);
+  }
+  void node(const YAML::Mark& m, YAML::anchor_t anchor) {
+    if (!first) first = m;
+    if (anchor != YAML::NullAnchor) {
+      refuse(m, "a YAML anchor (&name); anchors and aliases are not accepted in this config "
+                "(no setting needs them): write the value out");
+    }
+    if (++nodes_ > kMaxConfigNodes) {
+      refuse(m, "more than " + std::to_string(kMaxConfigNodes) +
+                    " values in one file, the most a config file may have");
+    }
+  }
+  void open(const YAML::Mark& m, YAML::anchor_t anchor, bool map) {
+    node(m, anchor);
+    if (frames_.size() >= static_cast<std::size_t>(kMaxConfigDepth)) {
+      refuse(m, "nesting deeper than " + std::to_string(kMaxConfigDepth) + " levels");
+    }
+    frames_.push_back(Frame{map, true, {}});
+  }
+  void close() {
+    frames_.pop_back();
+    value_done();
+  }
+  // A value ended: in a mapping, the next scalar is a key again.
+  void value_done() {
+    if (!frames_.empty() && frames_.back().map) frames_.back().expect_key = true;
+  }
+
+  const std::string& file_;
+  std::vector<Frame> frames_;
+  std::size_t nodes_ = 0;
+};
+
 }  // namespace
 
 YAML::Node parse_yaml(const std::string& text, const std::string& file_name) {
   YAML::Node root;
   try {
-    root = YAML::Load(text);
-    // A second document would be ignored by Load. The parser is asked for two documents and
-    // no more: yaml-cpp's LoadAll can loop, allocating, on some malformed input.
+    // The parse events first: a file that would cost more than its size suggests is refused
+    // before a node is built. The parser is asked for two documents and no more (a second
+    // would be ignored by Load; yaml-cpp's LoadAll can loop, allocating, on some malformed
+    // input).
     std::istringstream in(text);
     YAML::Parser parser(in);
-    ContentSeen first, second;
+    EventGuard first(file_name), second(file_name);
     if (parser.HandleNextDocument(first) && parser.HandleNextDocument(second) && second.first) {
       throw ConfigError(file_name + ":" + std::to_string(second.first->line + 1) + ":" +
                         std::to_string(second.first->column + 1) +
                         ": a second YAML document; a config file holds one");
     }
+    root = YAML::Load(text);
   } catch (const YAML::DeepRecursion& e) {
     throw yaml_error(file_name, e, "nesting too deep");
   } catch (const YAML::Exception& e) {
-    throw yaml_error(file_name, e, "invalid YAML: " + e.msg);
+    throw yaml_error(file_name, e, "invalid YAML: " + quoted_excerpt(e.msg, 200, false));
   }
   reject_duplicate_keys(root, file_name, "", 0);
   return root;
+}
+
+std::string quoted_excerpt(std::string_view value, std::size_t max_bytes, bool quotes) {
+  std::string out;
+  std::size_t end = std::min(value.size(), max_bytes);
+  // Cut at a character boundary: never in the middle of a UTF-8 sequence.
+  if (end < value.size()) {
+    while (end > 0 && (static_cast<unsigned char>(value[end]) & 0xC0) == 0x80) --end;
+  }
+  for (std::size_t i = 0; i < end; ++i) {
+    const unsigned char c = static_cast<unsigned char>(value[i]);
+    if (c < 0x20 || c == 0x7F) {
+      static const char hex[] = "0123456789abcdef";
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (quotes) out = "'" + out + "'";
+  if (end < value.size()) out += "... (" + std::to_string(value.size()) + " bytes)";
+  return out;
 }
 
 std::string read_config_file(const std::string& path) {

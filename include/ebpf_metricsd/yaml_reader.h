@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ebpf_metricsd/config_error.h"
@@ -61,11 +62,20 @@ class YamlMapReader {
 constexpr std::size_t kMaxConfigBytes = 256 * 1024;
 // Mappings and lists may nest this deep; the config itself needs 4 levels.
 constexpr int kMaxConfigDepth = 32;
+// A config file may hold this many values (scalars, lists and mappings); the shipped one
+// has about 300, a syscall list of every system call about 400 more.
+constexpr std::size_t kMaxConfigNodes = 20000;
 
-// Parses YAML text; a syntax error, a duplicate key, a second document or nesting deeper
-// than kMaxConfigDepth throws ConfigError naming file:line:column.
+// Parses YAML text; a syntax error, a duplicate key, a second document, an anchor or alias,
+// more than kMaxConfigNodes values or nesting deeper than kMaxConfigDepth throws ConfigError
+// naming file:line:column. The work is bounded by the text's size: the parse events are
+// checked before any node is built.
 YAML::Node parse_yaml(const std::string& text, const std::string& file_name);
-// The bytes of a configuration file; throws ConfigError naming it when it cannot be read.
+
+// A value as an error message quotes it: at most `max_bytes` of it, cut at a character
+// boundary and followed by its length when cut, control characters escaped (\xNN), in single
+// quotes unless `quotes` is false. A message stays short and one line whatever the file holds.
+std::string quoted_excerpt(std::string_view value, std::size_t max_bytes = 48, bool quotes = true);// The bytes of a configuration file; throws ConfigError naming it when it cannot be read.
 std::string read_config_file(const std::string& path);
 
 // Parses a Prometheus-style duration ("1h30m", "500ms"); throws std::invalid_argument.

@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 
+#include "ebpf_metricsd/yaml_reader.h"
 #include "ebpf_metricsd/http/server.h"
 
 namespace ebpf_metricsd {
@@ -35,13 +36,14 @@ SplitAddress split(const std::string& address) {
   if (out.port.empty() || out.port.size() > 5 ||
       out.port.find_first_not_of("0123456789") != std::string::npos ||
       std::stoi(out.port) > 65535) {
-    out.error = "invalid port '" + out.port + "'";
+    out.error = "invalid port " + quoted_excerpt(out.port);
     return out;
   }
   if (out.host == "localhost") out.host = "127.0.0.1";
   unsigned char buf[sizeof(in6_addr)];
   if (!out.host.empty() && inet_pton(out.ipv6 ? AF_INET6 : AF_INET, out.host.c_str(), buf) != 1) {
-    out.error = "invalid IP address '" + out.host + "' (use a numeric address or localhost)";
+    out.error = "invalid IP address " + quoted_excerpt(out.host) +
+                " (use a numeric address or localhost)";
   }
   return out;
 }
@@ -51,7 +53,7 @@ std::string validate_listen_address(const std::string& address) { return split(a
 
 sockaddr_storage resolve_listen_address(const std::string& address, bool ipv6_available) {
   const SplitAddress a = split(address);
-  if (!a.error.empty()) throw std::invalid_argument(address + ": " + a.error);
+  if (!a.error.empty()) throw std::invalid_argument(quoted_excerpt(address, 200, false) + ": " + a.error);
   sockaddr_storage ss{};
   const auto port = htons(static_cast<uint16_t>(std::stoi(a.port)));
   if (a.ipv6 || (a.host.empty() && ipv6_available)) {

@@ -37,8 +37,8 @@ TlsServerConfig read_tls(YamlMapReader& r) {
   if (!a) {
     r.fail("client_auth_type",
            "expected NoClientCert, RequestClientCert, RequireAnyClientCert, "
-           "VerifyClientCertIfGiven or RequireAndVerifyClientCert, got '" +
-               auth + "'");
+           "VerifyClientCertIfGiven or RequireAndVerifyClientCert, got " +
+               quoted_excerpt(auth));
   }
   tls.client_auth = *a;
   tls.client_ca_file = r.get_string("client_ca_file", "");
@@ -55,7 +55,7 @@ TlsServerConfig read_tls(YamlMapReader& r) {
     const std::string v = r.get_string(key, "");
     if (v.empty()) continue;
     const auto parsed = parse_tls_version(v);
-    if (!parsed) r.fail(key, "expected TLS10, TLS11, TLS12 or TLS13, got '" + v + "'");
+    if (!parsed) r.fail(key, "expected TLS10, TLS11, TLS12 or TLS13, got " + quoted_excerpt(v));
     (std::string(key) == "min_version" ? tls.min_version : tls.max_version) = *parsed;
   }
   if (tls.max_version != 0 && tls.max_version < tls.min_version) {

@@ -52,7 +52,7 @@ MetricSpec latency_spec(const Log2Layout& buckets) {
 
 int checked_syscall(YamlMapReader& options, const std::string& key, const std::string& name) {
   const auto nr = syscall_number(name);
-  if (!nr) options.fail(key, "unknown syscall '" + name + "'");
+  if (!nr) options.fail(key, "unknown syscall " + quoted_excerpt(name));
   if (*nr >= SYSLAT_MAX_SYSCALLS) {
     options.fail(key,
                  "syscall '" + name + "' (" + std::to_string(*nr) + ") is beyond the traced table");
@@ -73,7 +73,7 @@ void read_per_syscall(YamlMapReader& options, SyscallLatencyOptions& o) {
   if (options.has(key) && options.node()[key].IsScalar()) {
     const std::string value = options.get_string(key, "");
     if (value != "all")
-      options.fail(key, "expected \"all\" or a list of syscalls, got '" + value + "'");
+      options.fail(key, "expected \"all\" or a list of syscalls, got " + quoted_excerpt(value));
     o.all_per_syscall = true;
     return;
   }

@@ -40,7 +40,7 @@ TEST_CASE("daemon serves real syscall latencies, passes promtool, exits cleanly"
         body = http_get(s.port, "/metrics").body;
         return sample(body, getppid_count).value_or(0) - before >= kCalls;
       },
-      10s));
+      30s));
   const double got = *sample(body, getppid_count) - before;
   CHECK(got <= kCalls + kCalls / 100);
   const std::string inf = "ebpf_syscall_latency_seconds_bucket{syscall=\"getppid\",le=\"+Inf\"}";
@@ -136,6 +136,21 @@ TEST_CASE("--check-config and bad configs") {
                     out + " 2>&1") == 1);
   CHECK_THAT(read_file(out),
              Contains(bad.config + ":7:5: tracers.syscall_latency.colour: unknown key"));
+
+  // A "billion laughs" alias bomb (10^10 values by reference in 1 KiB) is refused at its
+  // first anchor, with file, line and key.
+  {
+    std::ofstream bomb(bad.dir + "/bomb.yaml");
+    for (int level = 0; level < 10; ++level) {
+      bomb << "l" << level << ": &l" << level << " [";
+      for (int i = 0; i < 10; ++i)
+        bomb << (i ? ", " : "") << (level ? "*l" + std::to_string(level - 1) : "read");
+      bomb << "]\n";
+    }
+  }
+  CHECK(run_command(std::string(DAEMON_PATH) + " --check-config --config " + bad.dir +
+                    "/bomb.yaml > " + out + " 2>&1") == 1);
+  CHECK_THAT(read_file(out), Contains(bad.dir + "/bomb.yaml:1:5: l0: a YAML anchor (&name)"));
 
   // The daemon itself refuses to start on it, and serves nothing.
   DaemonProcess d(DAEMON_PATH, bad.log, {bad.args(), false, {}, {}});

@@ -51,7 +51,7 @@ class NotifySocket {
           }
           return false;
         },
-        10s);
+        30s);
   }
   const std::string& path() const { return path_; }
 
@@ -189,7 +189,7 @@ TEST_CASE("reload: a bad file keeps the running config, a good one changes only 
         [&] {
           return sample(scrape(s.port), "ebpf_metricsd_config_last_reload_successful") == 0.0;
         },
-        5s));
+        30s));
     const std::string m = scrape(s.port);
     CHECK(sample(m, "ebpf_metricsd_tracer_up{tracer=\"page_faults\",hook=\"perf_event\"}") == 1);
     CHECK(sample(m, "ebpf_metricsd_tracer_up{tracer=\"syscall_latency\",hook=\"tp_btf\"}") == 1);
@@ -202,6 +202,55 @@ TEST_CASE("reload: a bad file keeps the running config, a good one changes only 
     // The error names file, line and key, at journal priority 3 (error).
     CHECK_THAT(d.log(), Contains("<3>reload failed, keeping the running configuration: " +
                                  s.config + ":13:5: tracers.page_faults.bogus_key: unknown key"));
+  }
+
+  SECTION("an alias bomb is refused at its first anchor; the running config goes on") {
+    std::ofstream bomb(s.config, std::ios::app);
+    bomb << "bomb0: &b0 [x, x, x, x, x, x, x, x, x, x]\n";
+    for (int level = 1; level < 10; ++level) {
+      bomb << "bomb" << level << ": &b" << level << " [*b" << level - 1;
+      for (int i = 1; i < 10; ++i) bomb << ", *b" << level - 1;
+      bomb << "]\n";
+    }
+    bomb.close();
+    kill(d.pid(), SIGHUP);
+    REQUIRE(wait_until(
+        [&] {
+          return sample(scrape(s.port), "ebpf_metricsd_config_last_reload_successful") == 0.0;
+        },
+        30s));
+    CHECK_THAT(d.log(), Contains("reload failed, keeping the running configuration: " + s.config +
+                                 ":13:8: bomb0: a YAML anchor (&name)"));
+    const double at_failure = sample(scrape(s.port), getppid).value_or(0);
+    CHECK(wait_until([&] { return sample(scrape(s.port), getppid) > at_failure + 1000; }, 30s));
+
+    // A file of 100,000 nested lists (200 KB, under the size limit): refused, and the memory
+    // its parse took returns.
+    const long rss0 = rss_kib(d.pid());
+    std::ofstream(s.config) << "web: " << std::string(100000, '[') << std::string(100000, ']')
+                            << "\n";
+    const auto failures = [&] {
+      const std::string log = d.log();
+      std::size_t n = 0;
+      for (auto at = log.find("reload failed"); at != std::string::npos;
+           at = log.find("reload failed", at + 1)) {
+        ++n;
+      }
+      return n;
+    };
+    REQUIRE(failures() == 1);
+    kill(d.pid(), SIGHUP);
+    REQUIRE(wait_until([&] { return failures() == 2; }, 30s));
+    CHECK_THAT(d.log(), Contains(s.config + ":1:37: web: nesting deeper than 32 levels"));
+    long rss1 = 0;
+    wait_until(
+        [&] {
+          rss1 = rss_kib(d.pid());
+          return rss1 - rss0 < 5 * 1024;
+        },
+        30s);
+    INFO("RSS " << rss0 << " KiB before the deep file, " << rss1 << " KiB after");
+    CHECK(rss1 - rss0 < 5 * 1024);
   }
 
   SECTION("a valid file attaches and detaches what changed; counters carry on") {
@@ -220,7 +269,7 @@ TEST_CASE("reload: a bad file keeps the running config, a good one changes only 
           return sample(scrape(s.port),
                         "ebpf_metricsd_tracer_up{tracer=\"offcpu_time\",hook=\"tp_btf\"}") == 1.0;
         },
-        5s));
+        30s));
     REQUIRE(notify.wait_for("READY=1", before));
     CHECK_THAT(notify.messages()[before], Contains("RELOADING=1"));
     const std::string m = scrape(s.port);
@@ -299,7 +348,7 @@ TEST_CASE("reload: a bad file keeps the running config, a good one changes only 
     CHECK(sample(m, runq_total).value_or(0) < runq0 + 1e7);
     CHECK(sample(m, voluntary).value_or(0) < voluntary0 + 1e7);
     CHECK(wait_until([&] { return sample(scrape(s.port), runq_total).value_or(0) > runq0 + 100; },
-                     5s));
+                     30s));
     CHECK(sample(scrape(s.port), "ebpf_metricsd_tracer_up{tracer=\"runqueue_latency\",hook=\"tp_btf\"}") ==
           1);
   }
@@ -677,7 +726,7 @@ TEST_CASE(
         std::error_code ec;
         return std::filesystem::read_symlink(exe, ec) == std::filesystem::canonical(DAEMON_PATH);
       },
-      5s));
+      30s));
   for (int i = 0; i < 50; ++i) {
     kill(d.pid(), SIGHUP);
     std::this_thread::sleep_for(1ms);

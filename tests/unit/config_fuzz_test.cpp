@@ -23,7 +23,7 @@ TEST_CASE("mutated configs parse or fail with a ConfigError") {
     const int edits = 1 + static_cast<int>(rng() % 8);
     for (int e = 0; e < edits && !text.empty(); ++e) {
       const std::size_t pos = rng() % text.size();
-      switch (rng() % 7) {
+      switch (rng() % 8) {
         case 0:
           text[pos] = alphabet[rng() % alphabet.size()];
           break;
@@ -53,6 +53,12 @@ TEST_CASE("mutated configs parse or fail with a ConfigError") {
           // Huge numbers where durations and integers stand.
           text.insert(pos, rng() % 2 ? "99999999999999999999" : "9223372036854775807d");
           break;
+        case 6: {
+          // Anchors, aliases and merge keys, which no setting accepts.
+          static const char* const refs[] = {"&a ", "*a", "&b [*a, *a] ", "<<: *a\n", "!!str "};
+          text.insert(pos, refs[rng() % 5]);
+          break;
+        }
         default:
           text.insert(pos, text.substr(rng() % text.size(), rng() % 64));
           break;
@@ -65,6 +71,9 @@ TEST_CASE("mutated configs parse or fail with a ConfigError") {
       ++invalid;
       INFO(e.what());
       CHECK(std::string(e.what()).rfind("fuzz.yaml", 0) == 0);
+      // One short line, whatever the mutation put in the value it quotes.
+      CHECK(std::string(e.what()).size() < 1024);
+      CHECK(std::string(e.what()).find('\n') == std::string::npos);
     } catch (const std::exception& e) {
       FAIL("mutation " << i << " threw a non-config error: " << e.what() << "\n" << text);
     }

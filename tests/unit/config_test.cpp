@@ -226,6 +226,70 @@ TEST_CASE("nesting too deep is named as such") {
   CHECK_THAT(error_of(very_deep + "\n"), Contains("nesting"));
 }
 
+namespace {
+
+// A "billion laughs" file of about 1 KiB: ten levels of anchors, each a list (or mapping) of
+// ten aliases of the one above, 10^10 values by reference. `indent` puts it under a key.
+std::string alias_bomb(const std::string& prefix, bool mappings) {
+  std::string out = prefix;
+  for (int level = 0; level < 10; ++level) {
+    out += "l" + std::to_string(level) + ": &l" + std::to_string(level) + (mappings ? " {" : " [");
+    for (int i = 0; i < 10; ++i) {
+      if (i) out += ", ";
+      if (mappings) out += "k" + std::to_string(i) + ": ";
+      out += level == 0 ? "read" : "*l" + std::to_string(level - 1);
+    }
+    out += mappings ? "}\n" : "]\n";
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("anchors and aliases are refused at the first one, with file, line and key") {
+  // At the top level, as lists and as mappings: refused at the first anchor, line 1, before
+  // any of the 10^10 values is reached.
+  CHECK(error_of(alias_bomb("", false)) ==
+        "test.yaml:1:5: l0: a YAML anchor (&name); anchors and aliases are not accepted in this "
+        "config (no setting needs them): write the value out");
+  CHECK_THAT(error_of(alias_bomb("", true)), StartsWith("test.yaml:1:5: l0: a YAML anchor"));
+  // Inside a tracer's include list.
+  CHECK(error_of("tracers:\n  syscall_latency:\n    enabled: true\n    include: &x [read]\n"
+                 "  kmalloc:\n    include: *x\n") ==
+        "test.yaml:4:14: tracers.syscall_latency.include: a YAML anchor (&name); anchors and "
+        "aliases are not accepted in this config (no setting needs them): write the value out");
+  // An alias of an anchor defined nowhere, a merge key, an anchor on an empty value.
+  CHECK_THAT(error_of("max_series: *nowhere\n"), StartsWith("test.yaml:1:13: "));
+  CHECK_THAT(error_of("web: &w\n  listen_address: :9810\ntracers:\n  <<: *w\n"),
+             StartsWith("test.yaml:1:6: web: a YAML anchor"));
+  CHECK_THAT(error_of("tracers: &t\n"), StartsWith("test.yaml:1:10: tracers: a YAML anchor"));
+  // A bomb in a second document is bounded the same way.
+  CHECK_THAT(error_of("max_series: 10\n---\n" + alias_bomb("", false)),
+             StartsWith("test.yaml:3:5: l0: a YAML anchor"));
+}
+
+TEST_CASE("values are bounded in number, and error messages quote a short excerpt") {
+  std::string many = "x: [";
+  for (int i = 0; i < 30000; ++i) many += i ? ",1" : "1";
+  CHECK_THAT(error_of(many + "]\n"),
+             Contains("x: more than 20000 values in one file, the most a config file may have"));
+  // One 20,000-byte duration: the message quotes 48 bytes of it and says how long it was.
+  const std::string message = error_of("drain_interval: " + std::string(20000, '9') + "s\n");
+  CHECK(message == "test.yaml:1:17: drain_interval: duration '" + std::string(48, '9') +
+                       "'... (20001 bytes) is too large");
+  // A long unknown key, a long boolean, control characters: short, one line.
+  const std::string key = error_of(std::string(1000, 'k') + ": 1\n");
+  CHECK(key.size() < 200);
+  CHECK_THAT(key, Contains("... (1000 bytes): unknown key"));
+  const std::string flag =
+      error_of("tracers:\n  kmalloc:\n    enabled: \"" + std::string(3000, 'y') + "\\n\"\n");
+  CHECK(flag.size() < 200);
+  CHECK(flag.find('\n') == std::string::npos);
+  CHECK_THAT(error_of("tracers:\n  syscall_latency:\n    include: [\"a\\x01b\"]\n"),
+             Contains("unknown syscall 'a\\x01b'"));
+  CHECK(quoted_excerpt("\xc3\xa9\xc3\xa9", 3) == "'\xc3\xa9'... (4 bytes)");  // not mid-character
+}
+
 TEST_CASE("config files: size limit before parsing, symlink loops named") {
   char dir_template[] = "/tmp/emd-config-XXXXXX";
   const std::string dir = mkdtemp(dir_template);
