@@ -21,6 +21,7 @@
 
 #include "deadline_watch.h"
 #include "ebpf_metricsd/http/basic_auth.h"
+#include "ebpf_metricsd/http/request_grammar.h"
 #include "ebpf_metricsd/http/tls.h"
 #include "work_queue.h"
 
@@ -52,9 +53,13 @@ std::optional<std::string> gzip(const std::string& in) {
   return out;
 }
 
-// A request head larger than this (request line and headers) is answered 431 (414 when the
-// URI alone is too long); the same memory serves the connection's reads and writes.
-constexpr std::size_t kConnectionMemory = 16 * 1024;
+// Each connection's memory for the request head, the library's record of each header field
+// (64 bytes apiece) and the response head: room for the largest head the server accepts
+// (kMaxRequestHeadBytes with kMaxHeaderFields fields, request_grammar.h), so that those two
+// limits, not how the library packs them, decide what is refused (431; 414 when the request
+// line alone does not fit). Over 32 KiB the library maps it for each connection and unmaps
+// it at close, so a burst of connections leaves nothing behind.
+constexpr std::size_t kConnectionMemory = 40 * 1024;
 // bcrypt checks waiting for a turn; past this a request that needs one gets 503 at once.
 constexpr std::size_t kMaxWaitingBcrypt = 64;
 
@@ -122,6 +127,11 @@ struct Connection {
 struct PendingRequest {
   enum class Auth { Unchecked, Allowed, Denied, Unavailable } auth = Auth::Unchecked;
   std::optional<HttpResponse> response;  // from a limited route's worker
+  // The request-target as received, before the library decodes it in place, and where it
+  // stood in the library's copy of the request line.
+  std::string raw_target;
+  const char* raw_target_at = nullptr;
+  bool head_checked = false;
 };
 
 void log_from_library(void*, const char* format, va_list args) {
@@ -219,6 +229,11 @@ struct WebServer::Impl {
                             MHD_ConnectionNotificationCode code) noexcept;
   static void on_completed(void* cls, MHD_Connection* connection, void** request_context,
                            MHD_RequestTerminationCode code) noexcept;
+  static void* on_request_line(void* cls, const char* uri, MHD_Connection*) noexcept;
+  // Refuses a request head outside the grammar (request_grammar.h): the answer to send, or
+  // nothing when the request may go on.
+  std::optional<HttpResponse> check_head(MHD_Connection* connection, const char* method,
+                                         const char* version, const PendingRequest& pending);
   static MHD_Result on_request(void* cls, MHD_Connection* connection, const char* url,
                                const char* method, const char* version, const char* upload_data,
                                size_t* upload_data_size, void** request_context) noexcept;
@@ -319,8 +334,66 @@ void WebServer::Impl::on_completed(void* cls, MHD_Connection* connection, void**
   }
 }
 
+void* WebServer::Impl::on_request_line(void*, const char* uri, MHD_Connection*) noexcept {
+  try {
+    auto* pending = new PendingRequest();
+    pending->raw_target = uri ? uri : "";
+    pending->raw_target_at = uri;
+    return pending;
+  } catch (...) {
+    return nullptr;  // on_request makes one; the raw target is then unknown, and refused
+  }
+}
+
+std::optional<HttpResponse> WebServer::Impl::check_head(MHD_Connection* connection,
+                                                        const char* method, const char* version,
+                                                        const PendingRequest& pending) {
+  std::optional<GrammarError> error;
+  // libmicrohttpd (0.9.75) hands over pointers into its one copy of the request line, with
+  // the separators overwritten by NULs: "GET\0/target\0HTTP/1.1". A target that does not
+  // begin right after the method's separator followed more than one space; one whose
+  // version does not begin right after its end held a NUL byte, which a C string hides.
+  if (pending.raw_target_at == nullptr) {
+    error = GrammarError{400, "the request line could not be read"};
+  } else if (pending.raw_target_at != method + std::strlen(method) + 1) {
+    error = GrammarError{400, "more than one space after the method"};
+  } else if (version[0] != '\0' &&
+             version != pending.raw_target_at + pending.raw_target.size() + 1) {
+    error = GrammarError{400, "a NUL byte or a second space in the request-target"};
+  } else {
+    error = check_request_target(pending.raw_target);
+  }
+  if (!error) {
+    std::vector<std::pair<std::string_view, std::string_view>> fields;
+    MHD_get_connection_values_n(
+        connection, MHD_HEADER_KIND,
+        [](void* cls, MHD_ValueKind, const char* key, size_t key_size, const char* value,
+           size_t value_size) -> MHD_Result {
+          static_cast<std::vector<std::pair<std::string_view, std::string_view>>*>(cls)
+              ->emplace_back(std::string_view(key ? key : "", key ? key_size : 0),
+                             std::string_view(value ? value : "", value ? value_size : 0));
+          return MHD_YES;
+        },
+        &fields);
+    error = check_header_fields(fields, version);
+  }
+  if (!error) {
+    const MHD_ConnectionInfo* info =
+        MHD_get_connection_info(connection, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
+    if (info && info->header_size > kMaxRequestHeadBytes) {
+      error = GrammarError{431, "a request head over " +
+                                    std::to_string(kMaxRequestHeadBytes / 1024) + " KiB"};
+    }
+  }
+  if (!error) return std::nullopt;
+  spdlog::debug("web server: refused a request ({}): {}", error->status, error->reason);
+  HttpResponse r = text(error->status, std::to_string(error->status) + " " + error->reason);
+  r.headers.emplace_back("Connection", "close");
+  return r;
+}
+
 MHD_Result WebServer::Impl::on_request(void* cls, MHD_Connection* connection, const char* url,
-                                       const char* method, const char*, const char*,
+                                       const char* method, const char* version, const char*,
                                        size_t* upload_data_size, void** request_context) noexcept {
   auto* self = static_cast<Impl*>(cls);
   try {
@@ -329,9 +402,18 @@ MHD_Result WebServer::Impl::on_request(void* cls, MHD_Connection* connection, co
     if (!pending) {
       pending = new PendingRequest();
       *request_context = pending;
+    }
+    if (!pending->head_checked) {
+      pending->head_checked = true;
       // The library calls again once the request is whole; answering a GET now would cost
       // the connection its keep-alive. Any other method is answered at once, body unread.
-      if (m == "GET" || m == "HEAD") return MHD_YES;
+      if (m == "GET" || m == "HEAD") {
+        // A head outside the grammar is answered now, with the connection closed after.
+        auto refusal = self->check_head(connection, method, version, *pending);
+        if (!refusal) return MHD_YES;
+        if (Connection* c = connection_of(connection)) self->watch.disarm(&c->socket);
+        return self->send(connection, std::move(*refusal), false);
+      }
     } else if (*upload_data_size != 0) {
       *upload_data_size = 0;  // a body is dropped (within the deadline); no route takes one
       return MHD_YES;
@@ -533,6 +615,7 @@ void WebServer::Impl::start() {
       {MHD_OPTION_CONNECTION_MEMORY_LIMIT, static_cast<intptr_t>(kConnectionMemory), nullptr},
       {MHD_OPTION_NOTIFY_CONNECTION, reinterpret_cast<intptr_t>(&Impl::on_connection), this},
       {MHD_OPTION_NOTIFY_COMPLETED, reinterpret_cast<intptr_t>(&Impl::on_completed), this},
+      {MHD_OPTION_URI_LOG_CALLBACK, reinterpret_cast<intptr_t>(&Impl::on_request_line), this},
       {MHD_OPTION_SIGPIPE_HANDLED_BY_APP, 1, nullptr},
   };
   if (tls) {

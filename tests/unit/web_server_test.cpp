@@ -14,6 +14,7 @@
 #include "ebpf_metricsd/config_error.h"
 #include "ebpf_metricsd/exposition.h"
 #include "ebpf_metricsd/http/basic_auth.h"
+#include "ebpf_metricsd/http/request_grammar.h"
 #include "ebpf_metricsd/http/server.h"
 #include "ebpf_metricsd/http/web_config.h"
 
@@ -397,6 +398,109 @@ TEST_CASE("stopping the server does not wait for stalled clients") {
   char c;
   CHECK(recv(fd, &c, 1, 0) == 0);  // and the client sees the connection closed
   close(fd);
+}
+
+namespace {
+
+// One raw request on its own connection: the whole answer, until the server closes.
+std::string raw_exchange(int port, const std::string& request) {
+  const int fd = connect_loopback(port, 5);
+  if (fd < 0) return "";
+  (void)send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = recv(fd, buf, sizeof buf, 0)) > 0;) out.append(buf, static_cast<std::size_t>(n));
+  close(fd);
+  return out;
+}
+
+int count_of(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("requests outside the HTTP grammar get 400 (or 431) and Connection: close") {
+  auto metrics = std::make_shared<GateCollectable>();
+  const int port = free_port();
+  WebSettings s = local(port);
+  s.request_timeout = 3s;
+  WebServer server(s, exporter_routes(renderer(metrics), [] { return std::string(); }));
+  const std::string get = "GET /metrics HTTP/1.1\r\nHost: x\r\n";
+  std::string fields_101, fields_100;
+  for (int i = 0; i < 101; ++i) fields_101 += "X-F" + std::to_string(i) + ": v\r\n";
+  for (int i = 0; i < 98; ++i) fields_100 += "X-F" + std::to_string(i) + ": v\r\n";
+  // 16 KiB of head exactly, in 90 fields; one byte more.
+  std::string big;
+  for (int i = 0; i < 89; ++i) big += "X-Big" + std::to_string(i) + ": " + std::string(150, 'b') + "\r\n";
+  const std::size_t head_so_far = get.size() + big.size() + std::string("X-Last: \r\n\r\n").size();
+  const std::string at_limit = get + big + "X-Last: " + std::string(16384 - head_so_far, 'l') + "\r\n\r\n";
+  const std::string over_limit = get + big + "X-Last: " + std::string(16385 - head_so_far, 'l') + "\r\n\r\n";
+  REQUIRE(at_limit.size() == 16384);
+  struct Case {
+    const char* what;
+    std::string request;
+    int status;
+  };
+  const std::vector<Case> cases = {
+      {"Transfer-Encoding chunked", get + "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400},
+      {"obfuscated Transfer-Encoding",
+       get + "Transfer-Encoding: xchunked\r\nTransfer-Encoding : chunked\r\n\r\n", 400},
+      {"two Content-Length", get + "Content-Length: 1\r\nContent-Length: 2\r\n\r\nx", 400},
+      {"Content-Length with a body", get + "Content-Length: 5\r\n\r\nhello", 400},
+      {"Transfer-Encoding and Content-Length",
+       get + "Transfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n", 400},
+      {"%00 in the path", "GET /metrics%00 HTTP/1.1\r\nHost: x\r\n\r\n", 400},
+      {"raw NUL in the path", std::string("GET /metrics") + '\0' + "x HTTP/1.1\r\nHost: x\r\n\r\n", 400},
+      {"invalid percent-encoding", "GET /metrics%zz HTTP/1.1\r\nHost: x\r\n\r\n", 400},
+      {"percent-encoded control", "GET /metrics%0a HTTP/1.1\r\nHost: x\r\n\r\n", 400},
+      {"control character in the path", "GET /metrics\x01 HTTP/1.1\r\nHost: x\r\n\r\n", 400},
+      {"non-ASCII byte in the path", "GET /metrics\xc3\xa9 HTTP/1.1\r\nHost: x\r\n\r\n", 400},
+      {"empty header name", "GET /metrics HTTP/1.1\r\n: value\r\nHost: x\r\n\r\n", 400},
+      {"space in a header name", get + "Bad Name: v\r\n\r\n", 400},
+      {"control character in a value", get + "X: a\x01" "b\r\n\r\n", 400},
+      {"two spaces after the method", "GET  /metrics HTTP/1.1\r\nHost: x\r\n\r\n", 400},
+      {"two spaces before the version", "GET /metrics  HTTP/1.1\r\nHost: x\r\n\r\n", 400},
+      {"no Host in HTTP/1.1", "GET /metrics HTTP/1.1\r\n\r\n", 400},
+      {"two Host fields", get + "Host: y\r\n\r\n", 400},
+      {"101 header fields", get + fields_101 + "\r\n", 431},
+      {"100 header fields", get + fields_100 + "X-Last: v\r\n\r\n", 200},
+      {"a 16 KiB head", at_limit, 200},
+      {"a head one byte over 16 KiB", over_limit, 431},
+      {"Content-Length: 0", get + "Content-Length: 0\r\n\r\n", 200},
+      {"percent-encoded letter", "GET /metr%69cs HTTP/1.1\r\nHost: x\r\n\r\n", 200},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    // Each answered while a good scrape on another connection succeeds.
+    auto good = std::async(std::launch::async, [&] { return http_get(port, "/metrics").status; });
+    const std::string answer = raw_exchange(port, c.request);
+    INFO(answer.substr(0, 300));
+    CHECK(answer.rfind("HTTP/1.1 " + std::to_string(c.status) + " ", 0) == 0);
+    CHECK(count_of(answer, "\r\n\r\n") >= 1);
+    CHECK(count_of(answer, "Date: ") == 1);  // one header block, never two
+    if (c.status != 200) CHECK_THAT(answer, Catch::Matchers::Contains("Connection: close"));
+    CHECK(good.get() == 200);
+  }
+}
+
+TEST_CASE("request grammar: targets and header fields") {
+  CHECK_FALSE(check_request_target("/metrics?x=1&y=%2F"));
+  CHECK(check_request_target("metrics")->status == 400);
+  CHECK(check_request_target("/a%2")->status == 400);
+  CHECK(check_request_target("/a%g0")->status == 400);
+  CHECK(check_request_target("/a%7F")->status == 400);
+  CHECK(check_request_target("/a%1f")->status == 400);
+  CHECK(check_request_target(std::string_view("/a\0b", 4))->status == 400);
+  using Fields = std::vector<std::pair<std::string_view, std::string_view>>;
+  CHECK_FALSE(check_header_fields(Fields{{"Host", "x"}, {"X-Tab", "a\tb"}}, "HTTP/1.1"));
+  CHECK_FALSE(check_header_fields(Fields{}, "HTTP/1.0"));
+  CHECK(check_header_fields(Fields{}, "HTTP/1.1")->status == 400);
+  CHECK(check_header_fields(Fields{{"Host", "x"}, {"content-length", "00"}}, "HTTP/1.1")->status == 400);
+  CHECK(check_header_fields(Fields{{"Host", "x"}, {"X", std::string_view("a\0b", 3)}}, "HTTP/1.1")
+            ->status == 400);
 }
 
 TEST_CASE(
