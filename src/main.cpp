@@ -101,6 +101,12 @@ int main(int argc, char** argv) {
   // serve a daemon of a few threads; measured with bench/load_bench.sh (100 connections):
   // RSS 11 -> 30 MB and staying, 15 -> 19 MB with two arenas.
   mallopt(M_ARENA_MAX, 2);
+  // A scrape's body is a block of 100 KB and more. glibc would serve such blocks from an
+  // mmap of their own until the first is freed, then raise its threshold and keep later ones
+  // in the arenas, where a burst of scrapes leaves them resident. Fixed thresholds keep every
+  // large block mapped on its own (returned whole when freed) and the arenas' tops trimmed.
+  mallopt(M_MMAP_THRESHOLD, 64 * 1024);
+  mallopt(M_TRIM_THRESHOLD, 256 * 1024);
   ebpf_metricsd::DaemonOptions options;
   bool check_config = false;
   std::string log_level = "info";
