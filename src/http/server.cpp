@@ -279,6 +279,41 @@ std::vector<std::pair<std::string, std::string>> headers_of(MHD_Connection* c) {
   return out;
 }
 
+// What libmicrohttpd (0.9.75) made of the request head, checked against the head itself.
+// The fields it reports point into its one copy of the head, in order, with the separators
+// overwritten by NULs: "name\0 value\0\0name\0value\0\0\0\0". Between the request line and
+// the first field, between fields and after the last only line ends may stand, and between a
+// name and its value only the colon and blanks. A line the library left out (an empty name
+// as the last field) or a folded line it appended to a field's name shows here.
+std::optional<GrammarError> check_head_layout(
+    const char* method, std::size_t head_size, const char* version,
+    const std::vector<std::pair<std::string_view, std::string_view>>& fields) {
+  const char* const head_end = method + head_size;
+  const auto inside = [&](const char* p) { return p >= method && p <= head_end; };
+  const auto only = [](const char* from, const char* to, std::string_view allowed) {
+    for (const char* p = from; p < to; ++p) {
+      if (allowed.find(*p) == std::string_view::npos) return false;
+    }
+    return true;
+  };
+  static constexpr std::string_view kLineEnd("\0\r\n", 3);
+  static constexpr std::string_view kColonAndBlanks("\0: \t", 4);
+  const GrammarError garbled{400, "a header line that is not a field (folded, or without a name)"};
+  const char* at = version + std::strlen(version);
+  if (!inside(at)) return std::nullopt;  // not laid out as known: nothing to compare
+  for (const auto& [name, value] : fields) {
+    const char* name_at = name.data();
+    const char* value_at = value.data();
+    if (!inside(name_at) || !inside(value_at) || name_at < at) return garbled;
+    if (name_at == at || !only(at, name_at, kLineEnd)) return garbled;
+    const char* name_end = name_at + name.size();
+    if (value_at < name_end + 1 || !only(name_end, value_at, kColonAndBlanks)) return garbled;
+    at = value_at + value.size();
+  }
+  if (at > head_end || !only(at, head_end, kLineEnd)) return garbled;
+  return std::nullopt;
+}
+
 }  // namespace
 
 MHD_Result WebServer::Impl::on_accept(void* cls, const sockaddr*, socklen_t) noexcept {
@@ -363,28 +398,25 @@ std::optional<HttpResponse> WebServer::Impl::check_head(MHD_Connection* connecti
   } else {
     error = check_request_target(pending.raw_target);
   }
-  if (!error) {
-    std::vector<std::pair<std::string_view, std::string_view>> fields;
-    MHD_get_connection_values_n(
-        connection, MHD_HEADER_KIND,
-        [](void* cls, MHD_ValueKind, const char* key, size_t key_size, const char* value,
-           size_t value_size) -> MHD_Result {
-          static_cast<std::vector<std::pair<std::string_view, std::string_view>>*>(cls)
-              ->emplace_back(std::string_view(key ? key : "", key ? key_size : 0),
-                             std::string_view(value ? value : "", value ? value_size : 0));
-          return MHD_YES;
-        },
-        &fields);
-    error = check_header_fields(fields, version);
+  std::vector<std::pair<std::string_view, std::string_view>> fields;
+  MHD_get_connection_values_n(
+      connection, MHD_HEADER_KIND,
+      [](void* cls, MHD_ValueKind, const char* key, size_t key_size, const char* value,
+         size_t value_size) -> MHD_Result {
+        static_cast<std::vector<std::pair<std::string_view, std::string_view>>*>(cls)
+            ->emplace_back(std::string_view(key ? key : "", key ? key_size : 0),
+                           std::string_view(value ? value : "", value ? value_size : 0));
+        return MHD_YES;
+      },
+      &fields);
+  const MHD_ConnectionInfo* info =
+      MHD_get_connection_info(connection, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
+  if (!error && info && info->header_size > kMaxRequestHeadBytes) {
+    error = GrammarError{431, "a request head over " +
+                                  std::to_string(kMaxRequestHeadBytes / 1024) + " KiB"};
   }
-  if (!error) {
-    const MHD_ConnectionInfo* info =
-        MHD_get_connection_info(connection, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
-    if (info && info->header_size > kMaxRequestHeadBytes) {
-      error = GrammarError{431, "a request head over " +
-                                    std::to_string(kMaxRequestHeadBytes / 1024) + " KiB"};
-    }
-  }
+  if (!error && info) error = check_head_layout(method, info->header_size, version, fields);
+  if (!error) error = check_header_fields(fields, version);
   if (!error) return std::nullopt;
   spdlog::debug("web server: refused a request ({}): {}", error->status, error->reason);
   HttpResponse r = text(error->status, std::to_string(error->status) + " " + error->reason);
