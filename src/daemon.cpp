@@ -5,9 +5,9 @@
 #include <spdlog/spdlog.h>
 #include <systemd/sd-daemon.h>
 
-#include <atomic>
 #include <ctime>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <vector>
 
@@ -30,19 +30,16 @@ namespace {
 // holds has grown by more than 1 MiB since the last trim, it goes back to the kernel.
 void release_free_memory() {
   constexpr std::size_t kSlack = 1 << 20;
-  static std::atomic<std::size_t> after_last_trim{0};
+  static std::mutex mutex;  // the drain thread and a reload on the main thread
+  static std::size_t after_last_trim = 0;
+  const std::lock_guard lock(mutex);
   const std::size_t free_now = mallinfo2().fordblks;
-  std::size_t last = after_last_trim.load();
-  if (free_now < last) after_last_trim = last = free_now;  // reused since: the new floor
-  if (free_now > last + kSlack) {
+  if (free_now < after_last_trim) after_last_trim = free_now;  // reused since: the new floor
+  if (free_now > after_last_trim + kSlack) {
     malloc_trim(0);
     after_last_trim = mallinfo2().fordblks;
   }
 }
-
-}  // namespace
-
-namespace {
 
 sigset_t handled_signals() {
   sigset_t set;

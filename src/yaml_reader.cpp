@@ -289,7 +289,15 @@ class EventGuard : public YAML::EventHandler {
 
   void OnDocumentStart(const YAML::Mark&) override {}
   void OnDocumentEnd() override {}
-  void OnNull(const YAML::Mark& m, YAML::anchor_t anchor) override { node(m, anchor); }
+  void OnNull(const YAML::Mark& m, YAML::anchor_t anchor) override {
+    // A document of nothing (a trailing "---") is no content; an empty value or key is.
+    if (frames_.empty()) {
+      if (anchor != YAML::NullAnchor) node(m, anchor);
+      return;
+    }
+    node(m, anchor);
+    scalar_done("");
+  }
   void OnAlias(const YAML::Mark& m, YAML::anchor_t) override {
     refuse(m, "a YAML alias (*name); anchors and aliases are not accepted in this config "
               "(no setting needs them): write the value out");
@@ -297,12 +305,7 @@ class EventGuard : public YAML::EventHandler {
   void OnScalar(const YAML::Mark& m, const std::string&, YAML::anchor_t anchor,
                 const std::string& value) override {
     node(m, anchor);
-    if (!frames_.empty() && frames_.back().map && frames_.back().expect_key) {
-      frames_.back().key = value.size() <= 64 ? value : value.substr(0, 64) + "...";
-      frames_.back().expect_key = false;
-      return;
-    }
-    value_done();
+    scalar_done(value);
   }
   void OnSequenceStart(const YAML::Mark& m, const std::string&, YAML::anchor_t anchor,
                        YAML::EmitterStyle::value) override {
@@ -322,13 +325,25 @@ class EventGuard : public YAML::EventHandler {
     std::string key;  // the key whose value is being read (mappings)
   };
 
+  // The dotted path of the value being read, its keys quoted as excerpts; at most about 300
+  // bytes (the innermost keys kept).
   std::string path() const {
     std::string out;
     for (const Frame& f : frames_) {
       if (!f.map || f.expect_key) continue;
       out += (out.empty() ? "" : ".") + f.key;
     }
+    if (out.size() > 300) out = "..." + out.substr(out.size() - 300);
     return out.empty() ? "<top level>" : out;
+  }
+  // A scalar (or empty node) ended: a key of the mapping it stands in, or a value.
+  void scalar_done(const std::string& value) {
+    if (!frames_.empty() && frames_.back().map && frames_.back().expect_key) {
+      frames_.back().key = value.empty() ? "<empty key>" : quoted_excerpt(value, 64, false);
+      frames_.back().expect_key = false;
+      return;
+    }
+    value_done();
   }
   [[noreturn]] void refuse(const YAML::Mark& m, const std::string& what) const {
     throw ConfigError(file_ + ":" + std::to_string(m.line + 1) + ":" +
@@ -354,6 +369,12 @@ class EventGuard : public YAML::EventHandler {
   }
   void close() {
     frames_.pop_back();
+    // A list or mapping that was itself a key ("? [a]: b"): its value comes next.
+    if (!frames_.empty() && frames_.back().map && frames_.back().expect_key) {
+      frames_.back().key = "<complex key>";
+      frames_.back().expect_key = false;
+      return;
+    }
     value_done();
   }
   // A value ended: in a mapping, the next scalar is a key again.

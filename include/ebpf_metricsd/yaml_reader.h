@@ -75,7 +75,8 @@ YAML::Node parse_yaml(const std::string& text, const std::string& file_name);
 // A value as an error message quotes it: at most `max_bytes` of it, cut at a character
 // boundary and followed by its length when cut, control characters escaped (\xNN), in single
 // quotes unless `quotes` is false. A message stays short and one line whatever the file holds.
-std::string quoted_excerpt(std::string_view value, std::size_t max_bytes = 48, bool quotes = true);// The bytes of a configuration file; throws ConfigError naming it when it cannot be read.
+std::string quoted_excerpt(std::string_view value, std::size_t max_bytes = 48, bool quotes = true);
+// The bytes of a configuration file; throws ConfigError naming it when it cannot be read.
 std::string read_config_file(const std::string& path);
 
 // Parses a Prometheus-style duration ("1h30m", "500ms"); throws std::invalid_argument.

@@ -80,14 +80,19 @@ std::optional<GrammarError> check_header_fields(
     }
     if (named(name, "Content-Length")) {
       ++lengths;
-      if (value != "0" || lengths > 1) {
+      std::string_view number = value;  // blanks around a field value are not part of it
+      while (!number.empty() && (number.back() == ' ' || number.back() == '\t'))
+        number.remove_suffix(1);
+      if (number != "0" || lengths > 1) {
         return bad("Content-Length other than a single 0: no route takes a body");
       }
     }
     if (named(name, "Host")) ++hosts;
   }
   if (hosts > 1) return bad("more than one Host header field");
-  if (hosts == 0 && version == "HTTP/1.1") return bad("no Host header field in an HTTP/1.1 request");
+  if (hosts == 0 && version != "HTTP/1.0") {
+    return bad("no Host header field in an HTTP/1.1 request");
+  }
   return std::nullopt;
 }
 

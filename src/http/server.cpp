@@ -412,8 +412,12 @@ std::optional<HttpResponse> WebServer::Impl::check_head(MHD_Connection* connecti
   const MHD_ConnectionInfo* info =
       MHD_get_connection_info(connection, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
   if (!error && info && info->header_size > kMaxRequestHeadBytes) {
-    error = GrammarError{431, "a request head over " +
-                                  std::to_string(kMaxRequestHeadBytes / 1024) + " KiB"};
+    const std::size_t line = std::strlen(method) + pending.raw_target.size() + std::strlen(version) + 2;
+    error = line > kMaxRequestHeadBytes
+                ? GrammarError{414, "a request line over " +
+                                        std::to_string(kMaxRequestHeadBytes / 1024) + " KiB"}
+                : GrammarError{431, "a request head over " +
+                                        std::to_string(kMaxRequestHeadBytes / 1024) + " KiB"};
   }
   if (!error && info) error = check_head_layout(method, info->header_size, version, fields);
   if (!error) error = check_header_fields(fields, version);

@@ -206,6 +206,9 @@ TEST_CASE("duplicate keys and further documents are errors naming both places") 
   CHECK_THAT(error_of("max_series: 10\n---\nmax_series: 20\n"),
              StartsWith("test.yaml:3:") && Contains("a second YAML document"));
   CHECK_NOTHROW(parse_config("---\nmax_series: 10\n", "test.yaml"));
+  // A trailing "---" (or one followed by comments only) starts no second document.
+  CHECK_NOTHROW(parse_config("max_series: 10\n---\n", "test.yaml"));
+  CHECK_NOTHROW(parse_config("max_series: 10\n---\n# nothing more\n", "test.yaml"));
 }
 
 TEST_CASE("durations and integers that overflow are errors, never wrapped") {
@@ -263,6 +266,15 @@ TEST_CASE("anchors and aliases are refused at the first one, with file, line and
   CHECK_THAT(error_of("web: &w\n  listen_address: :9810\ntracers:\n  <<: *w\n"),
              StartsWith("test.yaml:1:6: web: a YAML anchor"));
   CHECK_THAT(error_of("tracers: &t\n"), StartsWith("test.yaml:1:10: tracers: a YAML anchor"));
+  // The key path stays right past empty values, empty keys and complex keys.
+  CHECK_THAT(error_of("web:\ntracers:\n  kmalloc:\n  page_faults:\n    include: &i [a]\n"),
+             StartsWith("test.yaml:5:14: tracers.page_faults.include: a YAML anchor"));
+  CHECK_THAT(error_of("? [a, b]\n: x\nc: &c 1\n"), StartsWith("test.yaml:3:4: c: a YAML anchor"));
+  CHECK_THAT(error_of("~: x\nc: &c 1\n"), StartsWith("test.yaml:2:4: c: a YAML anchor"));
+  // A key that is long or holds control characters: quoted as an excerpt, one line.
+  const std::string odd = error_of("\"k\\nk" + std::string(200, 'k') + "\": &c 1\n");
+  CHECK(odd.find('\n') == std::string::npos);
+  CHECK(odd.size() < 300);
   // A bomb in a second document is bounded the same way.
   CHECK_THAT(error_of("max_series: 10\n---\n" + alias_bomb("", false)),
              StartsWith("test.yaml:3:5: l0: a YAML anchor"));

@@ -474,6 +474,7 @@ TEST_CASE("requests outside the HTTP grammar get 400 (or 431) and Connection: cl
       {"a 16 KiB head", at_limit, 200},
       {"a head one byte over 16 KiB", over_limit, 431},
       {"Content-Length: 0", get + "Content-Length: 0\r\n\r\n", 200},
+      {"a 17 KiB request-target", "GET /" + std::string(17 * 1024, 'a') + " HTTP/1.1\r\nHost: x\r\n\r\n", 414},
       {"percent-encoded letter", "GET /metr%69cs HTTP/1.1\r\nHost: x\r\n\r\n", 200},
   };
   for (const Case& c : cases) {
@@ -521,6 +522,7 @@ TEST_CASE("request grammar: targets and header fields") {
   CHECK_FALSE(check_header_fields(Fields{{"Host", "x"}, {"X-Tab", "a\tb"}}, "HTTP/1.1"));
   CHECK_FALSE(check_header_fields(Fields{}, "HTTP/1.0"));
   CHECK(check_header_fields(Fields{}, "HTTP/1.1")->status == 400);
+  CHECK(check_header_fields(Fields{}, "HTTP/1.2")->status == 400);
   CHECK(check_header_fields(Fields{{"Host", "x"}, {"content-length", "00"}}, "HTTP/1.1")->status == 400);
   CHECK(check_header_fields(Fields{{"Host", "x"}, {"X", std::string_view("a\0b", 3)}}, "HTTP/1.1")
             ->status == 400);

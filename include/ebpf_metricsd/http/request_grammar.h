@@ -33,7 +33,7 @@ std::optional<GrammarError> check_request_target(std::string_view raw);
 // no empty name, names of token characters only, no control characters in values but
 // HTAB; no Transfer-Encoding and no Content-Length but a single "0" (no route takes a body,
 // and framing a server does not use is framing it may read differently from a proxy);
-// exactly one Host for HTTP/1.1, at most one for HTTP/1.0; at most kMaxHeaderFields.
+// exactly one Host from HTTP/1.1 on, at most one for HTTP/1.0; at most kMaxHeaderFields.
 std::optional<GrammarError> check_header_fields(
     const std::vector<std::pair<std::string_view, std::string_view>>& fields,
     std::string_view version);
