@@ -402,14 +402,24 @@ TEST_CASE("stopping the server does not wait for stalled clients") {
 
 namespace {
 
-// One raw request on its own connection: the whole answer, until the server closes.
+// One raw request on its own connection: everything the server sends until it closes, or
+// until one whole response has come on a connection it keeps open.
 std::string raw_exchange(int port, const std::string& request) {
   const int fd = connect_loopback(port, 5);
   if (fd < 0) return "";
   (void)send(fd, request.data(), request.size(), MSG_NOSIGNAL);
   std::string out;
   char buf[4096];
-  for (ssize_t n; (n = recv(fd, buf, sizeof buf, 0)) > 0;) out.append(buf, static_cast<std::size_t>(n));
+  for (ssize_t n; (n = recv(fd, buf, sizeof buf, 0)) > 0;) {
+    out.append(buf, static_cast<std::size_t>(n));
+    const auto head_end = out.find("\r\n\r\n");
+    const auto length = out.find("Content-Length: ");
+    if (head_end == std::string::npos || length == std::string::npos || length > head_end ||
+        out.find("Connection: close") < head_end) {
+      continue;
+    }
+    if (out.size() >= head_end + 4 + std::stoul(out.substr(length + 16))) break;
+  }
   close(fd);
   return out;
 }
