@@ -402,6 +402,15 @@ TEST_CASE("stopping the server does not wait for stalled clients") {
 
 namespace {
 
+// Whether `raw` begins with one whole response: its head and its Content-Length body.
+bool whole_response(const std::string& raw) {
+  const auto head_end = raw.find("\r\n\r\n");
+  if (head_end == std::string::npos) return false;
+  const auto cl = raw.find("Content-Length: ");
+  const std::size_t body = cl == std::string::npos || cl > head_end ? 0 : std::stoul(raw.substr(cl + 16));
+  return raw.size() >= head_end + 4 + body;
+}
+
 // One raw request on its own connection: everything the server sends until it closes, or
 // until one whole response has come on a connection it keeps open.
 std::string raw_exchange(int port, const std::string& request) {
@@ -412,13 +421,8 @@ std::string raw_exchange(int port, const std::string& request) {
   char buf[4096];
   for (ssize_t n; (n = recv(fd, buf, sizeof buf, 0)) > 0;) {
     out.append(buf, static_cast<std::size_t>(n));
-    const auto head_end = out.find("\r\n\r\n");
-    const auto length = out.find("Content-Length: ");
-    if (head_end == std::string::npos || length == std::string::npos || length > head_end ||
-        out.find("Connection: close") < head_end) {
-      continue;
-    }
-    if (out.size() >= head_end + 4 + std::stoul(out.substr(length + 16))) break;
+    if (out.find("Connection: close") < out.find("\r\n\r\n")) continue;  // read to the close
+    if (whole_response(out)) break;
   }
   close(fd);
   return out;
@@ -618,12 +622,7 @@ int read_response(int fd) {
   std::string raw;
   char buf[4096];
   for (;;) {
-    const auto head_end = raw.find("\r\n\r\n");
-    if (head_end != std::string::npos) {
-      const auto cl = raw.find("Content-Length: ");
-      const std::size_t body = cl == std::string::npos ? 0 : std::stoul(raw.substr(cl + 16));
-      if (raw.size() >= head_end + 4 + body) return std::atoi(raw.c_str() + 9);
-    }
+    if (whole_response(raw)) return std::atoi(raw.c_str() + 9);
     const ssize_t n = recv(fd, buf, sizeof buf, 0);
     if (n <= 0) return 0;
     raw.append(buf, static_cast<std::size_t>(n));
