@@ -13,10 +13,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <new>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -68,31 +70,38 @@ class TestCgroup {
   }
 
   // A child born in this cgroup blocks `n` times in read() on an empty pipe: this process
-  // writes each byte only after the child acknowledged the previous one and is seen asleep
-  // (state S in /proc: the read is the only thing left that can sleep), so each read blocks
-  // at any machine speed; a sleep, whose timer may fire before the task reaches the
-  // scheduler, guarantees nothing. Returns what the kernel accounted to the child.
+  // writes each byte only after the child acknowledged the previous one and has switched out
+  // in the read (wait_blocked), so each read blocks at any machine speed; a sleep, whose
+  // timer may fire before the task reaches the scheduler, guarantees nothing. Returns what
+  // the kernel accounted to the child.
   rusage run_blocking_reads(int n) {
     int data[2], ack[2];
     if (pipe2(data, O_CLOEXEC) != 0 || pipe2(ack, O_CLOEXEC) != 0)
       throw std::runtime_error("pipe2");
+    // The child's voluntary switch count before each read, shared with this process.
+    static_assert(std::atomic<long>::is_always_lock_free);  // so it works across processes
+    void* shared = mmap(nullptr, sizeof(std::atomic<long>), PROT_READ | PROT_WRITE,
+                        MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (shared == MAP_FAILED) throw std::runtime_error("mmap");
+    auto* before = new (shared) std::atomic<long>(-1);
     const pid_t pid = spawn([&] {
       close(data[1]);  // so that the test closing its end is an EOF here
       close(ack[0]);
       char c;
       for (int i = 0; i < n; ++i) {
+        *before = voluntary_switches_of_this_thread();
         if (read(data[0], &c, 1) != 1 || write(ack[1], &c, 1) != 1)
           throw std::runtime_error("pipe");
       }
     });
     close(data[0]);
     close(ack[1]);
-    const std::string stat = "/proc/" + std::to_string(pid) + "/stat";
+    const std::string status_file = "/proc/" + std::to_string(pid) + "/status";
     // A child that died early must not kill the test with SIGPIPE.
     const auto old_sigpipe = signal(SIGPIPE, SIG_IGN);
     bool ok = true;
     for (int i = 0; ok && i < n; ++i) {
-      ok = wait_asleep(stat);
+      ok = wait_blocked(status_file, before);
       char c = 'x';
       ok = ok && write(data[1], &c, 1) == 1 && read(ack[0], &c, 1) == 1;
     }
@@ -100,6 +109,7 @@ class TestCgroup {
     if (!ok) kill(pid, SIGKILL);
     close(data[1]);
     close(ack[0]);
+    munmap(shared, sizeof(std::atomic<long>));
     rusage ru{};
     const int status = wait_for(pid, &ru);
     if (!ok || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
@@ -133,17 +143,35 @@ class TestCgroup {
     return status;
   }
 
-  // Waits until the task whose /proc stat file is `stat` is asleep (S); false after a
-  // minute, or when it has exited (Z, X) or gone.
-  static bool wait_asleep(const std::string& stat) {
+  // The calling thread's voluntary context switches so far.
+  static long voluntary_switches_of_this_thread() {
+    rusage ru{};
+    getrusage(RUSAGE_THREAD, &ru);
+    return ru.ru_nvcsw;
+  }
+
+  // Waits until the task whose /proc status file is `status_file` has switched out asleep:
+  // its state is S and its voluntary switches have gone past `*before` (its count just before
+  // it began to wait, -1 until it has set it). State S alone is not enough: a task shows S
+  // from the moment it prepares to wait, before schedule() switches it out, and a wakeup in
+  // that window means no switch at all. False after a minute, or when the task has exited.
+  static bool wait_blocked(const std::string& status_file, const std::atomic<long>* before) {
     for (int i = 0; i < 600000; ++i) {
-      std::ifstream in(stat);
-      std::string line;
-      if (!std::getline(in, line)) return false;
-      const auto paren = line.rfind(')');
-      const char state = paren != std::string::npos && paren + 2 < line.size() ? line[paren + 2] : '?';
-      if (state == 'S') return true;
+      std::ifstream in(status_file);
+      if (!in) return false;
+      char state = '?';
+      long switches = -1;
+      for (std::string line; std::getline(in, line);) {
+        if (line.rfind("State:", 0) == 0) {
+          const auto at = line.find_first_not_of(" \t", 6);
+          if (at != std::string::npos) state = line[at];
+        } else if (line.rfind("voluntary_ctxt_switches:", 0) == 0) {
+          switches = std::stol(line.substr(24));
+        }
+      }
       if (state == 'Z' || state == 'X') return false;
+      const long mark = *before;
+      if (state == 'S' && mark >= 0 && switches > mark) return true;
       usleep(100);
     }
     return false;

@@ -110,11 +110,12 @@ TEST_CASE("off-CPU time of a sleeping thread matches its sleeps", "[scheduler]")
   double slept = 0;
   // The oracle counts the thread's switch-ins after a blocking switch-out.
   test::SchedOracle oracle;
-  // Each wait is a read of an empty pipe, written only once the reader is asleep in it
-  // (state S) and 10 ms more have passed: every one blocks, at any machine speed.
+  // Each wait is a read of an empty pipe, written only once the reader has switched out in it
+  // (wait_blocked) and 10 ms more have passed: every one blocks, at any machine speed.
   int fds[2];
   REQUIRE(pipe(fds) == 0);
   std::atomic<int> tid{0};
+  std::atomic<long> before{-1};  // the reader's voluntary switches before its current read
   std::thread t([&] {
     prctl(PR_SET_NAME, "emd-sleeper");
     oracle.target_thread(static_cast<int>(syscall(SYS_gettid)));
@@ -122,15 +123,16 @@ TEST_CASE("off-CPU time of a sleeping thread matches its sleeps", "[scheduler]")
     char c;
     for (int i = 0; i < kSleeps; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
+      before = test::TestCgroup::voluntary_switches_of_this_thread();
       if (read(fds[0], &c, 1) != 1) break;
       slept += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
   });
   while (tid == 0) std::this_thread::yield();
-  const std::string stat = "/proc/self/task/" + std::to_string(tid) + "/stat";
+  const std::string status_file = "/proc/self/task/" + std::to_string(tid) + "/status";
   bool asleep = true;
   for (int i = 0; i < kSleeps; ++i) {
-    asleep = asleep && test::TestCgroup::wait_asleep(stat);
+    asleep = asleep && test::TestCgroup::wait_blocked(status_file, &before);
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     REQUIRE(write(fds[1], "x", 1) == 1);
   }
