@@ -10,9 +10,11 @@ BUILD_PKGS=(
   libbpf-dev libelf-dev zlib1g-dev
   libprotobuf-dev protobuf-compiler  # the protobuf exposition (proto/metrics.proto)
   libcrypt-dev                       # bcrypt for basic auth
+  libdw-dev                          # profiles: ELF symbols and debug files (elfutils)
   libmicrohttpd-dev libgnutls28-dev    # the web server: HTTP on libmicrohttpd, TLS on GnuTLS
   libspdlog-dev libfmt-dev libyaml-cpp-dev libsystemd-dev libseccomp-dev
-  catch2 nlohmann-json3-dev          # tests: Catch2; JSON of Grafana and the Prometheus API
+  nlohmann-json3-dev                 # JSON: the flame graph's data (and, in tests, Grafana's and Prometheus's)
+  catch2                             # the tests
   python3                            # the kernel matrix's driver (tests/kernels/matrix.py)
 )
 TEST_PKGS=(
@@ -22,6 +24,7 @@ TEST_PKGS=(
   systemd                            # systemd-analyze verify and security on the unit
   dpkg-dev file                      # cpack -G DEB with dpkg-shlibdeps
   qemu-system-x86 busybox-static cpio kmod e2fsprogs  # the kernel matrix: guests under qemu
+  golang-go linux-perf chromium      # profiles: go tool pprof reads them, perf agrees, the page in a browser
 )
 
 want=("${BUILD_PKGS[@]}")

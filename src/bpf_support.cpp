@@ -37,17 +37,12 @@ std::vector<BpfLink> load_and_attach(const std::vector<ProgramChoice>& programs,
   if (int err = load()) throw BpfError(bpf_error_text("load " + name, err));
   std::vector<BpfLink> links;
   for (const auto& p : programs) {
-    if (p.wanted) links.push_back(attach_program(p.prog));
+    if (p.wanted && p.attach) links.push_back(attach_program(p.prog));
   }
   return links;
 }
 
-BpfLink attach_perf_sw_event(bpf_program* prog, std::uint64_t config, int cpu) {
-  perf_event_attr attr{};
-  attr.type = PERF_TYPE_SOFTWARE;
-  attr.size = sizeof attr;
-  attr.config = config;
-  attr.sample_period = 1;  // the program runs on every event
+BpfLink attach_perf_event(bpf_program* prog, const perf_event_attr& attr, int cpu) {
   const int fd =
       static_cast<int>(syscall(SYS_perf_event_open, &attr, -1, cpu, -1, PERF_FLAG_FD_CLOEXEC));
   if (fd < 0) {
@@ -61,6 +56,15 @@ BpfLink attach_perf_sw_event(bpf_program* prog, std::uint64_t config, int cpu) {
         std::string("attach ") + bpf_program__name(prog) + " on CPU " + std::to_string(cpu), err));
   }
   return BpfLink(link);
+}
+
+BpfLink attach_perf_sw_event(bpf_program* prog, std::uint64_t config, int cpu) {
+  perf_event_attr attr{};
+  attr.type = PERF_TYPE_SOFTWARE;
+  attr.size = sizeof attr;
+  attr.config = config;
+  attr.sample_period = 1;
+  return attach_perf_event(prog, attr, cpu);
 }
 
 namespace {

@@ -18,6 +18,8 @@
 #include "ebpf_metricsd/http/server.h"
 #include "ebpf_metricsd/http/web_config.h"
 #include "ebpf_metricsd/metric_store.h"
+#include "ebpf_metricsd/profile/profile_routes.h"
+#include "ebpf_metricsd/profile/profile_store.h"
 #include "ebpf_metricsd/tracer.h"
 #include "ebpf_metricsd/tracer_set.h"
 
@@ -97,6 +99,7 @@ class Daemon {
   DaemonOptions options_;
   Config cfg_;
   std::shared_ptr<MetricStore> store_ = std::make_shared<MetricStore>();
+  std::shared_ptr<profiling::ProfileStore> profiles_ = std::make_shared<profiling::ProfileStore>();
   MetricStore::MetricId reload_ok_ = 0, reload_time_ = 0;
   KernelHookProber prober_;
   // Destroyed in reverse: the web server first, then the drain loop, then the tracers.
@@ -135,17 +138,18 @@ void Daemon::notify_ready() {
 }
 
 std::unique_ptr<WebServer> Daemon::make_web(const WebSettings& settings) {
-  return std::make_unique<WebServer>(
-      settings, exporter_routes(
-                    [store = store_](ExpositionFormat format) { return render(*store, format); },
-                    [tracers = std::weak_ptr<TracerSet>(tracers_)] {
-                      const auto t = tracers.lock();
-                      return landing_page(t ? t->statuses() : std::vector<TracerStatus>());
-                    },
-                    [drain = std::weak_ptr<DrainLoop>(drain_)] {
-                      const auto d = drain.lock();
-                      return d && d->healthy();
-                    }));
+  std::vector<Route> routes = exporter_routes(
+      [store = store_](ExpositionFormat format) { return render(*store, format); },
+      [tracers = std::weak_ptr<TracerSet>(tracers_)] {
+        const auto t = tracers.lock();
+        return landing_page(t ? t->statuses() : std::vector<TracerStatus>());
+      },
+      [drain = std::weak_ptr<DrainLoop>(drain_)] {
+        const auto d = drain.lock();
+        return d && d->healthy();
+      });
+  for (Route& r : profiling::profile_routes(profiles_)) routes.push_back(std::move(r));
+  return std::make_unique<WebServer>(settings, std::move(routes));
 }
 
 bool Daemon::reload_web(const WebSettings& wanted) {
@@ -247,7 +251,7 @@ int Daemon::run() {
   store_->set(reload_ok_, {}, 1);
   store_->set(reload_time_, {}, static_cast<double>(std::time(nullptr)));
 
-  tracers_ = std::make_shared<TracerSet>(*store_, prober_);
+  tracers_ = std::make_shared<TracerSet>(*store_, prober_, profiles_.get());
   drain_ = std::make_shared<DrainLoop>(
       [tracers = tracers_.get()] {
         const bool ok = tracers->drain();

@@ -41,7 +41,9 @@ std::string landing_page(const std::vector<TracerStatus>& states) {
          "text-align:left;border-bottom:1px solid #ddd}.up{color:#080}.failed{color:#b00}"
          ".disabled{color:#888}</style></head><body>\n<h1>ebpf-metricsd</h1>\n"
          "<p>Version " EBPF_METRICSD_VERSION
-         ". Metrics: <a href=\"/metrics\">/metrics</a></p>\n"
+         ". Metrics: <a href=\"/metrics\">/metrics</a>. Profiles (the profile tracer): "
+         "<a href=\"/profile\">flame graph</a>, "
+         "<a href=\"/debug/pprof/profile?seconds=30\">pprof</a></p>\n"
          "<table><tr><th>tracer</th><th>measures</th><th>state</th><th>hook</th>"
          "<th>error</th></tr>\n" +
          rows + "</table>\n</body></html>\n";

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -96,6 +97,8 @@ int main(int argc, char** argv) {
   // Before anything else: a SIGHUP (reload) or SIGPIPE in the first instant must not end
   // the process.
   ebpf_metricsd::block_daemon_signals();
+  // Symbolization reads local files only: elfutils would ask a debuginfod server named here.
+  unsetenv("DEBUGINFOD_URLS");
   // glibc gives every thread that allocates an arena of its own and keeps them: after a burst
   // of scrapes on many connections the daemon would hold their memory for good. Two arenas
   // serve a daemon of a few threads; measured with bench/load_bench.sh (100 connections):

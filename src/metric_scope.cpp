@@ -13,9 +13,11 @@ MetricSpec dropped_events_spec() {
 
 }  // namespace
 
-MetricScope::MetricScope(MetricStore& store, std::string tracer)
+MetricScope::MetricScope(MetricStore& store, std::string tracer,
+                         profiling::ProfileStore* profiles)
     : store_(store),
       tracer_(std::move(tracer)),
+      profiles_(profiles),
       dropped_(store.declare(dropped_events_spec(), "core")) {}
 
 MetricScope::Metric MetricScope::declare(const MetricSpec& spec) {

@@ -7,13 +7,17 @@
 
 namespace ebpf_metricsd {
 
-TracerSet::TracerSet(MetricStore& store, HookProber& prober)
-    : TracerSet(store, [&prober](const TracerConfig& config, MetricScope& scope) {
-        return build_tracer(config, scope, prober);
-      }) {}
+TracerSet::TracerSet(MetricStore& store, HookProber& prober, profiling::ProfileStore* profiles)
+    : TracerSet(
+          store,
+          [&prober](const TracerConfig& config, MetricScope& scope) {
+            return build_tracer(config, scope, prober);
+          },
+          profiles) {}
 
-TracerSet::TracerSet(MetricStore& store, Builder builder)
+TracerSet::TracerSet(MetricStore& store, Builder builder, profiling::ProfileStore* profiles)
     : store_(store),
+      profiles_(profiles),
       builder_(std::move(builder)),
       tracer_up_(store.declare(
           {"ebpf_metricsd_tracer_up",
@@ -55,7 +59,7 @@ std::vector<std::string> TracerSet::apply(const std::vector<TracerConfig>& confi
       stop(*it, /*keep_series=*/true);
       it->config = tc;
     } else {
-      slots_.push_back({tc, std::make_unique<MetricScope>(store_, tc.name), nullptr});
+      slots_.push_back({tc, std::make_unique<MetricScope>(store_, tc.name, profiles_), nullptr});
       it = slots_.end() - 1;
     }
     start(*it);

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+struct perf_event_attr;
+
 namespace ebpf_metricsd {
 
 // A kernel object could not be loaded or attached; the message carries the kernel's reason.
@@ -49,10 +51,13 @@ bpf_object_open_opts skeleton_open_opts(std::string& storage);
 // Attaches a program and returns the owning link; throws BpfError with the kernel's reason.
 BpfLink attach_program(bpf_program* prog);
 
-// A program of a skeleton and whether this start uses it.
+// A program of a skeleton and whether this start uses it; `attach`: whether
+// load_and_attach attaches it (false for programs the tracer attaches itself, as to perf
+// events).
 struct ProgramChoice {
   bpf_program* prog;
   bool wanted;
+  bool attach = true;
 };
 
 // Sets autoload on exactly the wanted programs, loads the object with `load` (the
@@ -61,8 +66,11 @@ struct ProgramChoice {
 std::vector<BpfLink> load_and_attach(const std::vector<ProgramChoice>& programs,
                                      const std::function<int()>& load, const std::string& name);
 
-// Opens perf software event `config` (PERF_COUNT_SW_*) on `cpu` with sample_period 1 and
-// attaches `prog` to it; the link owns the perf event fd.
+// Opens the perf event `attr` on `cpu` (every task) and attaches `prog` to it; the link
+// owns the perf event fd.
+BpfLink attach_perf_event(bpf_program* prog, const perf_event_attr& attr, int cpu);
+// attach_perf_event of software event `config` (PERF_COUNT_SW_*) with sample_period 1: the
+// program runs on every event.
 BpfLink attach_perf_sw_event(bpf_program* prog, std::uint64_t config, int cpu);
 
 // Sends libbpf's own messages to the daemon's log (debug level for its chatter).

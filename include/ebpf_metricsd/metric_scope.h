@@ -11,6 +11,10 @@
 
 namespace ebpf_metricsd {
 
+namespace profiling {
+class ProfileStore;
+}
+
 class MetricScope {
  public:
   // A metric declared through a scope; only a scope makes one.
@@ -22,11 +26,13 @@ class MetricScope {
   };
   using LabelValues = MetricStore::LabelValues;
 
-  MetricScope(MetricStore& store, std::string tracer);
+  // `profiles`: where the profile tracer keeps its stacks (nullptr: this process keeps none).
+  MetricScope(MetricStore& store, std::string tracer, profiling::ProfileStore* profiles = nullptr);
   MetricScope(const MetricScope&) = delete;
   MetricScope& operator=(const MetricScope&) = delete;
 
   const std::string& tracer() const { return tracer_; }
+  profiling::ProfileStore* profiles() const { return profiles_; }
 
   // Declares a metric of this tracer (see MetricStore::declare); a restarted tracer that
   // declares it again carries on counting.
@@ -41,6 +47,7 @@ class MetricScope {
  private:
   MetricStore& store_;
   std::string tracer_;
+  profiling::ProfileStore* profiles_;
   MetricStore::MetricId dropped_;
 };
 

@@ -33,8 +33,9 @@ class TracerSet {
   // Builds and starts a tracer; build_tracer() unless a test gives its own.
   using Builder = std::function<std::unique_ptr<Tracer>(const TracerConfig&, MetricScope&)>;
 
-  TracerSet(MetricStore& store, HookProber& prober);
-  TracerSet(MetricStore& store, Builder builder);
+  // `profiles`: where the profile tracer keeps its stacks (nullptr: nowhere; it fails).
+  TracerSet(MetricStore& store, HookProber& prober, profiling::ProfileStore* profiles = nullptr);
+  TracerSet(MetricStore& store, Builder builder, profiling::ProfileStore* profiles = nullptr);
   ~TracerSet();
   TracerSet(const TracerSet&) = delete;
   TracerSet& operator=(const TracerSet&) = delete;
@@ -67,6 +68,7 @@ class TracerSet {
   void set_status(const TracerStatus& status);
 
   MetricStore& store_;
+  profiling::ProfileStore* profiles_;
   Builder builder_;
   MetricStore::MetricId tracer_up_, drain_duration_, drain_errors_;
   std::mutex slots_mutex_;  // held while starting, stopping and draining

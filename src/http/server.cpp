@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "deadline_watch.h"
+#include "ebpf_metricsd/gzip.h"
 #include "ebpf_metricsd/http/basic_auth.h"
 #include "ebpf_metricsd/http/request_grammar.h"
 #include "ebpf_metricsd/http/tls.h"
@@ -31,27 +32,8 @@ namespace {
 
 using http_internal::DeadlineWatch;
 using http_internal::WatchedSocket;
+using http_internal::DelayedJobs;
 using http_internal::WorkQueue;
-
-std::optional<std::string> gzip(const std::string& in) {
-  z_stream zs{};
-  // Level 1: metrics text is so repetitive that it already shrinks ~11x, at a third of the
-  // default level's time (bench/exposition_bench).
-  if (deflateInit2(&zs, Z_BEST_SPEED, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) !=
-      Z_OK) {
-    return std::nullopt;
-  }
-  std::string out(deflateBound(&zs, in.size()), '\0');
-  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(in.data()));
-  zs.avail_in = static_cast<uInt>(in.size());
-  zs.next_out = reinterpret_cast<Bytef*>(out.data());
-  zs.avail_out = static_cast<uInt>(out.size());
-  const int r = deflate(&zs, Z_FINISH);
-  deflateEnd(&zs);
-  if (r != Z_STREAM_END) return std::nullopt;
-  out.resize(zs.total_out);
-  return out;
-}
 
 // Each connection's memory for the request head, the library's record of each header field
 // (64 bytes apiece) and the response head: room for the largest head the server accepts
@@ -100,7 +82,9 @@ void finish(HttpResponse& r, bool gzip_ok) {
   if (!r.compressible) return;
   r.compressible = false;
   if (gzip_ok) {
-    if (auto z = gzip(r.body)) {
+    // Level 1: metrics text is so repetitive that it already shrinks ~11x, at a third of
+    // the default level's time (bench/exposition_bench).
+    if (auto z = gzip(r.body, Z_BEST_SPEED)) {
       r.body = std::move(*z);
       r.headers.emplace_back("Content-Encoding", "gzip");
     }
@@ -186,7 +170,17 @@ std::optional<std::string_view> HttpRequest::header(std::string_view name) const
   return std::nullopt;
 }
 
-unsigned web_server_threads() { return event_threads() + 2 * worker_threads() + 1; }
+std::vector<std::string_view> HttpRequest::params(std::string_view name) const {
+  std::vector<std::string_view> out;
+  for (const auto& [n, v] : query) {
+    if (n == name) out.push_back(v);
+  }
+  return out;
+}
+
+// The event loops, the bcrypt and rendering workers, the deadline watch and the timer of
+// deferred answers.
+unsigned web_server_threads() { return event_threads() + 2 * worker_threads() + 2; }
 
 struct WebServer::Impl {
   WebSettings settings;
@@ -202,6 +196,9 @@ struct WebServer::Impl {
   DeadlineWatch watch;
   WorkQueue bcrypt;
   WorkQueue render;
+  std::mutex deferred_mutex;  // guards deferred_waiting
+  std::map<std::string, std::size_t, std::less<>> deferred_waiting;  // by route path
+  DelayedJobs delayed;
   MHD_Daemon* daemon = nullptr;
 
   Impl(WebSettings s, std::vector<Route> r)
@@ -244,6 +241,8 @@ struct WebServer::Impl {
   bool authenticate(MHD_Connection* connection, PendingRequest& pending);
   MHD_Result render_off_loop(MHD_Connection* connection, const Route& route, HttpRequest req,
                              bool gzip_ok, PendingRequest& pending);
+  MHD_Result answer_later(MHD_Connection* connection, const Route& route, const HttpRequest& req,
+                          bool gzip_ok, PendingRequest& pending);
   MHD_Result send(MHD_Connection* connection, HttpResponse r, bool gzip_ok);
 };
 
@@ -273,6 +272,20 @@ std::vector<std::pair<std::string, std::string>> headers_of(MHD_Connection* c) {
       [](void* cls, MHD_ValueKind, const char* key, const char* value) -> MHD_Result {
         static_cast<std::vector<std::pair<std::string, std::string>>*>(cls)->emplace_back(
             lower(key ? key : ""), value ? value : "");
+        return MHD_YES;
+      },
+      &out);
+  return out;
+}
+
+// The query's parameters, decoded by the library (the target's grammar was checked first).
+std::vector<std::pair<std::string, std::string>> query_of(MHD_Connection* c) {
+  std::vector<std::pair<std::string, std::string>> out;
+  MHD_get_connection_values(
+      c, MHD_GET_ARGUMENT_KIND,
+      [](void* cls, MHD_ValueKind, const char* key, const char* value) -> MHD_Result {
+        static_cast<std::vector<std::pair<std::string, std::string>>*>(cls)->emplace_back(
+            key ? key : "", value ? value : "");
         return MHD_YES;
       },
       &out);
@@ -490,7 +503,9 @@ MHD_Result WebServer::Impl::request(MHD_Connection* connection, const char* url,
   if (pending.response) return send(connection, std::move(*pending.response), gzip_ok);
   const auto it = routes.find(path);
   if (it == routes.end()) return send(connection, text(404, "404 page not found"), false);
-  HttpRequest req{std::string(m), std::string(path), headers_of(connection)};
+  HttpRequest req{std::string(m), std::string(path), headers_of(connection),
+                  query_of(connection)};
+  if (it->second.deferred) return answer_later(connection, it->second, req, gzip_ok, pending);
   if (it->second.limited) {
     return render_off_loop(connection, it->second, std::move(req), gzip_ok, pending);
   }
@@ -567,6 +582,73 @@ MHD_Result WebServer::Impl::render_off_loop(MHD_Connection* connection, const Ro
     return MHD_YES;
   }
   --limited_in_flight;
+  return send(connection, busy("503 the server is stopping"), false);
+}
+
+MHD_Result WebServer::Impl::answer_later(MHD_Connection* connection, const Route& route,
+                                         const HttpRequest& req, bool gzip_ok,
+                                         PendingRequest& pending) {
+  {
+    std::lock_guard lock(deferred_mutex);
+    std::size_t& waiting = deferred_waiting[route.path];
+    if (waiting >= route.max_deferred) {
+      return send(connection,
+                  busy("503 " + std::to_string(route.max_deferred) + " requests of " +
+                       route.path + " are waiting already"),
+                  false);
+    }
+    ++waiting;
+  }
+  const auto done_waiting = [this, path = route.path] {
+    std::lock_guard lock(deferred_mutex);
+    --deferred_waiting[path];
+  };
+  std::variant<HttpResponse, DeferredResponse> first;
+  try {
+    first = route.deferred(req);
+  } catch (const std::exception& e) {
+    spdlog::error("web server: {} {}: {}", req.method, req.path, e.what());
+    first = text(500, "500 internal error");
+  }
+  if (auto* now = std::get_if<HttpResponse>(&first)) {
+    done_waiting();
+    return send(connection, std::move(*now), gzip_ok);
+  }
+  auto later = std::get<DeferredResponse>(std::move(first));
+  // After the wait, the answer is made on a rendering worker; at stop, a request still
+  // waiting gets 503. Either way the connection is resumed exactly once.
+  auto resume = [this, connection, &pending, done_waiting](HttpResponse r) {
+    pending.response = std::move(r);
+    done_waiting();
+    MHD_resume_connection(connection);
+  };
+  auto stopping = [resume] { resume(busy("503 the server is stopping")); };
+  WorkQueue::Job job{
+      [this, resume, stopping, gzip_ok, answer = std::move(later.answer), method = req.method,
+       path = req.path] {
+        WorkQueue::Job render_job{[resume, gzip_ok, answer, method, path] {
+                                    HttpResponse r;
+                                    try {
+                                      r = answer();
+                                      finish(r, gzip_ok);
+                                    } catch (const std::exception& e) {
+                                      spdlog::error("web server: {} {}: {}", method, path,
+                                                    e.what());
+                                      r = text(500, "500 internal error");
+                                    }
+                                    resume(std::move(r));
+                                  },
+                                  stopping};
+        if (!render.submit(std::move(render_job), [] {})) {
+          resume(busy("503 too many requests being answered (web.max_requests)"));
+        }
+      },
+      stopping};
+  if (delayed.submit(later.wait, std::move(job),
+                     [connection] { MHD_suspend_connection(connection); })) {
+    return MHD_YES;
+  }
+  done_waiting();
   return send(connection, busy("503 the server is stopping"), false);
 }
 
@@ -672,6 +754,7 @@ void WebServer::Impl::start() {
 void WebServer::Impl::stop() {
   // Every suspended connection is resumed before the library stops (it refuses to stop with
   // one suspended): the waiting jobs are cancelled, the running ones end.
+  delayed.stop();
   bcrypt.stop();
   render.stop();
   if (daemon) MHD_stop_daemon(daemon);  // closes the listener and every connection

@@ -36,13 +36,15 @@ struct StartedTracer {
 
 // Builds and starts tracer `name` as the daemon does (build_tracer), with the YAML option
 // lines `options` (each indented by four spaces, e.g. "    hook: raw_tp\n").
+// `profiles`: where the profile tracer keeps its stacks.
 inline StartedTracer start_tracer(MetricStore& store, const std::string& name,
-                                  const std::string& options = "") {
+                                  const std::string& options = "",
+                                  profiling::ProfileStore* profiles = nullptr) {
   const Config cfg =
       parse_config("tracers:\n  " + name + ":\n    enabled: true\n" + options, "test.yaml");
   for (const auto& tc : cfg.tracers) {
     if (tc.name != name) continue;
-    StartedTracer t{std::make_unique<MetricScope>(store, name), nullptr};
+    StartedTracer t{std::make_unique<MetricScope>(store, name, profiles), nullptr};
     KernelHookProber prober;
     t.tracer = build_tracer(tc, *t.scope, prober);
     return t;

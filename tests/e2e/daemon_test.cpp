@@ -178,7 +178,8 @@ TEST_CASE("every tracer, with every optional label, up at once and valid for pro
       "  net_xmit_latency:\n    enabled: true\n    cgroup: true\n"
       "  block_io:\n    enabled: true\n    cgroup: true\n"
       "  page_cache:\n    enabled: true\n    cgroup: true\n"
-      "  oom_kills:\n    enabled: true\n");
+      "  oom_kills:\n    enabled: true\n"
+      "  profile:\n    enabled: true\n    cgroup: true\n");
   DaemonProcess d(DAEMON_PATH, s.log, {s.args(), false, {}, {}});
   // Every registered tracer: one added to the registry and not to the config above fails here.
   std::vector<std::string> tracers;

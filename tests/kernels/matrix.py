@@ -74,6 +74,7 @@ TEST_FILE_TRACERS = {
     "block_io_test.cpp": ["block_io"],
     "page_cache_test.cpp": ["page_cache"],
     "oom_kills_test.cpp": ["oom_kills"],
+    "profile_test.cpp": ["profile"],
 }
 # Test files whose cases each prove the tracers their name begins with
 # ("syscall_latency by cgroup: ...", "runqueue_latency and offcpu_time by cgroup: ...").

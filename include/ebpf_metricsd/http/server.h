@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "ebpf_metricsd/http/web_config.h"
@@ -56,8 +57,12 @@ struct HttpRequest {
   std::string method;  // GET or HEAD
   std::string path;    // without the query
   std::vector<std::pair<std::string, std::string>> headers;
+  // The query's parameters, decoded, in order (a name without "=" has an empty value).
+  std::vector<std::pair<std::string, std::string>> query;
   // The value of the first header of that name (case-insensitive), or nullopt.
   std::optional<std::string_view> header(std::string_view name) const;
+  // The values of query parameter `name`.
+  std::vector<std::string_view> params(std::string_view name) const;
 };
 
 struct HttpResponse {
@@ -68,12 +73,24 @@ struct HttpResponse {
   bool compressible = false;  // gzip it when the client accepts gzip
 };
 
+// An answer that comes after a wait: `answer` runs on a worker thread once `wait` is over.
+struct DeferredResponse {
+  std::chrono::milliseconds wait{0};
+  std::function<HttpResponse()> answer;
+};
+
 struct Route {
   std::string path;
   std::function<HttpResponse(const HttpRequest&)> handler;
   // Counts against max_requests and runs on a worker thread, not on an event loop: for
   // handlers that take time (rendering a scrape).
   bool limited = false;
+  // Set in place of `handler` for routes that answer after a wait (a profile of the next N
+  // seconds): it runs on the event loop and returns a response now (a refusal) or a
+  // DeferredResponse. The connection waits suspended, holding no thread; at most
+  // `max_deferred` requests of the route wait at once (503 beyond).
+  std::function<std::variant<HttpResponse, DeferredResponse>(const HttpRequest&)> deferred = {};
+  std::size_t max_deferred = 0;
 };
 
 // GET and HEAD on the routes' paths, 404 elsewhere, 405 for other methods. With

@@ -1,0 +1,377 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * Where the time goes, as stacks:
+ *  - on-CPU: a CPU-clock perf event in frequency mode on every CPU runs
+ *    on_cpu_sample; each sample adds its period (ns of CPU time) to the
+ *    interrupted thread's (kernel stack, user stack);
+ *  - off-CPU: at sched_switch a thread that blocks leaves its stacks and the
+ *    time in per-thread state; when it is switched in again after at least
+ *    offcpu_min, the wait is added to its (kernel stack, user stack). A shorter
+ *    wait costs one comparison.
+ * Stacks are kept once each in `stacks`, keyed by a 64-bit hash of their
+ * frames; aggregates in the inner map that `counts_slot` points to. User space
+ * swaps that inner map for an empty one (the update waits for programs still
+ * running with the old one) and reads the old one whole: nothing is lost
+ * between reads. What cannot be kept is counted in `drops`.
+ * A process is announced to user space (new_processes) the first time it is
+ * seen, and again after it execs, so that its mappings are read while it lives:
+ * a process that exits before the next read is still symbolized.
+ * The sched_switch hook exists as tp_btf (per-thread state in task storage)
+ * and raw_tp (a tid hash, removed at sched_process_free), as in scheduler.bpf.c.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+
+#include "common/cgroup.bpf.h"
+#include "common/maps.bpf.h"
+#include "common/read.bpf.h"
+#include "profile.h"
+
+#define TASK_RUNNING 0
+#define PF_EXITING 0x00000004
+#define PF_KTHREAD 0x00200000
+
+/* Set by user space before load. */
+const volatile __u8 on_cpu_on = 1;
+const volatile __u8 off_cpu_on = 1;
+const volatile __u64 offcpu_min_ns = 1000000;
+const volatile __u32 nr_workloads = 0; /* 0: every workload */
+
+/* task_struct.state was renamed __state (and made unsigned int) in 5.14. */
+struct task_struct___state_long {
+	volatile long state;
+} __attribute__((preserve_access_index));
+
+struct offcpu_start {
+	__u64 ts; /* ns when it switched out blocked, 0 = not blocked */
+	__u64 kstack;
+	__u64 ustack;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct offcpu_start);
+} offcpu_task SEC(".maps");
+
+/* raw_tp only; user space sizes it (1 entry when tp_btf is used). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct offcpu_start);
+} offcpu_by_tid SEC(".maps");
+
+/* Every stack once; user space sizes it (max_stacks) and empties it as it
+ * reads. Preallocated: an allocation on first use can fail in the interrupt
+ * that takes a sample, and the stack would be lost. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 8192);
+	__type(key, __u64);
+	__type(value, struct profile_stack);
+} stacks SEC(".maps");
+
+/* Where bpf_get_stack writes before the stack is hashed: one slot per use
+ * (on-CPU kernel and user, off-CPU kernel and user) on each CPU. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 4);
+	__type(key, __u32);
+	__type(value, struct profile_stack);
+} scratch SEC(".maps");
+
+/* Two aggregate maps, one of them in counts_slot at a time. Preallocated:
+ * an inner map's flags must match the slot's template on every kernel. */
+struct counts_map {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct profile_key);
+	__type(value, struct profile_value);
+} counts_a SEC(".maps"), counts_b SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__array(values, struct counts_map);
+} counts_slot SEC(".maps") = {
+	.values = { [0] = &counts_a },
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_CGROUP_ARRAY);
+	__uint(max_entries, PROFILE_MAX_WORKLOADS);
+	__type(key, __u32);
+	__type(value, __u32);
+} workloads SEC(".maps");
+
+/* Processes announced already; an evicted one is announced again. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, __u8);
+} announced SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 64 * 1024);
+} new_processes SEC(".maps");
+
+EMD_DROPS_MAP(PROFILE_DROP__COUNT);
+
+/* Tells user space about process tgid unless it knows it already. */
+static __always_inline void announce(__u32 tgid)
+{
+	static const __u8 one = 1;
+
+	if (bpf_map_lookup_elem(&announced, &tgid))
+		return;
+	if (bpf_ringbuf_output(&new_processes, &tgid, sizeof(tgid), 0)) {
+		emd_count_drop(&drops, PROFILE_DROP_ANNOUNCE);
+		return;
+	}
+	bpf_map_update_elem(&announced, &tgid, &one, BPF_ANY);
+}
+
+/* Whether the current task belongs to one of the configured workloads. */
+static __always_inline bool wanted(void)
+{
+	__u32 i;
+
+	if (nr_workloads == 0)
+		return true;
+	for (i = 0; i < PROFILE_MAX_WORKLOADS; i++) {
+		if (i >= nr_workloads)
+			break;
+		if (bpf_current_task_under_cgroup(&workloads, i) == 1)
+			return true;
+	}
+	return false;
+}
+
+static __always_inline __u64 mix(__u64 h, __u64 v)
+{
+	h ^= v;
+	h *= 0x9e3779b97f4a7c15ULL;
+	return h ^ (h >> 29);
+}
+
+/*
+ * Takes the current task's kernel stack (flags 0) or user stack
+ * (BPF_F_USER_STACK) into scratch slot `slot` and keeps it in `stacks`.
+ * Returns its hash, or 0 when there is none or it could not be kept.
+ */
+static __always_inline __u64 keep_stack(void *ctx, __u32 slot, __u64 flags)
+{
+	struct profile_stack *s, *old;
+	__u64 h;
+	long len, err;
+	__u32 i, nr;
+
+	s = bpf_map_lookup_elem(&scratch, &slot);
+	if (!s)
+		return 0;
+	len = bpf_get_stack(ctx, s->ips, sizeof(s->ips), flags);
+	if (len < 0) {
+		emd_count_drop(&drops, PROFILE_DROP_STACK_ERROR);
+		return 0;
+	}
+	nr = (__u32)len / 8;
+	if (nr == 0)
+		return 0;
+	if (nr >= PROFILE_MAX_DEPTH) {
+		nr = PROFILE_MAX_DEPTH;
+		emd_count_drop(&drops, PROFILE_DROP_TRUNCATED);
+	}
+	s->nr = nr;
+	h = mix(0x243f6a8885a308d3ULL, nr);
+	for (i = 0; i < PROFILE_MAX_DEPTH; i++) {
+		if (i >= nr)
+			break;
+		h = mix(h, s->ips[i]);
+	}
+	if (h == 0)
+		h = 1;
+	old = bpf_map_lookup_elem(&stacks, &h);
+	if (old) {
+		if (old->nr != nr || old->ips[0] != s->ips[0]) {
+			emd_count_drop(&drops, PROFILE_DROP_COLLISION);
+			return 0;
+		}
+		return h;
+	}
+	err = bpf_map_update_elem(&stacks, &h, s, BPF_NOEXIST);
+	if (err && err != -EMD_EEXIST) {
+		emd_count_drop(&drops, PROFILE_DROP_STACKS_FULL);
+		return 0;
+	}
+	return h;
+}
+
+static __always_inline void add(struct profile_key *key, __u64 ns)
+{
+	static const struct profile_value zero = {};
+	struct profile_value *v;
+	__u32 slot = 0;
+	void *counts;
+
+	counts = bpf_map_lookup_elem(&counts_slot, &slot);
+	if (!counts)
+		return;
+	v = emd_lookup_or_init(counts, key, &zero, &drops,
+			       PROFILE_DROP_COUNTS_FULL);
+	if (!v)
+		return;
+	__sync_fetch_and_add(&v->count, 1);
+	__sync_fetch_and_add(&v->ns, ns);
+}
+
+static __always_inline bool user_task(void)
+{
+	struct task_struct *t = (struct task_struct *)bpf_get_current_task();
+
+	return !(BPF_CORE_READ(t, flags) & PF_KTHREAD);
+}
+
+SEC("perf_event")
+int on_cpu_sample(struct bpf_perf_event_data *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	struct profile_key key = {};
+
+	if (!on_cpu_on || (__u32)id == 0) /* the idle task is not work */
+		return 0;
+	if (!wanted())
+		return 0;
+	key.tgid = id >> 32;
+	key.tid = (__u32)id;
+	key.kind = PROFILE_ON_CPU;
+	if (emd_by_cgroup)
+		key.cgroup = bpf_get_current_cgroup_id();
+	bpf_get_current_comm(&key.comm, sizeof(key.comm));
+	key.kstack = keep_stack(ctx, 0, 0);
+	if (user_task()) {
+		key.ustack = keep_stack(ctx, 1, BPF_F_USER_STACK);
+		announce(key.tgid);
+	}
+	add(&key, ctx->sample_period);
+	return 0;
+}
+
+static __always_inline struct offcpu_start *start_of(struct task_struct *t,
+						     bool create, bool raw)
+{
+	static const struct offcpu_start zero = {};
+	__u32 tid;
+
+	if (!raw) {
+		struct offcpu_start *s = bpf_task_storage_get(
+			&offcpu_task, t, 0,
+			create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+
+		if (!s && create)
+			emd_count_drop(&drops, PROFILE_DROP_THREAD_STATE);
+		return s;
+	}
+	tid = BPF_CORE_READ(t, pid);
+	if (!create)
+		return bpf_map_lookup_elem(&offcpu_by_tid, &tid);
+	return emd_lookup_or_init(&offcpu_by_tid, &tid, &zero, &drops,
+				  PROFILE_DROP_THREAD_STATE);
+}
+
+static __always_inline int on_switch(void *ctx, bool preempt,
+				     struct task_struct *prev,
+				     struct task_struct *next,
+				     unsigned int prev_state, bool raw)
+{
+	struct offcpu_start *s;
+	struct profile_key key = {};
+	__u64 now, waited;
+
+	if (!off_cpu_on)
+		return 0;
+	now = bpf_ktime_get_ns();
+
+	/* prev, the current task, blocks: its stacks are where it waits. A task
+	 * that exits switches out for good. */
+	if (!preempt && prev_state != TASK_RUNNING &&
+	    EMD_READ(raw, prev, pid) != 0 &&
+	    !(EMD_READ(raw, prev, flags) & PF_EXITING) && wanted()) {
+		s = start_of(prev, true, raw);
+		if (s) {
+			s->kstack = keep_stack(ctx, 2, 0);
+			s->ustack = 0;
+			if (!(EMD_READ(raw, prev, flags) & PF_KTHREAD)) {
+				s->ustack = keep_stack(ctx, 3, BPF_F_USER_STACK);
+				announce(EMD_READ(raw, prev, tgid));
+			}
+			s->ts = now;
+		}
+	}
+
+	s = start_of(next, false, raw);
+	if (!s || !s->ts)
+		return 0;
+	waited = now - s->ts;
+	s->ts = 0;
+	if (waited < offcpu_min_ns)
+		return 0;
+	key.tgid = EMD_READ(raw, next, tgid);
+	key.tid = EMD_READ(raw, next, pid);
+	key.kind = PROFILE_OFF_CPU;
+	key.kstack = s->kstack;
+	key.ustack = s->ustack;
+	if (emd_by_cgroup)
+		key.cgroup = EMD_READ(raw, next, cgroups, dfl_cgrp, kn, id);
+	BPF_CORE_READ_STR_INTO(&key.comm, next, comm);
+	add(&key, waited);
+	return 0;
+}
+
+/* The state sched_switch reports since 5.18, for kernels that do not pass it. */
+static __always_inline unsigned int task_state_now(struct task_struct *t)
+{
+	struct task_struct___state_long *old = (void *)t;
+
+	if (bpf_core_field_exists(t->__state))
+		return BPF_CORE_READ(t, __state);
+	return (unsigned int)BPF_CORE_READ(old, state);
+}
+
+#define SWITCH(raw) on_switch(ctx, preempt, prev, next, prev_state, raw)
+#define SWITCH_3ARG(raw)                                                       \
+	on_switch(ctx, preempt, prev, next, task_state_now(prev), raw)
+
+EMD_TP_PROGS(sched_switch, offcpu_switch, SWITCH, bool preempt,
+	     struct task_struct *prev, struct task_struct *next,
+	     unsigned int prev_state)
+EMD_TP_PROGS(sched_switch, offcpu_switch_3arg, SWITCH_3ARG, bool preempt,
+	     struct task_struct *prev, struct task_struct *next)
+
+/* A process that execs maps other files: announce it again when next seen. */
+SEC("raw_tp/sched_process_exec")
+int BPF_PROG(profile_exec, struct task_struct *p)
+{
+	__u32 tgid = BPF_CORE_READ(p, tgid);
+
+	bpf_map_delete_elem(&announced, &tgid);
+	return 0;
+}
+
+/* raw_tp keeps per-thread state in a tid map: drop it with the thread. */
+SEC("raw_tp/sched_process_free")
+int BPF_PROG(offcpu_free_raw, struct task_struct *p)
+{
+	__u32 tid = BPF_CORE_READ(p, pid);
+
+	bpf_map_delete_elem(&offcpu_by_tid, &tid);
+	return 0;
+}
+
+char LICENSE[] SEC("license") = "GPL";

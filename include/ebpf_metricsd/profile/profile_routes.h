@@ -1,0 +1,24 @@
+#pragma once
+// What the daemon serves of its profiles: /debug/pprof/profile?seconds=N, the pprof of the
+// next N seconds (as Go's net/http/pprof serves it, so that `go tool pprof URL` and pull
+// collectors work); the flame graph page /profile and its data, /profile/data?seconds=N&
+// group=process|workload|none, the last N seconds.
+
+#include <memory>
+#include <vector>
+
+#include "ebpf_metricsd/http/server.h"
+#include "ebpf_metricsd/profile/profile_store.h"
+
+namespace ebpf_metricsd::profiling {
+
+// The longest window one request may ask for.
+inline constexpr int kMaxProfileSeconds = 300;
+// Profile requests waiting at once; more get 503.
+inline constexpr std::size_t kMaxProfileRequests = 4;
+// Frames the flame graph page draws at most; the smallest fold into their callers.
+inline constexpr std::size_t kMaxFlameGraphNodes = 20000;
+
+std::vector<Route> profile_routes(std::shared_ptr<ProfileStore> store);
+
+}  // namespace ebpf_metricsd::profiling

@@ -1,0 +1,112 @@
+#include "ebpf_metricsd/profile/flame_graph.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <queue>
+#include <tuple>
+
+namespace ebpf_metricsd::profiling {
+
+std::optional<FlameGrouping> parse_flame_grouping(std::string_view text) {
+  if (text == "process") return FlameGrouping::Process;
+  if (text == "workload") return FlameGrouping::Workload;
+  if (text == "none") return FlameGrouping::None;
+  return std::nullopt;
+}
+
+namespace {
+
+struct Node {
+  std::string name, module;
+  std::uint64_t on = 0, off = 0;
+  std::map<std::pair<std::string, std::string>, std::unique_ptr<Node>> children;
+  bool keep = false;
+  Node* child(const std::string& child_name, const std::string& child_module) {
+    auto& c = children[{child_name, child_module}];
+    if (!c) {
+      c = std::make_unique<Node>();
+      c->name = child_name;
+      c->module = child_module;
+    }
+    return c.get();
+  }
+};
+
+std::string group_of(const Sample& s, FlameGrouping g) {
+  switch (g) {
+    case FlameGrouping::Process:
+      return s.comm + " (" + std::to_string(s.pid) + ")";
+    case FlameGrouping::Workload:
+      return s.workload.cgroup.empty() ? "(cgroup labels off)" : s.workload.cgroup;
+    case FlameGrouping::None:
+      break;
+  }
+  return {};
+}
+
+nlohmann::json to_json(const Node& n) {
+  nlohmann::json j = {{"n", n.name}, {"on", n.on}, {"off", n.off}};
+  if (!n.module.empty()) j["m"] = n.module;
+  nlohmann::json children = nlohmann::json::array();
+  for (const auto& [key, c] : n.children) {
+    if (c->keep) children.push_back(to_json(*c));
+  }
+  if (!children.empty()) j["c"] = std::move(children);
+  return j;
+}
+
+void count_all(const Node& n, std::size_t& total) {
+  ++total;
+  for (const auto& [key, c] : n.children) count_all(*c, total);
+}
+
+}  // namespace
+
+std::string flame_graph_json(const ProfileWindow& w, FlameGrouping grouping,
+                             std::size_t max_nodes) {
+  Node root;
+  root.name = "all";
+  for (const Sample& s : w.samples) {
+    const bool on = s.kind == SampleKind::OnCpu;
+    Node* n = &root;
+    const auto add = [&](Node* x) { (on ? x->on : x->off) += s.ns; };
+    add(n);
+    if (grouping != FlameGrouping::None) {
+      n = n->child(group_of(s, grouping), "");
+      add(n);
+    }
+    const auto& frames = w.stacks[s.stack];
+    for (auto it = frames.rbegin(); it != frames.rend(); ++it) {
+      const Frame& f = w.frames[*it];
+      n = n->child(f.function, f.module);
+      add(n);
+    }
+  }
+  // Keep the heaviest nodes, parents before children, up to max_nodes.
+  const auto weight = [](const Node* n) { return n->on + n->off; };
+  const auto lighter = [&](const Node* a, const Node* b) { return weight(a) < weight(b); };
+  std::priority_queue<Node*, std::vector<Node*>, decltype(lighter)> next(lighter);
+  root.keep = true;
+  std::size_t kept = 1;
+  for (auto& [key, c] : root.children) next.push(c.get());
+  while (!next.empty() && kept < max_nodes) {
+    Node* n = next.top();
+    next.pop();
+    n->keep = true;
+    ++kept;
+    for (auto& [key, c] : n->children) next.push(c.get());
+  }
+  std::size_t total = 0;
+  count_all(root, total);
+  nlohmann::json j;
+  j["seconds"] = std::chrono::duration<double>(w.end - w.begin).count();
+  j["root"] = to_json(root);
+  j["nodes"] = kept;
+  j["pruned"] = total - kept;
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+}  // namespace ebpf_metricsd::profiling

@@ -1,0 +1,136 @@
+#include "ebpf_metricsd/profile/flame_graph.h"
+
+namespace ebpf_metricsd::profiling {
+
+namespace {
+
+// One file, no external script or style: the page must work on a host with no network.
+constexpr std::string_view kPage = R"PAGE(<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>ebpf-metricsd: profile</title>
+<style>
+body{font-family:sans-serif;margin:1em 2em;color:#222}
+h1{font-size:1.4em;margin:.2em 0}
+form{margin:.6em 0}
+form>*{margin-right:.6em}
+#legend span{display:inline-block;padding:0 .6em;margin-right:.4em;border-radius:3px}
+#legend .on{background:hsl(30,85%,62%)}
+#legend .off{background:hsl(210,65%,68%)}
+#graph{position:relative;width:100%;overflow:hidden;margin-top:.6em}
+.f{position:absolute;height:17px;line-height:17px;font:12px monospace;overflow:hidden;
+white-space:nowrap;box-sizing:border-box;border-right:1px solid #fff;padding-left:3px;
+cursor:pointer}
+.f:hover{filter:brightness(.9)}
+.f.match{background:hsl(300,70%,70%)!important}
+#status{color:#555}
+</style></head><body>
+<h1>Where the time goes</h1>
+<p><a href="/">ebpf-metricsd</a> &middot; each bar is a function, as wide as the time in it and
+in what it called: <span id="legend"><span class="on">on-CPU</span><span class="off">off-CPU
+(blocked)</span></span> mixed in proportion. Click to zoom. The same data as pprof:
+<a id="pprof" href="/debug/pprof/profile?seconds=30">/debug/pprof/profile?seconds=30</a>.</p>
+<form id="controls" onsubmit="return false">
+<label>last <select id="seconds"><option>10</option><option>30</option><option selected>60</option>
+<option>300</option><option>600</option></select> seconds</label>
+<label>by <select id="group"><option value="process">process</option>
+<option value="workload">workload</option><option value="none">nothing</option></select></label>
+<input id="search" size="28" placeholder="search (regular expression)">
+<button type="button" id="reset">reset zoom</button>
+<button type="button" id="reload">reload</button>
+<span id="status"></span>
+</form>
+<div id="graph"></div>
+<script>
+"use strict";
+const $ = (id) => document.getElementById(id);
+let data = null, zoom = null;
+
+function ms(ns) { return (ns / 1e6).toFixed(1) + " ms"; }
+function hash(s) { let h = 7; for (const c of s) h = (h * 31 + c.charCodeAt(0)) | 0; return Math.abs(h); }
+// Warm for on-CPU, blue for off-CPU, in between for a mix.
+function colour(n) {
+  const t = n.on + n.off, off = t ? n.off / t : 0, j = hash(n.n) % 20;
+  const hue = (1 - off) * (15 + j) + off * (200 + j);
+  return "hsl(" + hue.toFixed(0) + "," + (80 - 15 * off).toFixed(0) + "%," + (60 + 6 * off).toFixed(0) + "%)";
+}
+function pattern() {
+  const q = $("search").value;
+  if (!q) return null;
+  try { return new RegExp(q); } catch (e) { return null; }
+}
+function draw() {
+  const graph = $("graph");
+  graph.textContent = "";
+  if (!data) return;
+  const base = zoom || data.root, total = base.on + base.off, re = pattern();
+  let depthMax = 0, matched = 0;
+  const frag = document.createDocumentFragment();
+  function place(n, depth, left, inMatch) {
+    const w = total ? (n.on + n.off) / total : 0;
+    if (w < 0.0005) return;
+    const hit = re !== null && re.test(n.n);
+    if (hit && !inMatch) matched += n.on + n.off;
+    const d = document.createElement("div");
+    d.className = "f" + (hit ? " match" : "");
+    d.style.left = (left * 100).toFixed(4) + "%";
+    d.style.width = (w * 100).toFixed(4) + "%";
+    d.style.top = (depth * 18) + "px";
+    d.style.background = colour(n);
+    d.dataset.name = n.n;
+    d.dataset.on = n.on;
+    d.dataset.off = n.off;
+    d.title = n.n + (n.m ? "  (" + n.m + ")" : "") + "\non-CPU " + ms(n.on) + ", off-CPU " +
+      ms(n.off) + ", " + (w * 100).toFixed(2) + "% of this view";
+    d.textContent = n.n;
+    d.addEventListener("click", () => { zoom = n; draw(); });
+    frag.appendChild(d);
+    depthMax = Math.max(depthMax, depth);
+    let x = left;
+    for (const c of n.c || []) { place(c, depth + 1, x, inMatch || hit); x += total ? (c.on + c.off) / total : 0; }
+  }
+  place(base, 0, 0, false);
+  graph.style.height = ((depthMax + 1) * 18) + "px";
+  graph.appendChild(frag);
+  let text = data.seconds.toFixed(0) + " s: on-CPU " + ms(data.root.on) + ", off-CPU " + ms(data.root.off) +
+    (data.pruned ? " (" + data.pruned + " small frames folded into their callers)" : "");
+  if (re) text += "; matched: " + (total ? (100 * matched / total).toFixed(1) : "0") + "% of this view";
+  $("status").textContent = text;
+}
+async function load() {
+  const q = "seconds=" + $("seconds").value + "&group=" + $("group").value;
+  history.replaceState(null, "", "?" + q);
+  $("status").textContent = "loading";
+  try {
+    const r = await fetch("/profile/data?" + q, { credentials: "same-origin" });
+    if (!r.ok) throw new Error((await r.text()).trim());
+    data = await r.json();
+    zoom = null;
+    draw();
+    document.body.dataset.loaded = "1";
+  } catch (e) {
+    data = null;
+    draw();
+    $("status").textContent = String(e.message || e);
+    document.body.dataset.loaded = "error";
+  }
+}
+const params = new URLSearchParams(location.search);
+for (const id of ["seconds", "group"]) {
+  const v = params.get(id);
+  if (v && [...$(id).options].some((o) => o.value === v)) $(id).value = v;
+}
+if (params.get("search")) $("search").value = params.get("search");
+$("seconds").addEventListener("change", load);
+$("group").addEventListener("change", load);
+$("reload").addEventListener("click", load);
+$("reset").addEventListener("click", () => { zoom = null; draw(); });
+$("search").addEventListener("input", draw);
+load();
+</script>
+</body></html>
+)PAGE";
+
+}  // namespace
+
+std::string_view flame_graph_page() { return kPage; }
+
+}  // namespace ebpf_metricsd::profiling

@@ -1,0 +1,158 @@
+#include "ebpf_metricsd/profile/profile_store.h"
+
+#include <stdexcept>
+#include <unordered_map>
+
+namespace ebpf_metricsd::profiling {
+
+std::uint32_t ProfileStore::intern(const std::vector<Frame>& frames) {
+  std::vector<std::uint32_t> ids;
+  ids.reserve(frames.size());
+  for (const Frame& f : frames) {
+    auto [it, fresh] = frame_ids_.try_emplace(f, static_cast<std::uint32_t>(frames_.size()));
+    if (fresh) frames_.push_back(f);
+    ids.push_back(it->second);
+  }
+  auto [it, fresh] = stack_ids_.try_emplace(ids, static_cast<std::uint32_t>(stacks_.size()));
+  if (fresh) stacks_.push_back(std::move(ids));
+  return it->second;
+}
+
+void ProfileStore::add_batch(Clock::time_point end, std::vector<Sample> samples,
+                             const std::vector<std::vector<Frame>>& stacks) {
+  std::lock_guard lock(mutex_);
+  if (samples.size() > limits_.max_samples) {
+    dropped_ += samples.size() - limits_.max_samples;
+    samples.resize(limits_.max_samples);
+  }
+  std::vector<std::uint32_t> ids(stacks.size(), 0);
+  std::vector<char> interned(stacks.size(), 0);
+  for (Sample& s : samples) {
+    if (s.stack >= stacks.size()) throw std::out_of_range("profile sample without its stack");
+    if (!interned[s.stack]) {
+      ids[s.stack] = intern(stacks[s.stack]);
+      interned[s.stack] = 1;
+    }
+    s.stack = ids[s.stack];
+  }
+  samples_ += samples.size();
+  batches_.push_back({last_end_, end, std::move(samples)});
+  last_end_ = end;
+  expire(end);
+}
+
+void ProfileStore::set_source(std::function<void()> cut) {
+  std::lock_guard lock(source_mutex_);
+  source_ = std::move(cut);
+}
+
+bool ProfileStore::cut() {
+  std::lock_guard lock(source_mutex_);
+  if (!source_) return false;
+  source_();
+  return true;
+}
+
+void ProfileStore::expire(Clock::time_point now) {
+  // The newest batch stays; older ones go after the retention, or, oldest first, while
+  // all together hold more than max_samples.
+  bool removed = false;
+  while (batches_.size() > 1 && (batches_.front().end + limits_.retention < now ||
+                                 samples_ > limits_.max_samples)) {
+    samples_ -= batches_.front().samples.size();
+    batches_.pop_front();
+    removed = true;
+  }
+  if (removed) compact();
+}
+
+void ProfileStore::compact() {
+  // Keep the tables when most of them is still in use; rebuild them from the kept
+  // batches when at least half is not.
+  std::vector<char> used(stacks_.size(), 0);
+  std::size_t in_use = 0;
+  for (const Batch& b : batches_) {
+    for (const Sample& s : b.samples) {
+      if (!used[s.stack]) {
+        used[s.stack] = 1;
+        ++in_use;
+      }
+    }
+  }
+  if (in_use * 2 > stacks_.size()) return;
+  std::vector<Frame> frames;
+  std::map<Frame, std::uint32_t> frame_ids;
+  std::vector<std::vector<std::uint32_t>> stacks;
+  std::map<std::vector<std::uint32_t>, std::uint32_t> stack_ids;
+  std::vector<std::uint32_t> new_stack(stacks_.size(), 0);
+  for (std::size_t i = 0; i < stacks_.size(); ++i) {
+    if (!used[i]) continue;
+    std::vector<std::uint32_t> ids;
+    for (std::uint32_t f : stacks_[i]) {
+      auto [it, fresh] = frame_ids.try_emplace(frames_[f], static_cast<std::uint32_t>(frames.size()));
+      if (fresh) frames.push_back(frames_[f]);
+      ids.push_back(it->second);
+    }
+    auto [it, fresh] = stack_ids.try_emplace(ids, static_cast<std::uint32_t>(stacks.size()));
+    if (fresh) stacks.push_back(std::move(ids));
+    new_stack[i] = it->second;
+  }
+  for (Batch& b : batches_) {
+    for (Sample& s : b.samples) s.stack = new_stack[s.stack];
+  }
+  frames_ = std::move(frames);
+  frame_ids_ = std::move(frame_ids);
+  stacks_ = std::move(stacks);
+  stack_ids_ = std::move(stack_ids);
+}
+
+ProfileWindow ProfileStore::window(Clock::time_point from, Clock::time_point to) const {
+  ProfileWindow w;
+  w.frequency = frequency_;
+  std::lock_guard lock(mutex_);
+  std::unordered_map<std::uint32_t, std::uint32_t> stack_map, frame_map;
+  bool first = true;
+  for (const Batch& b : batches_) {
+    if (b.end <= from || b.end > to) continue;
+    if (first) {
+      w.begin = b.begin;
+      first = false;
+    }
+    w.end = b.end;
+    for (Sample s : b.samples) {
+      auto [it, fresh] = stack_map.try_emplace(s.stack, static_cast<std::uint32_t>(w.stacks.size()));
+      if (fresh) {
+        std::vector<std::uint32_t> ids;
+        for (std::uint32_t f : stacks_[s.stack]) {
+          auto [fit, ffresh] = frame_map.try_emplace(f, static_cast<std::uint32_t>(w.frames.size()));
+          if (ffresh) w.frames.push_back(frames_[f]);
+          ids.push_back(fit->second);
+        }
+        w.stacks.push_back(std::move(ids));
+      }
+      s.stack = it->second;
+      w.samples.push_back(std::move(s));
+    }
+  }
+  if (first) w.begin = w.end = to;
+  w.wall_begin = std::chrono::system_clock::now() -
+                 std::chrono::duration_cast<std::chrono::system_clock::duration>(Clock::now() - w.begin);
+  return w;
+}
+
+std::size_t ProfileStore::samples_kept() const {
+  std::lock_guard lock(mutex_);
+  return samples_;
+}
+
+std::size_t ProfileStore::frames_kept() const {
+  std::lock_guard lock(mutex_);
+  return frames_.size();
+}
+
+std::uint64_t ProfileStore::dropped_samples() const {
+  std::lock_guard lock(mutex_);
+  return dropped_;
+}
+
+}  // namespace ebpf_metricsd::profiling

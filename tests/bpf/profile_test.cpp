@@ -1,0 +1,217 @@
+// The profile tracer on the real kernel, against a known workload the test runs
+// (tests/profile_workload): CPU time split 3:1 between two functions, and a thread blocked
+// in a known function for a time it measures itself.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "../metrics_lookup.h"
+#include "../test_support.h"
+#include "ebpf_metricsd/profile/pprof.h"
+#include "ebpf_metricsd/profile/profile_store.h"
+#include "profile.pb.h"
+#include "tracer_fixture.h"
+
+extern char** environ;
+
+using namespace ebpf_metricsd;
+using profiling::Frame;
+using profiling::ProfileWindow;
+using profiling::SampleKind;
+
+namespace {
+
+// Rounds of hot_three + hot_one (about 1 ms of CPU each here) and reads of 20 ms.
+constexpr int kRounds = 2000;
+constexpr int kReads = 25;
+
+struct WorkloadRun {
+  pid_t pid = 0;
+  long long blocked_ns = 0;
+};
+
+WorkloadRun run_workload(const std::string& binary) {
+  int out[2];
+  REQUIRE(pipe2(out, O_CLOEXEC) == 0);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
+  const std::string rounds = std::to_string(kRounds), reads = std::to_string(kReads);
+  char* argv[] = {const_cast<char*>(binary.c_str()), const_cast<char*>(rounds.c_str()),
+                  const_cast<char*>(reads.c_str()), nullptr};
+  WorkloadRun run;
+  REQUIRE(posix_spawn(&run.pid, binary.c_str(), &actions, nullptr, argv, environ) == 0);
+  posix_spawn_file_actions_destroy(&actions);
+  close(out[1]);
+  std::string text;
+  char buf[256];
+  for (ssize_t n; (n = read(out[0], buf, sizeof buf)) > 0;) text.append(buf, static_cast<std::size_t>(n));
+  close(out[0]);
+  int status = 0;
+  REQUIRE(waitpid(run.pid, &status, 0) == run.pid);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  REQUIRE(text.rfind("blocked_ns ", 0) == 0);
+  run.blocked_ns = std::atoll(text.c_str() + 11);
+  return run;
+}
+
+// The first user frame of a stack (innermost first), or nullptr.
+const Frame* leaf_user_frame(const ProfileWindow& w, std::uint32_t stack) {
+  for (std::uint32_t f : w.stacks[stack]) {
+    if (!w.frames[f].kernel) return &w.frames[f];
+  }
+  return nullptr;
+}
+
+bool has_function(const ProfileWindow& w, std::uint32_t stack, const std::string& name,
+                  bool kernel) {
+  for (std::uint32_t f : w.stacks[stack]) {
+    if (w.frames[f].kernel == kernel && w.frames[f].function == name) return true;
+  }
+  return false;
+}
+
+// pipe_read, or anon_pipe_read since 6.14.
+bool has_function_containing(const ProfileWindow& w, std::uint32_t stack, const std::string& part,
+                             bool kernel) {
+  for (std::uint32_t f : w.stacks[stack]) {
+    if (w.frames[f].kernel == kernel && w.frames[f].function.find(part) != std::string::npos) {
+      return true;
+    }
+  }
+  return false;
+}
+
+struct Observed {
+  std::uint64_t three = 0, one = 0;       // on-CPU samples with that leaf
+  std::uint64_t three_with_main = 0;      // ... whose stack reaches main
+  std::uint64_t waits = 0, wait_ns = 0;   // off-CPU in wait_on_pipe
+  std::uint64_t waits_with_pipe_read = 0; // ... with pipe_read among the kernel frames
+  std::string first_kernel_frame;         // of a wait
+  std::string comm;
+};
+
+Observed observe(const ProfileWindow& w, pid_t pid) {
+  Observed o;
+  for (const auto& s : w.samples) {
+    if (s.pid != static_cast<std::uint32_t>(pid)) continue;
+    const Frame* leaf = leaf_user_frame(w, s.stack);
+    if (!leaf) continue;
+    if (s.kind == SampleKind::OnCpu) {
+      if (leaf->function == "hot_three") {
+        o.three += s.count;
+        if (has_function(w, s.stack, "main", false)) o.three_with_main += s.count;
+      } else if (leaf->function == "hot_one") {
+        o.one += s.count;
+      }
+    } else if (leaf->function == "wait_on_pipe") {
+      o.waits += s.count;
+      o.wait_ns += s.ns;
+      o.comm = s.comm;
+      if (has_function_containing(w, s.stack, "pipe_read", true)) o.waits_with_pipe_read += s.count;
+      const auto& frames = w.stacks[s.stack];
+      if (!frames.empty() && w.frames[frames.front()].kernel) {
+        o.first_kernel_frame = w.frames[frames.front()].function;
+      }
+    }
+  }
+  return o;
+}
+
+ProfileWindow profile_run(profiling::ProfileStore& store, const std::string& binary,
+                          WorkloadRun& run) {
+  REQUIRE(store.cut());
+  const auto from = profiling::Clock::now();
+  run = run_workload(binary);
+  REQUIRE(store.cut());
+  return store.window(from, profiling::Clock::now());
+}
+
+}  // namespace
+
+TEST_CASE("profile: a known workload's CPU shares, blocked time and stacks", "[profile]") {
+  MetricStore metrics;
+  profiling::ProfileStore store;
+  // 997 Hz (a prime) for about two thousand samples of the workload's two seconds of CPU.
+  auto tracer = test::start_tracer(metrics, "profile", "    frequency: 997\n", &store);
+  const bool frame_pointers = GENERATE(true, false);
+  const std::string binary = frame_pointers ? PROFILE_WORKLOAD_FP : PROFILE_WORKLOAD_NOFP;
+  WorkloadRun run;
+  const ProfileWindow w = profile_run(store, binary, run);
+  const Observed o = observe(w, run.pid);
+  const double share = o.three + o.one ? static_cast<double>(o.three) / static_cast<double>(o.three + o.one) : 0;
+  INFO(binary << ": hot_three " << o.three << " samples (" << o.three_with_main
+              << " reaching main), hot_one " << o.one << "; share " << share << "; waits "
+              << o.waits << " for " << o.wait_ns << " ns (the reader measured " << run.blocked_ns
+              << " ns), " << o.waits_with_pipe_read << " with pipe_read, innermost kernel frame "
+              << o.first_kernel_frame << "; hook " << tracer->hook());
+
+  // The work is fixed, so the samples are too (CPU time, whatever the machine's speed).
+  CHECK(o.three + o.one > 1000);
+  // On-CPU: the leaf is right with frame pointers or without; 3:1 within 5 points.
+  CHECK(share > 0.70);
+  CHECK(share < 0.80);
+  // Off-CPU: every read blocked (the feeder writes only after the reader switched out), in
+  // wait_on_pipe, for the time the reader measured, within 10%.
+  CHECK(o.waits >= static_cast<std::uint64_t>(kReads));
+  CHECK(static_cast<double>(o.wait_ns) > 0.9 * static_cast<double>(run.blocked_ns));
+  CHECK(static_cast<double>(o.wait_ns) < 1.1 * static_cast<double>(run.blocked_ns));
+  CHECK(o.comm == "profile_workloa");  // the kernel's 15 characters
+  // The kernel side of the wait, without the tracing machinery on top.
+  CHECK(o.waits_with_pipe_read == o.waits);
+  CHECK(o.first_kernel_frame.rfind("bpf_", 0) != 0);
+  CHECK(o.first_kernel_frame.rfind("__traceiter", 0) != 0);
+  if (frame_pointers) {
+    // With frame pointers the user stack goes on to the callers.
+    CHECK(o.three_with_main * 10 >= o.three * 9);
+  }
+
+  // The window as pprof: well formed, with what the tests above found.
+  perftools::profiles::Profile p;
+  REQUIRE(p.ParseFromString(profiling::pprof_profile(w)));
+  REQUIRE(p.string_table_size() > 0);
+  CHECK(p.string_table(0).empty());
+  REQUIRE(p.sample_type_size() == 3);
+  CHECK(p.string_table(p.sample_type(0).type()) == "samples");
+  CHECK(p.string_table(p.sample_type(1).type()) == "cpu");
+  CHECK(p.string_table(p.sample_type(2).type()) == "off_cpu");
+  CHECK(p.period() == 1000000000 / 997);
+  std::set<std::uint64_t> ids;
+  for (const auto& l : p.location()) CHECK((l.id() != 0 && ids.insert(l.id()).second));
+  bool named = false;
+  for (const auto& f : p.function()) named = named || p.string_table(f.name()) == "hot_three";
+  CHECK(named);
+  for (const auto& s : p.sample()) CHECK(s.value_size() == 3);
+}
+
+TEST_CASE("profile: offcpu_min keeps short waits out, and off_cpu: false keeps all out",
+          "[profile]") {
+  MetricStore metrics;
+  profiling::ProfileStore store;
+  WorkloadRun run;
+  SECTION("offcpu_min above the workload's 20 ms waits") {
+    auto tracer =
+        test::start_tracer(metrics, "profile", "    frequency: 97\n    offcpu_min: 1s\n", &store);
+    const Observed o = observe(profile_run(store, PROFILE_WORKLOAD_FP, run), run.pid);
+    CHECK(o.three + o.one > 0);
+    CHECK(o.waits == 0);
+  }
+  SECTION("off_cpu: false") {
+    auto tracer =
+        test::start_tracer(metrics, "profile", "    frequency: 97\n    off_cpu: false\n", &store);
+    CHECK(tracer->hook() == "perf_event");
+    const Observed o = observe(profile_run(store, PROFILE_WORKLOAD_FP, run), run.pid);
+    CHECK(o.three + o.one > 0);
+    CHECK(o.waits == 0);
+  }
+}

@@ -1,0 +1,204 @@
+// Profiles through the daemon, as operators and their tools fetch them: pprof over HTTPS
+// with basic auth that `go tool pprof` reads, its bounds, and the flame graph page in a real
+// browser (headless Chromium).
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <thread>
+
+#include "daemon_process.h"
+#include "ebpf_metricsd/http/basic_auth.h"
+
+using namespace ebpf_metricsd::test;
+using Catch::Matchers::Contains;
+using namespace std::chrono_literals;
+
+extern char** environ;
+
+namespace {
+
+const char* const kUser = "pyroscope";
+const char* const kPassword = "pr0file-Pa55";
+
+// The known workload (tests/profile_workload), running until killed.
+struct Workload {
+  pid_t pid = 0;
+  Workload() {
+    char* argv[] = {const_cast<char*>(PROFILE_WORKLOAD_FP), const_cast<char*>("1000000"),
+                    const_cast<char*>("100000"), nullptr};
+    REQUIRE(posix_spawn(&pid, PROFILE_WORKLOAD_FP, nullptr, nullptr, argv, environ) == 0);
+  }
+  ~Workload() {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+};
+
+// The daemon with the profile tracer, over HTTPS with basic auth.
+struct ProfileDaemon {
+  Setup s{"  profile:\n    enabled: true\n    frequency: 97\n    cgroup: true\n"};
+  std::unique_ptr<DaemonProcess> d;
+  std::string base;
+
+  ProfileDaemon() {
+    REQUIRE(run_command("cd " + s.dir +
+                        " && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes"
+                        " -days 2 -keyout server.key -out server.pem -subj /CN=127.0.0.1"
+                        " -addext subjectAltName=IP:127.0.0.1 2>/dev/null") == 0);
+    std::ofstream(s.dir + "/web.yml")
+        << "tls_server_config:\n  cert_file: " << s.dir << "/server.pem\n  key_file: " << s.dir
+        << "/server.key\nbasic_auth_users:\n  " << kUser << ": "
+        << ebpf_metricsd::bcrypt_hash(kPassword, 10) << "\n";
+    auto args = s.args();
+    args.push_back("--web.config.file");
+    args.push_back(s.dir + "/web.yml");
+    d = std::make_unique<DaemonProcess>(DAEMON_PATH, s.log,
+                                        DaemonProcess::Options{args, false, {}, {}});
+    base = "https://127.0.0.1:" + std::to_string(s.port);
+    const bool up = wait_until([&] { return get("/metrics").first == "200"; }, 20s);
+    INFO(d->log());
+    REQUIRE(up);
+  }
+  // status and body of one GET; `auth` false sends no credentials.
+  std::pair<std::string, std::string> get(const std::string& path, bool auth = true,
+                                          const std::string& max_time = "60") const {
+    const std::string out = s.dir + "/body." + std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()));
+    const std::string code = run_capture(
+        "curl -sk -o " + out + " -w '%{http_code}' --max-time " + max_time +
+        (auth ? std::string(" -u ") + kUser + ":" + kPassword : std::string()) + " '" + base +
+        path + "'");
+    return {code.empty() ? "000" : code, read_file(out)};
+  }
+};
+
+}  // namespace
+
+TEST_CASE("pprof over HTTPS with basic auth: go tool pprof reads the known workload's profile",
+          "[profile]") {
+  ProfileDaemon p;
+  Workload w;
+  const auto [status, body] = p.get("/debug/pprof/profile?seconds=3");
+  INFO(p.d->log());
+  REQUIRE(status == "200");
+  REQUIRE(body.size() > 2);
+  CHECK(static_cast<unsigned char>(body[0]) == 0x1f);  // a gzip stream, as Go serves it
+  CHECK(static_cast<unsigned char>(body[1]) == 0x8b);
+  const std::string file = p.s.dir + "/profile.pb.gz";
+  std::ofstream(file) << body;
+  // pprof as Go's own tool reads it; no symbolization (the daemon named every frame).
+  const std::string raw =
+      run_capture("HOME=" + p.s.dir + " go tool pprof -raw -symbolize=none " + file + " 2>&1");
+  INFO(raw.substr(0, 4000));
+  CHECK_THAT(raw, Contains("samples/count cpu/nanoseconds off_cpu/nanoseconds"));
+  CHECK_THAT(raw, Contains("hot_three"));
+  CHECK_THAT(raw, Contains("hot_one"));
+  CHECK_THAT(raw, Contains("wait_on_pipe"));
+  CHECK_THAT(raw, Contains("pipe_read"));
+  // The top of the on-CPU time, by pprof: the workload's hot function leads.
+  const std::string top = run_capture("HOME=" + p.s.dir +
+                                      " go tool pprof -top -sample_index=cpu -symbolize=none"
+                                      " -tagfocus=comm=profile_workloa " +
+                                      file + " 2>&1");
+  INFO(top);
+  const std::regex first_row(R"(\n\s*[0-9.]+m?s\s+[0-9.]+%\s+[0-9.]+%\s+[0-9.]+m?s\s+[0-9.]+%\s+(\S+))");
+  std::smatch m;
+  REQUIRE(std::regex_search(top, m, first_row));
+  CHECK(m[1] == "hot_three");
+}
+
+TEST_CASE("profile requests: credentials, bad seconds, a bound on those waiting, scrapes go on",
+          "[profile]") {
+  ProfileDaemon p;
+  CHECK(p.get("/debug/pprof/profile?seconds=1", false).first == "401");
+  CHECK(p.get("/profile", false).first == "401");
+  const auto bad = p.get("/debug/pprof/profile?seconds=0");
+  CHECK(bad.first == "400");
+  CHECK_THAT(bad.second, Contains("seconds must be at least 1"));
+  CHECK(p.get("/debug/pprof/profile?seconds=abc").first == "400");
+  CHECK(p.get("/debug/pprof/profile").first == "400");
+  CHECK(p.get("/debug/pprof/profile?seconds=100000").first == "400");
+
+  // Four requests wait for their window; a fifth is refused at once while they do, and
+  // scrapes are served meanwhile.
+  std::vector<std::thread> waiting;
+  std::vector<std::string> codes(4);
+  for (int i = 0; i < 4; ++i) {
+    waiting.emplace_back([&, i] { codes[i] = p.get("/debug/pprof/profile?seconds=8").first; });
+  }
+  std::string fifth;
+  const auto asked = std::chrono::steady_clock::now();
+  const bool refused = wait_until(
+      [&] {
+        const auto r = p.get("/debug/pprof/profile?seconds=1");
+        fifth = r.first + " " + r.second;
+        return r.first == "503";
+      },
+      6s);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - asked).count();
+  INFO("fifth request: " << fifth << " after " << waited << " s");
+  CHECK(refused);
+  CHECK_THAT(fifth, Contains("requests of /debug/pprof/profile are waiting already"));
+  CHECK(p.get("/metrics", true, "5").first == "200");
+  for (auto& t : waiting) t.join();
+  for (const auto& c : codes) CHECK(c == "200");
+  // And once they are answered, a new one is taken again.
+  CHECK(p.get("/debug/pprof/profile?seconds=1").first == "200");
+}
+
+TEST_CASE("the flame graph page in a real browser: the known workload's functions, drawn to scale",
+          "[profile][browser]") {
+  ProfileDaemon p;
+  {
+    Workload w;
+    // Fixed CPU work is done at any speed: wait for it through the daemon's own data.
+    const bool seen = wait_until(
+        [&] {
+          const auto d = p.get("/profile/data?seconds=60");
+          return d.first == "200" && d.second.find("hot_one") != std::string::npos &&
+                 d.second.find("wait_on_pipe") != std::string::npos;
+        },
+        30s);
+    REQUIRE(seen);
+    std::this_thread::sleep_for(3s);  // a few hundred samples more at 97 Hz
+  }
+  const std::string profile_dir = p.s.dir + "/chromium";
+  const std::string url =
+      "https://" + std::string(kUser) + ":" + kPassword + "@127.0.0.1:" +
+      std::to_string(p.s.port) + "/profile?seconds=60&group=process";
+  const std::string chromium = "chromium --headless --no-sandbox --disable-gpu "
+                               "--ignore-certificate-errors --user-data-dir=" +
+                               profile_dir + " --virtual-time-budget=15000 ";
+  const std::string dom = run_capture(chromium + "--dump-dom '" + url + "' 2>/dev/null");
+  INFO(dom.substr(0, 3000));
+  REQUIRE_THAT(dom, Contains("data-loaded=\"1\""));
+  // Every bar of a function: its width in percent of the page's root.
+  const std::regex bar(R"re(<div class="f[^"]*" style="left: ([0-9.]+)%; width: ([0-9.]+)%;[^"]*" data-name="([^"]*)")re");
+  double three = 0, one = 0, wait = 0;
+  for (auto it = std::sregex_iterator(dom.begin(), dom.end(), bar); it != std::sregex_iterator(); ++it) {
+    const std::string name = (*it)[3];
+    const double width = std::stod((*it)[2]);
+    if (name == "hot_three") three += width;
+    if (name == "hot_one") one += width;
+    if (name == "wait_on_pipe") wait += width;
+  }
+  INFO("widths: hot_three " << three << "%, hot_one " << one << "%, wait_on_pipe " << wait << "%");
+  REQUIRE(three + one > 0);
+  const double share = three / (three + one);
+  CHECK(share > 0.70);
+  CHECK(share < 0.80);
+  CHECK(wait > 0);
+  // A screenshot, kept with the build for a person to look at.
+  const std::string shot = BINARY_DIR "/test-artifacts/profile-flame-graph.png";
+  run_command("mkdir -p " BINARY_DIR "/test-artifacts");
+  run_command(chromium + "--window-size=1400,900 --screenshot=" + shot + " '" + url +
+              "' >/dev/null 2>&1");
+  std::ifstream png(shot, std::ios::binary);
+  char magic[4] = {};
+  png.read(magic, 4);
+  CHECK(std::string(magic + 1, 3) == "PNG");
+}

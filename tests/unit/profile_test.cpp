@@ -1,0 +1,289 @@
+// The profile's user-space half without the kernel: symbols (a kallsyms file written here,
+// this test binary's own ELF symbols), the store's windows and bounds, pprof and the flame
+// graph's data, and the routes' answers to bad parameters.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "ebpf_metricsd/profile/flame_graph.h"
+#include "ebpf_metricsd/profile/pprof.h"
+#include "ebpf_metricsd/profile/profile_routes.h"
+#include "ebpf_metricsd/profile/profile_store.h"
+#include "ebpf_metricsd/profile/symbols.h"
+#include "profile.pb.h"
+
+using namespace ebpf_metricsd;
+using namespace ebpf_metricsd::profiling;
+
+namespace {
+
+std::string temp_file(const std::string& name, const std::string& text) {
+  const std::string dir = "/tmp/emd-profile-unit-" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+Frame frame(const std::string& fn, bool kernel = false) {
+  Frame f;
+  f.function = fn;
+  f.module = kernel ? "[kernel]" : "/usr/bin/app";
+  f.kernel = kernel;
+  f.address = std::hash<std::string>{}(fn) & 0xffff;
+  return f;
+}
+
+Sample sample(std::uint32_t stack, SampleKind kind, std::uint64_t ns, std::uint32_t pid = 10) {
+  Sample s;
+  s.pid = pid;
+  s.tid = pid;
+  s.comm = "app";
+  s.kind = kind;
+  s.count = 1;
+  s.ns = ns;
+  s.stack = stack;
+  return s;
+}
+
+}  // namespace
+
+// A function of this binary with a name to look for.
+extern "C" __attribute__((noinline, used)) int emd_profile_unit_marker(int x) { return x * 3 + 1; }
+
+TEST_CASE("kernel symbols: text symbols of the kernel, modules and BPF programs by address") {
+  const std::string kallsyms = temp_file("kallsyms",
+                                         "ffffffff81000000 T _stext\n"
+                                         "ffffffff81000100 t do_one\n"
+                                         "ffffffff81000200 D some_data\n"
+                                         "ffffffff81000300 T do_two\n"
+                                         "ffffffffc0001000 t ext4_read\t[ext4]\n"
+                                         "ffffffffc0002000 t bpf_prog_abc_handler\t[bpf]\n"
+                                         "0000000000000000 T zeroed\n");
+  const std::string modules = temp_file("modules", "ext4 1 0 - Live 0x0\n");
+  KernelSymbols k(kallsyms, modules);
+  k.refresh();
+  CHECK(k.symbols() == 5);  // text only, no zero addresses
+  CHECK(k.resolve(0xffffffff81000150, false).function == "do_one");
+  // Data between two functions belongs to the one before: text symbols only.
+  CHECK(k.resolve(0xffffffff81000250, false).function == "do_one");
+  // A return address just past a function's last call is still that function.
+  CHECK(k.resolve(0xffffffff81000300, true).function == "do_one");
+  CHECK(k.resolve(0xffffffff81000300, false).function == "do_two");
+  const Frame m = k.resolve(0xffffffffc0001010, false);
+  CHECK(m.function == "ext4_read");
+  CHECK(m.module == "[ext4]");
+  CHECK(m.kernel);
+  CHECK(k.resolve(0xffffffffc0002004, false).module == "[bpf]");
+  CHECK(k.resolve(0x1000, false).function == "[kernel]+0x1000");
+}
+
+TEST_CASE("user symbols: this process's own functions, by file offset and build-id") {
+  UserSymbols u;
+  u.capture(getpid());
+  CHECK(u.processes() == 1);
+  CHECK(u.modules() > 0);
+  const auto address = reinterpret_cast<std::uint64_t>(&emd_profile_unit_marker);
+  const Frame f = u.resolve(getpid(), address + 2, false);
+  CHECK(f.function == "emd_profile_unit_marker");
+  CHECK(f.module == std::filesystem::read_symlink("/proc/self/exe").string());
+  CHECK(f.build_id.size() >= 16);  // the linker's build-id note
+  CHECK_FALSE(f.kernel);
+  // A C++ name comes demangled (a libstdc++ function this binary calls).
+  CHECK(demangle("_ZNSt6vectorIiSaIiEE9push_backERKi") ==
+        "std::vector<int, std::allocator<int> >::push_back(int const&)");
+  // An address no mapping covers, and an unknown process: module+offset, no crash.
+  CHECK(u.resolve(getpid(), 8, false).function == "[unknown]+0x8");
+  CHECK(u.resolve(999999999, address, false).module == "[unknown]");
+}
+
+TEST_CASE("profile store: windows, retention and the sample bound") {
+  ProfileStore::Limits limits;
+  limits.retention = std::chrono::seconds(10);
+  limits.max_samples = 100;
+  ProfileStore store(limits);
+  const auto t0 = Clock::now();
+  const std::vector<Frame> a = {frame("leaf_a"), frame("main")};
+  const std::vector<Frame> b = {frame("leaf_b"), frame("main")};
+  store.add_batch(t0 + std::chrono::seconds(1), {sample(0, SampleKind::OnCpu, 30)}, {a});
+  store.add_batch(t0 + std::chrono::seconds(2), {sample(1, SampleKind::OffCpu, 70)}, {a, b});
+  CHECK(store.frames_kept() == 3);  // leaf_a, main, leaf_b: each frame once
+  // Batches that ended after `from` and by `to`.
+  const ProfileWindow w =
+      store.window(t0 + std::chrono::milliseconds(1500), t0 + std::chrono::seconds(2));
+  REQUIRE(w.samples.size() == 1);
+  CHECK(w.frames[w.stacks[w.samples[0].stack][0]].function == "leaf_b");
+  CHECK(store.window(t0, t0 + std::chrono::seconds(3)).samples.size() == 2);
+  // A batch 20 s later: the first two are past the retention and go, with their stacks.
+  store.add_batch(t0 + std::chrono::seconds(22), {sample(0, SampleKind::OnCpu, 5)},
+                  {{frame("leaf_c")}});
+  CHECK(store.samples_kept() == 1);
+  CHECK(store.frames_kept() == 1);
+  const ProfileWindow later = store.window(t0, t0 + std::chrono::seconds(30));
+  REQUIRE(later.samples.size() == 1);
+  CHECK(later.frames[later.stacks[later.samples[0].stack][0]].function == "leaf_c");
+  // A batch larger than max_samples keeps max_samples and counts the rest; the oldest
+  // batches make room.
+  std::vector<Sample> many(150, sample(0, SampleKind::OnCpu, 1));
+  store.add_batch(t0 + std::chrono::seconds(23), std::move(many), {{frame("leaf_d")}});
+  CHECK(store.dropped_samples() == 50);
+  CHECK(store.samples_kept() == 100);
+  // A sample whose stack was not given is refused, nothing added.
+  CHECK_THROWS(store.add_batch(t0 + std::chrono::seconds(24), {sample(3, SampleKind::OnCpu, 1)},
+                               {{frame("x")}}));
+}
+
+TEST_CASE("pprof: string table, ids, sample types and labels as the format wants them") {
+  ProfileStore store;
+  store.set_frequency(19);
+  const auto t0 = Clock::now();
+  Sample on = sample(1, SampleKind::OnCpu, 52631578);
+  on.workload.cgroup = "app.service";
+  store.add_batch(t0 + std::chrono::seconds(1),
+                  {sample(0, SampleKind::OffCpu, 5000), on, sample(0, SampleKind::OffCpu, 7000)},
+                  {{frame("schedule", true), frame("leaf_a"), frame("main")},
+                   {frame("leaf_b"), frame("main")}});
+  const ProfileWindow w = store.window(t0, t0 + std::chrono::seconds(1));
+  perftools::profiles::Profile p;
+  REQUIRE(p.ParseFromString(pprof_profile(w)));
+  REQUIRE(p.string_table_size() > 0);
+  CHECK(p.string_table(0).empty());
+  const auto str = [&](std::int64_t i) { return p.string_table(static_cast<int>(i)); };
+  REQUIRE(p.sample_type_size() == 3);
+  CHECK(str(p.sample_type(0).type()) == "samples");
+  CHECK(str(p.sample_type(0).unit()) == "count");
+  CHECK(str(p.sample_type(1).type()) == "cpu");
+  CHECK(str(p.sample_type(2).type()) == "off_cpu");
+  CHECK(str(p.sample_type(2).unit()) == "nanoseconds");
+  CHECK(p.period() == 1000000000 / 19);
+  CHECK(str(p.default_sample_type()) == "cpu");
+  // The two off-CPU samples of the same thread and stack are one, their values added.
+  REQUIRE(p.sample_size() == 2);
+  std::set<std::uint64_t> ids;
+  for (const auto& l : p.location()) {
+    CHECK(l.id() != 0);
+    CHECK(ids.insert(l.id()).second);
+    CHECK(l.mapping_id() != 0);
+  }
+  for (const auto& m : p.mapping()) CHECK(m.id() != 0);
+  bool off_found = false, on_found = false;
+  for (const auto& s : p.sample()) {
+    REQUIRE(s.value_size() == 3);
+    std::map<std::string, std::string> labels;
+    for (const auto& l : s.label()) {
+      labels[str(l.key())] = l.str() ? str(l.str()) : std::to_string(l.num());
+    }
+    CHECK(labels["pid"] == "10");
+    CHECK(labels["comm"] == "app");
+    if (labels["state"] == "off_cpu") {
+      off_found = true;
+      CHECK(s.value(0) == 2);
+      CHECK(s.value(1) == 0);
+      CHECK(s.value(2) == 12000);
+      REQUIRE(s.location_id_size() == 3);  // innermost first: schedule, leaf_a, main
+    } else {
+      on_found = true;
+      CHECK(s.value(1) == 52631578);
+      CHECK(labels["cgroup"] == "app.service");
+    }
+  }
+  CHECK(off_found);
+  CHECK(on_found);
+  // Sample type names without "-" (Pyroscope refuses them).
+  for (const auto& t : p.sample_type()) CHECK(str(t.type()).find('-') == std::string::npos);
+}
+
+TEST_CASE("flame graph data: a tree root first, on and off CPU apart, bounded") {
+  ProfileStore store;
+  const auto t0 = Clock::now();
+  store.add_batch(t0 + std::chrono::seconds(1),
+                  {sample(0, SampleKind::OnCpu, 300), sample(1, SampleKind::OnCpu, 100),
+                   sample(2, SampleKind::OffCpu, 1000, 11)},
+                  {{frame("hot_three"), frame("main")},
+                   {frame("hot_one"), frame("main")},
+                   {frame("pipe_read", true), frame("wait_on_pipe")}});
+  const ProfileWindow w = store.window(t0, t0 + std::chrono::seconds(1));
+  const auto j = nlohmann::json::parse(flame_graph_json(w, FlameGrouping::Process, 1000));
+  CHECK(j["root"]["on"] == 400);
+  CHECK(j["root"]["off"] == 1000);
+  REQUIRE(j["root"]["c"].size() == 2);  // two processes
+  const auto& app = j["root"]["c"][0];
+  CHECK(app["n"] == "app (10)");
+  REQUIRE(app["c"].size() == 1);
+  CHECK(app["c"][0]["n"] == "main");
+  CHECK(app["c"][0]["c"][0]["n"] == "hot_one");
+  CHECK(app["c"][0]["c"][0]["on"] == 100);
+  CHECK(app["c"][0]["c"][1]["on"] == 300);
+  const auto& waiter = j["root"]["c"][1];
+  CHECK(waiter["c"][0]["n"] == "wait_on_pipe");
+  CHECK(waiter["c"][0]["c"][0]["n"] == "pipe_read");
+  CHECK(waiter["c"][0]["c"][0]["off"] == 1000);
+  // Bounded: the heaviest nodes stay (wait_on_pipe and pipe_read, 1000 ns, before main, 400
+  // ns), the rest fold into their callers.
+  const auto small = nlohmann::json::parse(flame_graph_json(w, FlameGrouping::None, 3));
+  CHECK(small["nodes"] == 3);
+  CHECK(small["pruned"] == 3);
+  REQUIRE(small["root"]["c"].size() == 1);
+  CHECK(small["root"]["c"][0]["n"] == "wait_on_pipe");
+  CHECK(small["root"]["on"] == 400);  // the folded time stays in the root
+  // Names with any bytes stay valid JSON.
+  store.add_batch(t0 + std::chrono::seconds(2), {sample(0, SampleKind::OnCpu, 1)},
+                  {{frame(std::string("bad\xff\"name\n"))}});
+  CHECK_NOTHROW(nlohmann::json::parse(
+      flame_graph_json(store.window(t0, t0 + std::chrono::seconds(2)), FlameGrouping::None, 100)));
+}
+
+TEST_CASE("profile routes: bad parameters are a 400 that says why, no tracer a 503") {
+  auto store = std::make_shared<ProfileStore>();
+  const auto routes = profile_routes(store);
+  const auto find = [&](const std::string& path) -> const Route& {
+    for (const auto& r : routes) {
+      if (r.path == path) return r;
+    }
+    FAIL("no route " << path);
+    throw std::logic_error("unreachable");
+  };
+  const Route& profile = find("/debug/pprof/profile");
+  REQUIRE(profile.deferred);
+  CHECK(profile.max_deferred == kMaxProfileRequests);
+  const auto ask = [&](std::vector<std::pair<std::string, std::string>> query) {
+    HttpRequest req{"GET", "/debug/pprof/profile", {}, std::move(query)};
+    const auto r = profile.deferred(req);
+    REQUIRE(std::holds_alternative<HttpResponse>(r));
+    return std::get<HttpResponse>(r);
+  };
+  const std::vector<std::pair<std::vector<std::pair<std::string, std::string>>, std::string>> bad = {
+      {{}, "seconds is missing"},
+      {{{"seconds", "0"}}, "at least 1"},
+      {{{"seconds", "-5"}}, "at least 1"},
+      {{{"seconds", "301"}}, "at most 300"},
+      {{{"seconds", "99999999999999999999"}}, "at most 300"},
+      {{{"seconds", "abc"}}, "not a whole number"},
+      {{{"seconds", "1.5"}}, "not a whole number"},
+      {{{"seconds", ""}}, "at most 300"},
+      {{{"seconds", "5"}, {"seconds", "6"}}, "more than once"},
+  };
+  for (const auto& [query, why] : bad) {
+    const HttpResponse r = ask(query);
+    INFO(r.body);
+    CHECK(r.status == 400);
+    CHECK_THAT(r.body, Catch::Contains(why));
+  }
+  // A good request, but no profile tracer runs: 503 at once, no wait.
+  const HttpResponse none = ask({{"seconds", "5"}});
+  CHECK(none.status == 503);
+  CHECK_THAT(none.body, Catch::Contains("enable tracers.profile"));
+
+  const Route& data = find("/profile/data");
+  CHECK(data.handler(HttpRequest{"GET", "/profile/data", {}, {{"group", "colour"}}}).status == 400);
+  CHECK(data.handler(HttpRequest{"GET", "/profile/data", {}, {{"seconds", "x"}}}).status == 400);
+  CHECK(data.handler(HttpRequest{"GET", "/profile/data", {}, {}}).status == 503);
+  const HttpResponse page = find("/profile").handler(HttpRequest{"GET", "/profile", {}, {}});
+  CHECK(page.status == 200);
+  CHECK_THAT(page.body, Catch::Contains("/profile/data?"));
+  CHECK(page.body.find("<script src") == std::string::npos);  // self-contained
+}
