@@ -100,7 +100,9 @@ async function load() {
   history.replaceState(null, "", "?" + q);
   $("status").textContent = "loading";
   try {
-    const r = await fetch("/profile/data?" + q, { credentials: "same-origin" });
+    // From the origin (a page opened as https://user:password@host/ may not fetch a URL
+    // with credentials in it); the browser sends the ones it has for the origin.
+    const r = await fetch(location.origin + "/profile/data?" + q, { credentials: "same-origin" });
     if (!r.ok) throw new Error((await r.text()).trim());
     data = await r.json();
     zoom = null;
