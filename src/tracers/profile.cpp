@@ -144,6 +144,7 @@ class ProfileTracer final : public Tracer {
       bpf_map__set_max_entries(s->maps.counts_b, options_.max_aggregates);
       const bool btf = kind == HookKind::TpBtf, raw = kind == HookKind::RawTp;
       bpf_map__set_max_entries(s->maps.offcpu_by_tid, raw ? 65536 : 1);
+      bpf_map__set_autocreate(s->maps.offcpu_task, btf);  // no task storage for tracing before 5.11
       return std::vector<ProgramChoice>{
           {s->progs.on_cpu_sample, options_.on_cpu, false},
           {s->progs.offcpu_switch_btf, btf && !three_args},

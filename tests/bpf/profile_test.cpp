@@ -93,6 +93,7 @@ bool has_function_containing(const ProfileWindow& w, std::uint32_t stack, const 
 }
 
 struct Observed {
+  std::string stacks;                     // the workload's heaviest stacks, for messages
   std::uint64_t three = 0, one = 0;       // on-CPU samples with that leaf
   std::uint64_t three_with_main = 0;      // ... whose stack reaches main
   std::uint64_t waits = 0, wait_ns = 0;   // off-CPU in wait_on_pipe
@@ -103,8 +104,18 @@ struct Observed {
 
 Observed observe(const ProfileWindow& w, pid_t pid) {
   Observed o;
+  {
+    std::map<std::string, std::uint64_t> by;
+    for (const auto& s : w.samples) by[s.comm + "/" + std::to_string(s.pid)] += s.count;
+    o.stacks += "\n  window: " + std::to_string(w.samples.size()) + " aggregates; workload " + std::to_string(pid) + ";";
+    for (const auto& [k, n] : by) o.stacks += " " + k + "=" + std::to_string(n);
+  }
+  std::multimap<std::uint64_t, std::string, std::greater<>> heaviest;
   for (const auto& s : w.samples) {
     if (s.pid != static_cast<std::uint32_t>(pid)) continue;
+    std::string names;
+    for (std::uint32_t f : w.stacks[s.stack]) names += " " + w.frames[f].function;
+    heaviest.emplace(s.count, (s.kind == SampleKind::OnCpu ? "on-CPU" : "off-CPU") + names);
     const Frame* leaf = leaf_user_frame(w, s.stack);
     if (!leaf) continue;
     if (s.kind == SampleKind::OnCpu) {
@@ -124,6 +135,11 @@ Observed observe(const ProfileWindow& w, pid_t pid) {
         o.first_kernel_frame = w.frames[frames.front()].function;
       }
     }
+  }
+  int n = 0;
+  for (const auto& [count, text] : heaviest) {
+    if (n++ == 6) break;
+    o.stacks += "\n  " + std::to_string(count) + " " + text.substr(0, 200);
   }
   return o;
 }
@@ -154,7 +170,7 @@ TEST_CASE("profile: a known workload's CPU shares, blocked time and stacks", "[p
               << " reaching main), hot_one " << o.one << "; share " << share << "; waits "
               << o.waits << " for " << o.wait_ns << " ns (the reader measured " << run.blocked_ns
               << " ns), " << o.waits_with_pipe_read << " with pipe_read, innermost kernel frame "
-              << o.first_kernel_frame << "; hook " << tracer->hook());
+              << o.first_kernel_frame << "; hook " << tracer->hook() << "; stacks:" << o.stacks);
 
   // The work is fixed, so the samples are too (CPU time, whatever the machine's speed).
   CHECK(o.three + o.one > 1000);
@@ -202,7 +218,9 @@ TEST_CASE("profile: offcpu_min keeps short waits out, and off_cpu: false keeps a
   SECTION("offcpu_min above the workload's 20 ms waits") {
     auto tracer =
         test::start_tracer(metrics, "profile", "    frequency: 97\n    offcpu_min: 1s\n", &store);
-    const Observed o = observe(profile_run(store, PROFILE_WORKLOAD_FP, run), run.pid);
+    const ProfileWindow w = profile_run(store, PROFILE_WORKLOAD_FP, run);
+    const Observed o = observe(w, run.pid);
+    INFO("stacks of the workload:" << o.stacks);
     CHECK(o.three + o.one > 0);
     CHECK(o.waits == 0);
   }
@@ -210,7 +228,9 @@ TEST_CASE("profile: offcpu_min keeps short waits out, and off_cpu: false keeps a
     auto tracer =
         test::start_tracer(metrics, "profile", "    frequency: 97\n    off_cpu: false\n", &store);
     CHECK(tracer->hook() == "perf_event");
-    const Observed o = observe(profile_run(store, PROFILE_WORKLOAD_FP, run), run.pid);
+    const ProfileWindow w = profile_run(store, PROFILE_WORKLOAD_FP, run);
+    const Observed o = observe(w, run.pid);
+    INFO("stacks of the workload:" << o.stacks);
     CHECK(o.three + o.one > 0);
     CHECK(o.waits == 0);
   }
