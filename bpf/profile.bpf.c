@@ -5,9 +5,10 @@
  *    on_cpu_sample; each sample adds its period (ns of CPU time) to the
  *    interrupted thread's (kernel stack, user stack);
  *  - off-CPU: at sched_switch a thread that blocks leaves its stacks and the
- *    time in per-thread state; when it is switched in again after at least
- *    offcpu_min, the wait is added to its (kernel stack, user stack). A shorter
- *    wait costs one comparison.
+ *    time in per-thread state (taking them is the cost of each blocking
+ *    switch); when it is switched in again after at least offcpu_min, the wait
+ *    is added to its (kernel stack, user stack). A shorter wait then costs one
+ *    comparison.
  * Stacks are kept once each in `stacks`, keyed by a 64-bit hash of their
  * frames; aggregates in the inner map that `counts_slot` points to. User space
  * swaps that inner map for an empty one (the update waits for programs still

@@ -615,41 +615,59 @@ MHD_Result WebServer::Impl::answer_later(MHD_Connection* connection, const Route
     return send(connection, std::move(*now), gzip_ok);
   }
   auto later = std::get<DeferredResponse>(std::move(first));
-  // After the wait, the answer is made on a rendering worker; at stop, a request still
-  // waiting gets 503. Either way the connection is resumed exactly once.
+  // `begin` and, after the wait, the answer are made on rendering workers; the wait holds no
+  // thread. At stop, a request still waiting gets 503. On every path the connection is
+  // resumed exactly once.
   auto resume = [this, connection, &pending, done_waiting](HttpResponse r) {
     pending.response = std::move(r);
     done_waiting();
     MHD_resume_connection(connection);
   };
   auto stopping = [resume] { resume(busy("503 the server is stopping")); };
-  WorkQueue::Job job{
-      [this, resume, stopping, gzip_ok, answer = std::move(later.answer), method = req.method,
-       path = req.path] {
-        WorkQueue::Job render_job{[resume, gzip_ok, answer, method, path] {
-                                    HttpResponse r;
-                                    try {
-                                      r = answer();
-                                      finish(r, gzip_ok);
-                                    } catch (const std::exception& e) {
-                                      spdlog::error("web server: {} {}: {}", method, path,
-                                                    e.what());
-                                      r = text(500, "500 internal error");
-                                    }
-                                    resume(std::move(r));
-                                  },
-                                  stopping};
-        if (!render.submit(std::move(render_job), [] {})) {
-          resume(busy("503 too many requests being answered (web.max_requests)"));
-        }
-      },
-      stopping};
-  if (delayed.submit(later.wait, std::move(job),
-                     [connection] { MHD_suspend_connection(connection); })) {
-    return MHD_YES;
-  }
-  done_waiting();
-  return send(connection, busy("503 the server is stopping"), false);
+  auto on_worker = [this, resume, stopping](std::function<HttpResponse()> make) {
+    WorkQueue::Job job{[resume, make] { resume(make()); }, stopping};
+    if (!render.submit(std::move(job), [] {})) {
+      resume(busy("503 too many requests being answered (web.max_requests)"));
+    }
+  };
+  const auto made = [gzip_ok, method = req.method, path = req.path](
+                        const std::function<HttpResponse()>& make) {
+    HttpResponse r;
+    try {
+      r = make();
+      finish(r, gzip_ok);
+    } catch (const std::exception& e) {
+      spdlog::error("web server: {} {}: {}", method, path, e.what());
+      r = text(500, "500 internal error");
+    }
+    return r;
+  };
+  auto after_wait = [this, on_worker, stopping, made, wait = later.wait,
+                     answer = std::move(later.answer)] {
+    WorkQueue::Job job{[on_worker, made, answer] { on_worker([made, answer] { return made(answer); }); },
+                       stopping};
+    // Scheduled from a worker: the connection is suspended already, nothing to do before.
+    if (!delayed.submit(wait, std::move(job), [] {})) stopping();
+  };
+  auto start = [this, resume, stopping, after_wait, begin = std::move(later.begin)]() mutable {
+    if (!begin) return after_wait();
+    WorkQueue::Job job{[resume, after_wait, begin] {
+                         try {
+                           begin();
+                         } catch (const std::exception& e) {
+                           spdlog::error("web server: a deferred answer failed to begin: {}",
+                                         e.what());
+                           return resume(text(500, "500 internal error"));
+                         }
+                         after_wait();
+                       },
+                       stopping};
+    if (!render.submit(std::move(job), [] {})) stopping();
+  };
+  // Suspended first, so that whatever resumes it finds it suspended.
+  MHD_suspend_connection(connection);
+  start();
+  return MHD_YES;
 }
 
 MHD_Result WebServer::Impl::send(MHD_Connection* connection, HttpResponse r, bool gzip_ok) {

@@ -24,13 +24,16 @@ struct Node {
   std::uint64_t on = 0, off = 0;
   std::map<std::pair<std::string, std::string>, std::unique_ptr<Node>> children;
   bool keep = false;
-  Node* child(const std::string& child_name, const std::string& child_module) {
-    auto& c = children[{child_name, child_module}];
-    if (!c) {
-      c = std::make_unique<Node>();
-      c->name = child_name;
-      c->module = child_module;
-    }
+  // The child of that name, made when `room` allows (nullptr when it does not).
+  Node* child(const std::string& child_name, const std::string& child_module, std::size_t& room) {
+    const auto key = std::make_pair(child_name, child_module);
+    if (auto it = children.find(key); it != children.end()) return it->second.get();
+    if (room == 0) return nullptr;
+    --room;
+    auto& c = children[key];
+    c = std::make_unique<Node>();
+    c->name = child_name;
+    c->module = child_module;
     return c.get();
   }
 };
@@ -69,19 +72,26 @@ std::string flame_graph_json(const ProfileWindow& w, FlameGrouping grouping,
                              std::size_t max_nodes) {
   Node root;
   root.name = "all";
+  // The tree is built within ten times the nodes sent: past that, a stack's deeper frames
+  // stay in the last node made (their time is kept there).
+  std::size_t room = 10 * max_nodes;
   for (const Sample& s : w.samples) {
     const bool on = s.kind == SampleKind::OnCpu;
     Node* n = &root;
     const auto add = [&](Node* x) { (on ? x->on : x->off) += s.ns; };
     add(n);
     if (grouping != FlameGrouping::None) {
-      n = n->child(group_of(s, grouping), "");
+      Node* g = n->child(group_of(s, grouping), "", room);
+      if (!g) continue;
+      n = g;
       add(n);
     }
     const auto& frames = w.stacks[s.stack];
     for (auto it = frames.rbegin(); it != frames.rend(); ++it) {
       const Frame& f = w.frames[*it];
-      n = n->child(f.function, f.module);
+      Node* c = n->child(f.function, f.module, room);
+      if (!c) break;
+      n = c;
       add(n);
     }
   }

@@ -1,6 +1,7 @@
 #include "ebpf_metricsd/profile/profile_routes.h"
 
 #include <charconv>
+#include <stdexcept>
 
 #include "ebpf_metricsd/gzip.h"
 #include "ebpf_metricsd/profile/flame_graph.h"
@@ -24,23 +25,22 @@ HttpResponse not_running() {
   return r;
 }
 
-// `seconds` as the request gives it: one whole number from 1 to kMaxProfileSeconds;
-// `fallback` when absent (0: it must be given).
-std::variant<int, std::string> window_seconds(const HttpRequest& req, int fallback = 0) {
+// `seconds` as the request gives it: one whole number from 1 to `max`; `fallback` when
+// absent (0: it must be given).
+std::variant<int, std::string> window_seconds(const HttpRequest& req, int max, int fallback = 0) {
   const auto values = req.params("seconds");
   if (values.empty() && fallback) return fallback;
   if (values.empty()) return "seconds is missing (e.g. ?seconds=30)";
   if (values.size() > 1) return "seconds is given more than once";
   const std::string_view v = values.front();
+  if (v.empty()) return "seconds is empty";
   int n = 0;
   const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-  if (v.empty() || ec == std::errc::result_out_of_range ||
-      (ec == std::errc() && end == v.data() + v.size() && n > kMaxProfileSeconds)) {
-    return "seconds must be at most " + std::to_string(kMaxProfileSeconds);
+  const bool whole = end == v.data() + v.size();
+  if (ec == std::errc::result_out_of_range || (ec == std::errc() && whole && n > max)) {
+    return "seconds must be at most " + std::to_string(max);
   }
-  if (ec != std::errc() || end != v.data() + v.size()) {
-    return "seconds is not a whole number of seconds";
-  }
+  if (ec != std::errc() || !whole) return "seconds is not a whole number of seconds";
   if (n <= 0) return "seconds must be at least 1";
   return n;
 }
@@ -53,13 +53,18 @@ std::vector<Route> profile_routes(std::shared_ptr<ProfileStore> store) {
   profile.max_deferred = kMaxProfileRequests;
   profile.deferred =
       [store](const HttpRequest& req) -> std::variant<HttpResponse, DeferredResponse> {
-    const auto seconds = window_seconds(req);
+    const auto seconds = window_seconds(req, kMaxProfileSeconds);
     if (const auto* why = std::get_if<std::string>(&seconds)) return bad_request(*why);
-    // The window starts after what the kernel side holds now has been read: it holds only
-    // what happens from here on.
-    if (!store->cut()) return not_running();
-    const Clock::time_point from = Clock::now();
+    if (!store->running()) return not_running();
+    auto from = std::make_shared<Clock::time_point>();
     return DeferredResponse{
+        // The window starts once what the kernel side holds now has been read, so that it
+        // holds only what happens from then on. Made on a worker: a read may wait for one
+        // in progress.
+        [store, from] {
+          store->cut();
+          *from = Clock::now();
+        },
         std::chrono::seconds(std::get<int>(seconds)), [store, from]() {
           if (!store->cut()) {
             HttpResponse r;
@@ -67,46 +72,53 @@ std::vector<Route> profile_routes(std::shared_ptr<ProfileStore> store) {
             r.body = "503 the profile tracer stopped during the window\n";
             return r;
           }
-          const ProfileWindow w = store->window(from, Clock::now());
+          const ProfileWindow w = store->window(*from, Clock::now());
+          auto body = gzip(pprof_profile(w), 6);
+          if (!body) throw std::runtime_error("gzip failed");
           HttpResponse r;
           r.content_type = "application/octet-stream";
           // A pprof file is a gzipped protobuf message, whatever the transfer encoding.
-          r.body = gzip(pprof_profile(w), 6).value_or("");
+          r.body = std::move(*body);
           r.headers.emplace_back("Content-Disposition", "attachment; filename=\"profile\"");
           return r;
         }};
   };
   Route page{"/profile", [](const HttpRequest&) {
-                HttpResponse r;
-                r.content_type = "text/html; charset=utf-8";
-                r.body = std::string(flame_graph_page());
-                r.compressible = true;
-                return r;
-              }};
-  // The last N seconds (the page's data), from what the store keeps: answered at once.
-  Route data{"/profile/data",
-             [store](const HttpRequest& req) {
-               const auto seconds = window_seconds(req, 60);
-               if (const auto* why = std::get_if<std::string>(&seconds)) return bad_request(*why);
-               FlameGrouping grouping = FlameGrouping::Process;
-               const auto groups = req.params("group");
-               if (groups.size() > 1) return bad_request("group is given more than once");
-               if (!groups.empty()) {
-                 const auto g = parse_flame_grouping(groups.front());
-                 if (!g) return bad_request("group must be process, workload or none");
-                 grouping = *g;
-               }
-               if (!store->cut()) return not_running();
-               const Clock::time_point to = Clock::now();
-               const ProfileWindow w =
-                   store->window(to - std::chrono::seconds(std::get<int>(seconds)), to);
                HttpResponse r;
-               r.content_type = "application/json";
-               r.body = flame_graph_json(w, grouping, kMaxFlameGraphNodes);
+               r.content_type = "text/html; charset=utf-8";
+               r.body = std::string(flame_graph_page());
                r.compressible = true;
                return r;
-             },
-             /*limited=*/true};
+             }};
+  // The last N seconds (the page's data), from what the store keeps: answered at once, on a
+  // worker, at most kMaxFlameGraphRequests at a time.
+  Route data;
+  data.path = "/profile/data";
+  data.max_deferred = kMaxFlameGraphRequests;
+  data.deferred = [store](const HttpRequest& req) -> std::variant<HttpResponse, DeferredResponse> {
+    const auto seconds = window_seconds(req, kMaxFlameGraphSeconds, 60);
+    if (const auto* why = std::get_if<std::string>(&seconds)) return bad_request(*why);
+    FlameGrouping grouping = FlameGrouping::Process;
+    const auto groups = req.params("group");
+    if (groups.size() > 1) return bad_request("group is given more than once");
+    if (!groups.empty()) {
+      const auto g = parse_flame_grouping(groups.front());
+      if (!g) return bad_request("group must be process, workload or none");
+      grouping = *g;
+    }
+    if (!store->running()) return not_running();
+    return DeferredResponse{{}, std::chrono::milliseconds(0), [store, seconds, grouping] {
+                              store->cut();
+                              const Clock::time_point to = Clock::now();
+                              const ProfileWindow w = store->window(
+                                  to - std::chrono::seconds(std::get<int>(seconds)), to);
+                              HttpResponse r;
+                              r.content_type = "application/json";
+                              r.body = flame_graph_json(w, grouping, kMaxFlameGraphNodes);
+                              r.compressible = true;
+                              return r;
+                            }};
+  };
   return {std::move(profile), std::move(page), std::move(data)};
 }
 

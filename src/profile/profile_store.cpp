@@ -35,14 +35,17 @@ void ProfileStore::add_batch(Clock::time_point end, std::vector<Sample> samples,
     }
     s.stack = ids[s.stack];
   }
-  samples_ += samples.size();
-  batches_.push_back({last_end_, end, std::move(samples)});
+  if (!samples.empty()) {  // an empty read marks nothing
+    samples_ += samples.size();
+    batches_.push_back({last_end_, end, std::move(samples)});
+  }
   last_end_ = end;
   expire(end);
 }
 
 void ProfileStore::set_source(std::function<void()> cut) {
   std::lock_guard lock(source_mutex_);
+  running_ = static_cast<bool>(cut);
   source_ = std::move(cut);
 }
 

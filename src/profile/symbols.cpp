@@ -303,12 +303,10 @@ void UserSymbols::capture(pid_t tgid, bool again) {
       continue;
     }
     if (perms[2] != 'x') continue;
-    Mapping m{start, end, offset, path_at > 0 ? line.substr(static_cast<std::size_t>(path_at))
-                                              : std::string(),
-              nullptr};
-    if (inode != 0) {
-      m.elf = open_module(tgid, m, (static_cast<std::uint64_t>(major) << 32) | minor, inode);
-    }
+    Mapping m{start, end, offset,
+              path_at > 0 ? line.substr(static_cast<std::size_t>(path_at)) : std::string(),
+              (static_cast<std::uint64_t>(major) << 32) | minor, inode, {}};
+    if (inode != 0) m.elf = open_module(tgid, m, m.dev, m.inode);
     p.mappings.push_back(std::move(m));
   }
   process_lru_.push_front(tgid);
@@ -372,14 +370,21 @@ Frame UserSymbols::resolve(pid_t tgid, std::uint64_t address, bool return_addres
   const std::uint64_t offset = address - hit->start + hit->offset;
   f.address = offset;
   f.module = hit->path.empty() ? "[anon]" : hit->path;
-  if (hit->elf) {
-    f.build_id = hit->elf->build_id();
+  std::shared_ptr<ElfModule> elf = hit->elf.lock();
+  if (!elf && hit->inode != 0) elf = open_module(tgid, *hit, hit->dev, hit->inode);
+  if (elf) {
+    // Most recently used first: the least used file is closed first.
+    for (auto m = modules_.begin(); m != modules_.end(); ++m) {
+      if (*m == elf) {
+        modules_.splice(modules_.begin(), modules_, m);
+        break;
+      }
+    }
+    f.build_id = elf->build_id();
     const std::uint64_t at = return_address && offset > 0 ? offset - 1 : offset;
-    const std::string& name = hit->elf->name_at(at);
+    const std::string& name = elf->name_at(at);
     if (!name.empty()) f.function = name;
-    std::size_t total = 0;
-    for (const auto& m : modules_) total += m->names();
-    if (total > limits_.max_names) {
+    if (names() > limits_.max_names) {
       for (const auto& m : modules_) m->clear_names();
     }
   }

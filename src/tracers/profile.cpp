@@ -7,6 +7,7 @@
 #include <bpf/libbpf.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <filesystem>
@@ -16,6 +17,7 @@
 #include <stop_token>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <unordered_map>
 
 #include "ebpf_metricsd/bpf_support.h"
@@ -67,9 +69,10 @@ ProfileOptions read_options(YamlMapReader& r) {
   for (const auto& w : o.workloads) {
     if (w.empty()) r.fail("workloads", "an empty workload name");
   }
-  o.max_stacks = static_cast<std::uint32_t>(r.get_int("max_stacks", o.max_stacks, 64, 1 << 20));
+  // At most 64 MiB of stacks and 2 x 32 MiB of aggregates, preallocated in the kernel.
+  o.max_stacks = static_cast<std::uint32_t>(r.get_int("max_stacks", o.max_stacks, 64, 65536));
   o.max_aggregates =
-      static_cast<std::uint32_t>(r.get_int("max_aggregates", o.max_aggregates, 64, 1 << 22));
+      static_cast<std::uint32_t>(r.get_int("max_aggregates", o.max_aggregates, 64, 262144));
   return o;
 }
 
@@ -196,7 +199,8 @@ class ProfileTracer final : public Tracer {
   void drain() override {
     cut();
     drops_.drain();
-    resolve_workloads();
+    publish();
+    if (profiling::Clock::now() - workloads_resolved_ >= kWorkloadRescan) resolve_workloads();
   }
 
  private:
@@ -212,14 +216,24 @@ class ProfileTracer final : public Tracer {
     if (size < sizeof(__u32)) return 0;
     __u32 tgid = 0;
     std::memcpy(&tgid, data, sizeof tgid);
-    std::lock_guard lock(self->symbols_mutex_);
-    self->user_.capture(static_cast<pid_t>(tgid), true);
-    return 0;
+    try {
+      std::lock_guard lock(self->symbols_mutex_);
+      self->user_.capture(static_cast<pid_t>(tgid), true);
+    } catch (const std::exception& e) {
+      spdlog::warn("profile: mappings of process {}: {}", tgid, e.what());
+    }
+    return 0;  // never an exception through libbpf's C
   }
   struct RawStack {
     std::vector<std::uint64_t> ips;
-    std::uint64_t seen = 0;
+    profiling::Clock::time_point seen;
   };
+  // Counts made by cuts, published by the drain.
+  struct Pending {
+    std::uint64_t on_cpu = 0, off_cpu = 0, stacks_expired = 0;
+  };
+  static constexpr std::chrono::minutes kRawStackLife{10};
+  static constexpr std::chrono::seconds kWorkloadRescan{30};
   struct Cached {
     std::vector<Frame> frames;
     std::uint64_t seen = 0;
@@ -234,10 +248,9 @@ class ProfileTracer final : public Tracer {
     for (std::size_t i = 0; i < options_.workloads.size(); ++i) {
       const std::string dir = root.empty() ? "" : workload_directory(root, options_.workloads[i]);
       const __u32 key = static_cast<__u32>(i);
-      if (dir.empty()) {
-        bpf_map_delete_elem(map_fd, &key);
-        continue;
-      }
+      // Not found now (not started, or removed as the tree was walked): the slot keeps the
+      // cgroup it had, which runs nothing once removed.
+      if (dir.empty()) continue;
       const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
       if (fd < 0) continue;
       __u32 value = static_cast<__u32>(fd);
@@ -247,6 +260,7 @@ class ProfileTracer final : public Tracer {
       }
       close(fd);
     }
+    workloads_resolved_ = profiling::Clock::now();
   }
 
   // Reads everything the kernel side aggregated since the last cut into one batch of the
@@ -276,12 +290,14 @@ class ProfileTracer final : public Tracer {
       prev = &key;
     }
     for (const auto& e : entries) bpf_map_delete_elem(full, &e.first);
-    read_stacks();
+    read_stacks(end);
+    kernel_.refresh();  // modules or BPF programs may have come or gone
 
     std::vector<Sample> samples;
     samples.reserve(entries.size());
     std::vector<std::vector<Frame>> stacks;
     std::map<std::tuple<std::uint32_t, __u64, __u64, __u32>, std::uint32_t> stack_index;
+    std::vector<bool> expired;  // by stack index
     std::set<std::uint32_t> recaptured;
     if (options_.cgroup) names_.begin_pass();
     std::uint64_t on = 0, off = 0;
@@ -300,6 +316,9 @@ class ProfileTracer final : public Tracer {
       if (fresh) {
         std::vector<Frame> frames = kernel_frames(k.kstack, s.kind);
         const std::vector<Frame>& user = user_frames(k.tgid, k.ustack, recaptured);
+        // A stack hash whose frames were read once but are no longer kept: a wait longer
+        // than stacks are kept, or more stacks than max_stacks * 4 since.
+        expired.push_back((k.kstack && frames.empty()) || (k.ustack && user.empty()));
         frames.insert(frames.end(), user.begin(), user.end());
         if (frames.empty()) {
           Frame none;
@@ -307,26 +326,44 @@ class ProfileTracer final : public Tracer {
           none.module = "[unknown]";
           frames.push_back(none);
         }
+
         stacks.push_back(std::move(frames));
       }
       s.stack = at->second;
+      if (expired[at->second]) pending_.stacks_expired += v.count;
       samples.push_back(std::move(s));
     }
-    const std::uint64_t dropped_before = store_->dropped_samples();
     store_->add_batch(end, std::move(samples), stacks);
-    if (const std::uint64_t d = store_->dropped_samples() - dropped_before) {
-      scope_.add_dropped("store_full", d);
-    }
-    scope_.add(samples_, {"on_cpu"}, on);
-    scope_.add(samples_, {"off_cpu"}, off);
+    pending_.on_cpu += on;
+    pending_.off_cpu += off;
     forget_unused();
+  }
+
+  // The self-metrics, from the drain only: a cut made for a profile request takes no lock
+  // of the metric store.
+  void publish() {
+    Pending p;
+    {
+      std::lock_guard lock(cut_mutex_);
+      p = std::exchange(pending_, Pending{});
+    }
+    scope_.add(samples_, {"on_cpu"}, p.on_cpu);
+    scope_.add(samples_, {"off_cpu"}, p.off_cpu);
+    scope_.add_dropped("stack_expired", p.stacks_expired);
+    const std::uint64_t store_dropped = store_->dropped_samples();
+    scope_.add_dropped("store_full", store_dropped - store_dropped_);
+    store_dropped_ = store_dropped;
     {
       std::lock_guard symbols(symbols_mutex_);
       scope_.set(caches_, {"elf_files"}, static_cast<double>(user_.modules()));
       scope_.set(caches_, {"processes"}, static_cast<double>(user_.processes()));
       scope_.set(caches_, {"names"}, static_cast<double>(user_.names()));
     }
-    scope_.set(caches_, {"kernel_symbols"}, static_cast<double>(kernel_.symbols()));
+    {
+      std::lock_guard lock(cut_mutex_);
+      scope_.set(caches_, {"kernel_symbols"}, static_cast<double>(kernel_.symbols()));
+      scope_.set(caches_, {"stacks"}, static_cast<double>(raw_.size()));
+    }
     scope_.set(caches_, {"frames"}, static_cast<double>(store_->frames_kept()));
     scope_.set(caches_, {"samples"}, static_cast<double>(store_->samples_kept()));
   }
@@ -334,7 +371,7 @@ class ProfileTracer final : public Tracer {
   // Copies every stack of the kernel's stack map and empties it: a stack recorded once is
   // found here later too, also when a program found it in the map just before it was
   // deleted.
-  void read_stacks() {
+  void read_stacks(profiling::Clock::time_point now) {
     std::vector<__u64> keys;
     __u64 key = 0, next_key = 0;
     const void* prev = nullptr;
@@ -348,7 +385,7 @@ class ProfileTracer final : public Tracer {
       if (bpf_map_lookup_elem(stacks_fd_, &k, &s) == 0) {
         RawStack& r = raw_[k];
         r.ips.assign(s.ips, s.ips + std::min<__u32>(s.nr, PROFILE_MAX_DEPTH));
-        r.seen = generation_;
+        r.seen = now;
       }
       bpf_map_delete_elem(stacks_fd_, &k);
     }
@@ -357,7 +394,7 @@ class ProfileTracer final : public Tracer {
   const RawStack* raw_stack(__u64 hash) {
     auto it = raw_.find(hash);
     if (it == raw_.end()) return nullptr;
-    it->second.seen = generation_;
+    it->second.seen = profiling::Clock::now();
     return &it->second;
   }
 
@@ -368,7 +405,6 @@ class ProfileTracer final : public Tracer {
     if (it == kernel_cache_.end()) {
       const RawStack* r = raw_stack(hash);
       if (!r) return {};
-      kernel_.refresh();
       std::vector<Frame> frames;
       bool plumbing = kind == SampleKind::OffCpu;
       for (std::size_t i = 0; i < r->ips.size(); ++i) {
@@ -397,8 +433,9 @@ class ProfileTracer final : public Tracer {
       std::vector<Frame> frames;
       for (std::size_t i = 0; i < r->ips.size(); ++i) {
         Frame f = user_.resolve(static_cast<pid_t>(tgid), r->ips[i], i > 0);
-        if (f.module == "[unknown]" && recaptured.insert(tgid).second) {
-          // Mapped since the capture (dlopen): read the mappings again, once per cut.
+        if (i == 0 && f.module == "[unknown]" && recaptured.insert(tgid).second) {
+          // The innermost frame is mapped since the capture (dlopen): read the mappings
+          // again, once per cut. (Callers outside every mapping are unwinding gone astray.)
           user_.capture(static_cast<pid_t>(tgid), true);
           f = user_.resolve(static_cast<pid_t>(tgid), r->ips[i], i > 0);
         }
@@ -413,12 +450,25 @@ class ProfileTracer final : public Tracer {
     return it->second.frames;
   }
 
-  // Stacks and symbolized frames not used in the last few cuts go.
+  // Symbolized stacks not used in the last few cuts go. Raw stacks stay as long as a
+  // profile is kept, since a thread that blocked with one may wake much later; past
+  // max_stacks * 4 of them, the least recently used go first.
   void forget_unused() {
     const std::uint64_t keep_from = generation_ > 3 ? generation_ - 3 : 0;
-    std::erase_if(raw_, [&](const auto& kv) { return kv.second.seen < keep_from; });
     std::erase_if(kernel_cache_, [&](const auto& kv) { return kv.second.seen < keep_from; });
     std::erase_if(user_cache_, [&](const auto& kv) { return kv.second.seen < keep_from; });
+    const auto too_old = profiling::Clock::now() - kRawStackLife;
+    std::erase_if(raw_, [&](const auto& kv) { return kv.second.seen < too_old; });
+    const std::size_t cap = std::size_t{options_.max_stacks} * 4;
+    if (raw_.size() > cap) {
+      std::vector<profiling::Clock::time_point> seen;
+      seen.reserve(raw_.size());
+      for (const auto& [hash, r] : raw_) seen.push_back(r.seen);
+      auto nth = seen.begin() + static_cast<std::ptrdiff_t>(raw_.size() - cap);
+      std::nth_element(seen.begin(), nth, seen.end());
+      const auto cutoff = *nth;
+      std::erase_if(raw_, [&](const auto& kv) { return kv.second.seen < cutoff; });
+    }
   }
 
   MetricScope& scope_;
@@ -436,6 +486,9 @@ class ProfileTracer final : public Tracer {
   std::array<int, 2> counts_fd_{-1, -1};
   int active_ = 0;
   std::uint64_t generation_ = 0;
+  Pending pending_;
+  std::uint64_t store_dropped_ = 0;
+  profiling::Clock::time_point workloads_resolved_{};
   std::unordered_map<__u64, RawStack> raw_;
   std::map<std::pair<__u64, bool>, Cached> kernel_cache_;  // by (hash, off-CPU)
   std::map<std::pair<std::uint32_t, __u64>, Cached> user_cache_;

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "../cgroup_fixture.h"
 #include "../metrics_lookup.h"
 #include "../test_support.h"
 #include "ebpf_metricsd/profile/pprof.h"
@@ -30,8 +31,9 @@ using profiling::SampleKind;
 
 namespace {
 
-// Rounds of hot_three + hot_one (about 1 ms of CPU each here) and reads of 20 ms.
-constexpr int kRounds = 2000;
+// CPU time of hot_three + hot_one (at 997 Hz about 2,000 samples, on any machine: enough
+// for the 3:1 share within 5 points, which is 5 standard deviations), and reads of 20 ms.
+constexpr int kCpuMs = 2000;
 constexpr int kReads = 25;
 
 struct WorkloadRun {
@@ -45,8 +47,8 @@ WorkloadRun run_workload(const std::string& binary) {
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
-  const std::string rounds = std::to_string(kRounds), reads = std::to_string(kReads);
-  char* argv[] = {const_cast<char*>(binary.c_str()), const_cast<char*>(rounds.c_str()),
+  const std::string cpu = std::to_string(kCpuMs), reads = std::to_string(kReads);
+  char* argv[] = {const_cast<char*>(binary.c_str()), const_cast<char*>(cpu.c_str()),
                   const_cast<char*>(reads.c_str()), nullptr};
   WorkloadRun run;
   REQUIRE(posix_spawn(&run.pid, binary.c_str(), &actions, nullptr, argv, environ) == 0);
@@ -172,8 +174,9 @@ TEST_CASE("profile: a known workload's CPU shares, blocked time and stacks", "[p
               << " ns), " << o.waits_with_pipe_read << " with pipe_read, innermost kernel frame "
               << o.first_kernel_frame << "; hook " << tracer->hook() << "; stacks:" << o.stacks);
 
-  // The work is fixed, so the samples are too (CPU time, whatever the machine's speed).
-  CHECK(o.three + o.one > 1000);
+  // The workload ran 2 s of CPU time in the two functions: about 1,994 samples at 997 Hz,
+  // whatever the machine's speed.
+  CHECK(o.three + o.one > 1600);
   // On-CPU: the leaf is right with frame pointers or without; 3:1 within 5 points.
   CHECK(share > 0.70);
   CHECK(share < 0.80);
@@ -234,4 +237,41 @@ TEST_CASE("profile: offcpu_min keeps short waits out, and off_cpu: false keeps a
     CHECK(o.three + o.one > 0);
     CHECK(o.waits == 0);
   }
+}
+
+TEST_CASE("profile: workloads keeps only the named cgroup and what is below it, labelled",
+          "[profile][cgroup]") {
+  test::TestCgroup named("profile");
+  test::TestCgroup inner(named, "inner");
+  MetricStore metrics;
+  profiling::ProfileStore store;
+  auto tracer = test::start_tracer(
+      metrics, "profile",
+      "    frequency: 997\n    cgroup: true\n    workloads: [\"" + named.label() + "\"]\n", &store);
+  REQUIRE(store.cut());
+  const auto from = profiling::Clock::now();
+  // The same workload at once inside (in a cgroup below the named one) and outside.
+  const pid_t inside = inner.spawn([] {
+    const int null = open("/dev/null", O_WRONLY);
+    dup2(null, STDOUT_FILENO);
+    execl(PROFILE_WORKLOAD_FP, PROFILE_WORKLOAD_FP, "300", "5", static_cast<char*>(nullptr));
+    _exit(127);
+  });
+  const WorkloadRun outside = run_workload(PROFILE_WORKLOAD_FP);
+  int status = 0;
+  REQUIRE(waitpid(inside, &status, 0) == inside);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  REQUIRE(store.cut());
+  const ProfileWindow w = store.window(from, profiling::Clock::now());
+  const Observed in = observe(w, inside), out = observe(w, outside.pid);
+  INFO("inside:" << in.stacks << "\noutside:" << out.stacks);
+  CHECK(in.three + in.one > 0);
+  CHECK(in.waits == 5);
+  CHECK(out.three + out.one == 0);
+  CHECK(out.waits == 0);
+  // Nothing from anywhere else, and the workload labels name the cgroup the thread ran in.
+  std::set<std::string> cgroups;
+  for (const auto& s : w.samples) cgroups.insert(s.workload.cgroup);
+  CHECK(cgroups == std::set<std::string>{inner.label()});
 }

@@ -25,7 +25,7 @@ namespace {
 const char* const kUser = "pyroscope";
 const char* const kPassword = "pr0file-Pa55";
 
-// The known workload (tests/profile_workload), running until killed.
+// The known workload (tests/profile_workload), running until killed (1000 s of CPU).
 struct Workload {
   pid_t pid = 0;
   Workload() {
@@ -41,7 +41,8 @@ struct Workload {
 
 // The daemon with the profile tracer, over HTTPS with basic auth.
 struct ProfileDaemon {
-  Setup s{"  profile:\n    enabled: true\n    frequency: 97\n    cgroup: true\n"};
+  // 997 Hz: enough samples in a few seconds for the shares the tests check.
+  Setup s{"  profile:\n    enabled: true\n    frequency: 997\n    cgroup: true\n"};
   std::unique_ptr<DaemonProcess> d;
   std::string base;
 

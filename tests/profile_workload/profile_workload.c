@@ -8,7 +8,10 @@
 //    so that it is the innermost user frame with or without frame pointers) until a feeder
 //    thread writes a byte, which it does only once the reader has switched out, and 20 ms
 //    later: every read blocks.
-// Usage: profile_workload ROUNDS READS. Prints "blocked_ns N": the reader's time in read.
+// Usage: profile_workload CPU_MS READS: rounds of hot_three() + hot_one() until the main
+// thread has used CPU_MS of CPU time (so that a profile at F Hz takes about CPU_MS * F / 1000
+// samples of them on any machine), and READS blocking reads. Prints "blocked_ns N" (the
+// reader's time in read) and "rounds N" (the work done).
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
@@ -28,12 +31,17 @@ static long long blocked_ns;
 static volatile long reader_switches_before = -1;
 static volatile pid_t reader_tid;
 
-static long long now_ns(void)
+static long long clock_ns(clockid_t clock)
 {
 	struct timespec t;
 
-	clock_gettime(CLOCK_MONOTONIC, &t);
+	clock_gettime(clock, &t);
 	return t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+static long long now_ns(void)
+{
+	return clock_ns(CLOCK_MONOTONIC);
 }
 
 __attribute__((noinline, noipa)) void tick(void)
@@ -142,22 +150,24 @@ static void *feeder(void *arg)
 int main(int argc, char **argv)
 {
 	pthread_t r, f;
-	int rounds;
+	long long cpu_ns, rounds = 0;
 
 	if (argc != 3)
 		return 2;
-	rounds = atoi(argv[1]);
+	cpu_ns = atoll(argv[1]) * 1000000LL;
 	reads = atoi(argv[2]);
 	if (pipe(fds) != 0)
 		return 2;
 	pthread_create(&r, NULL, reader, NULL);
 	pthread_create(&f, NULL, feeder, NULL);
-	for (int i = 0; i < rounds; i++) {
+	/* Whole rounds only: the 3:1 split holds however the time is cut. */
+	while (clock_ns(CLOCK_THREAD_CPUTIME_ID) < cpu_ns) {
 		hot_three();
 		hot_one();
+		rounds++;
 	}
 	pthread_join(r, NULL);
 	pthread_join(f, NULL);
-	printf("blocked_ns %lld\n", blocked_ns);
+	printf("blocked_ns %lld\nrounds %lld\n", blocked_ns, rounds);
 	return 0;
 }

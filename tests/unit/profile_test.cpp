@@ -264,7 +264,7 @@ TEST_CASE("profile routes: bad parameters are a 400 that says why, no tracer a 5
       {{{"seconds", "99999999999999999999"}}, "at most 300"},
       {{{"seconds", "abc"}}, "not a whole number"},
       {{{"seconds", "1.5"}}, "not a whole number"},
-      {{{"seconds", ""}}, "at most 300"},
+      {{{"seconds", ""}}, "seconds is empty"},
       {{{"seconds", "5"}, {"seconds", "6"}}, "more than once"},
   };
   for (const auto& [query, why] : bad) {
@@ -279,9 +279,17 @@ TEST_CASE("profile routes: bad parameters are a 400 that says why, no tracer a 5
   CHECK_THAT(none.body, Catch::Contains("enable tracers.profile"));
 
   const Route& data = find("/profile/data");
-  CHECK(data.handler(HttpRequest{"GET", "/profile/data", {}, {{"group", "colour"}}}).status == 400);
-  CHECK(data.handler(HttpRequest{"GET", "/profile/data", {}, {{"seconds", "x"}}}).status == 400);
-  CHECK(data.handler(HttpRequest{"GET", "/profile/data", {}, {}}).status == 503);
+  REQUIRE(data.deferred);
+  CHECK(data.max_deferred == kMaxFlameGraphRequests);
+  const auto ask_data = [&](std::vector<std::pair<std::string, std::string>> query) {
+    const auto r = data.deferred(HttpRequest{"GET", "/profile/data", {}, std::move(query)});
+    REQUIRE(std::holds_alternative<HttpResponse>(r));
+    return std::get<HttpResponse>(r);
+  };
+  CHECK(ask_data({{"group", "colour"}}).status == 400);
+  CHECK(ask_data({{"seconds", "x"}}).status == 400);
+  CHECK_THAT(ask_data({{"seconds", "601"}}).body, Catch::Contains("at most 600"));
+  CHECK(ask_data({}).status == 503);  // a good request, but no tracer runs
   const HttpResponse page = find("/profile").handler(HttpRequest{"GET", "/profile", {}, {}});
   CHECK(page.status == 200);
   CHECK_THAT(page.body, Catch::Contains("/profile/data?"));

@@ -73,8 +73,10 @@ struct HttpResponse {
   bool compressible = false;  // gzip it when the client accepts gzip
 };
 
-// An answer that comes after a wait: `answer` runs on a worker thread once `wait` is over.
+// An answer that comes after a wait, made off the event loop: `begin` (when set) runs on a
+// worker thread first, then the wait starts, then `answer` runs on a worker thread.
 struct DeferredResponse {
+  std::function<void()> begin;
   std::chrono::milliseconds wait{0};
   std::function<HttpResponse()> answer;
 };

@@ -18,6 +18,9 @@ inline constexpr int kMaxProfileSeconds = 300;
 inline constexpr std::size_t kMaxProfileRequests = 4;
 // Frames the flame graph page draws at most; the smallest fold into their callers.
 inline constexpr std::size_t kMaxFlameGraphNodes = 20000;
+// The flame graph's window at most (what the store keeps), and its requests at once.
+inline constexpr int kMaxFlameGraphSeconds = 600;
+inline constexpr std::size_t kMaxFlameGraphRequests = 2;
 
 std::vector<Route> profile_routes(std::shared_ptr<ProfileStore> store);
 

@@ -76,6 +76,8 @@ class ProfileStore {
   // Reads what the kernel side has so far into a batch (when a profile tracer runs), so
   // that a window ending now is complete. False when no profile tracer runs.
   bool cut();
+  // Whether a profile tracer runs now (no waiting for a cut in progress).
+  bool running() const { return running_; }
   // The samples of batches that ended after `from` and by `to`.
   ProfileWindow window(Clock::time_point from, Clock::time_point to) const;
 
@@ -95,6 +97,7 @@ class ProfileStore {
   Limits limits_;
   std::mutex source_mutex_;  // held while cutting, and while the source changes
   std::function<void()> source_;
+  std::atomic<bool> running_{false};
   std::atomic<std::uint32_t> frequency_{0};
   mutable std::mutex mutex_;
   std::deque<Batch> batches_;

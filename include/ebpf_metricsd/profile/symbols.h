@@ -82,8 +82,11 @@ class UserSymbols {
  private:
   struct Mapping {
     std::uint64_t start, end, offset;
-    std::string path;                 // as /proc/PID/maps shows it
-    std::shared_ptr<ElfModule> elf;   // null: not an ELF file we could open
+    std::string path;  // as /proc/PID/maps shows it
+    std::uint64_t dev = 0, inode = 0;
+    // The file, while it is among the max_modules open ones; opened again when needed (the
+    // process still running) after it was closed.
+    std::weak_ptr<ElfModule> elf;
   };
   struct Process {
     std::uint64_t start_time = 0;  // /proc/PID/stat field 22: tells a reused pid
@@ -97,7 +100,7 @@ class UserSymbols {
   std::map<pid_t, Process> processes_;
   std::list<pid_t> process_lru_;  // most recently used first
   std::map<std::pair<std::uint64_t, std::uint64_t>, std::weak_ptr<ElfModule>> by_inode_;
-  std::list<std::shared_ptr<ElfModule>> modules_;  // most recently opened or used first
+  std::list<std::shared_ptr<ElfModule>> modules_;  // the open files, most recently used first
 };
 
 // "_ZN3foo3barEv" -> "foo::bar()"; other names unchanged.
