@@ -9,7 +9,10 @@
 
 #include <catch2/catch.hpp>
 #include <cstdlib>
+#include <cmath>
+#include <cstdio>
 #include <map>
+#include <regex>
 #include <set>
 #include <string>
 #include <vector>
@@ -274,4 +277,47 @@ TEST_CASE("profile: workloads keeps only the named cgroup and what is below it, 
   std::set<std::string> cgroups;
   for (const auto& s : w.samples) cgroups.insert(s.workload.cgroup);
   CHECK(cgroups == std::set<std::string>{inner.label()});
+}
+
+TEST_CASE("profile: perf record on the same workload agrees on the top functions",
+          "[profile][external]") {
+  MetricStore metrics;
+  profiling::ProfileStore store;
+  auto tracer = test::start_tracer(metrics, "profile", "    frequency: 997\n", &store);
+  const std::string data = "/tmp/emd-perf-" + std::to_string(getpid()) + ".data";
+  REQUIRE(store.cut());
+  const auto from = profiling::Clock::now();
+  // perf runs the workload itself: its samples are of that process alone.
+  const std::string recorded = test::run_capture("perf record -F 997 -g -o " + data + " -- " +
+                                                 std::string(PROFILE_WORKLOAD_FP) + " 2000 5 2>&1");
+  REQUIRE(store.cut());
+  const ProfileWindow w = store.window(from, profiling::Clock::now());
+  const std::string report =
+      test::run_capture("perf report -i " + data +
+                        " --stdio --no-children --sort sym -g none --comm profile_workloa 2>/dev/null");
+  std::remove(data.c_str());
+  INFO("perf record: " << recorded << "\nperf report:\n" << report.substr(0, 2000));
+  // perf's leaf functions, heaviest first: "    74.90%  [.] hot_three".
+  const std::regex row(R"(([0-9.]+)%\s+\[\.\]\s+(\S+))");
+  std::vector<std::pair<std::string, double>> theirs;
+  for (auto it = std::sregex_iterator(report.begin(), report.end(), row); it != std::sregex_iterator(); ++it) {
+    theirs.emplace_back((*it)[2], std::stod((*it)[1]));
+  }
+  REQUIRE(theirs.size() >= 2);
+  CHECK(theirs[0].first == "hot_three");
+  CHECK(theirs[1].first == "hot_one");
+  const double their_share = theirs[0].second / (theirs[0].second + theirs[1].second);
+  // Ours, over the same process (the only one with that name).
+  std::uint64_t three = 0, one = 0;
+  for (const auto& s : w.samples) {
+    if (s.comm != "profile_workloa" || s.kind != SampleKind::OnCpu) continue;
+    const Frame* leaf = leaf_user_frame(w, s.stack);
+    if (leaf && leaf->function == "hot_three") three += s.count;
+    if (leaf && leaf->function == "hot_one") one += s.count;
+  }
+  REQUIRE(three + one > 0);
+  const double our_share = static_cast<double>(three) / static_cast<double>(three + one);
+  INFO("hot_three's share: ours " << our_share << " (" << three << " and " << one
+                                  << " samples), perf's " << their_share);
+  CHECK(std::abs(our_share - their_share) < 0.05);
 }
