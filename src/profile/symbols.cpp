@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 namespace ebpf_metricsd::profiling {
@@ -276,6 +277,27 @@ void UserSymbols::forget(pid_t tgid) {
   if (it == processes_.end()) return;
   process_lru_.erase(it->second.lru);
   processes_.erase(it);
+}
+
+void UserSymbols::forget_exited() {
+  for (auto it = processes_.begin(); it != processes_.end();) {
+    if (it->second.exited) {
+      process_lru_.erase(it->second.lru);
+      it = processes_.erase(it);
+      continue;
+    }
+    it->second.exited = start_time(it->first) != it->second.start_time;
+    ++it;
+  }
+  // Files no known process maps any more are closed (opened again if one maps them later).
+  std::set<const ElfModule*> mapped;
+  for (const auto& [tgid, p] : processes_) {
+    for (const Mapping& m : p.mappings) {
+      if (auto elf = m.elf.lock()) mapped.insert(elf.get());
+    }
+  }
+  modules_.remove_if([&](const std::shared_ptr<ElfModule>& e) { return !mapped.contains(e.get()); });
+  std::erase_if(by_inode_, [](const auto& kv) { return kv.second.expired(); });
 }
 
 void UserSymbols::capture(pid_t tgid, bool again) {

@@ -337,6 +337,8 @@ class ProfileTracer final : public Tracer {
     pending_.on_cpu += on;
     pending_.off_cpu += off;
     forget_unused();
+    std::lock_guard symbols(symbols_mutex_);
+    user_.forget_exited();
   }
 
   // The self-metrics, from the drain only: a cut made for a profile request takes no lock

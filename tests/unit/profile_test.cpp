@@ -1,6 +1,8 @@
 // The profile's user-space half without the kernel: symbols (a kallsyms file written here,
 // this test binary's own ELF symbols), the store's windows and bounds, pprof and the flame
 // graph's data, and the routes' answers to bad parameters.
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -99,6 +101,25 @@ TEST_CASE("user symbols: this process's own functions, by file offset and build-
   // An address no mapping covers, and an unknown process: module+offset, no crash.
   CHECK(u.resolve(getpid(), 8, false).function == "[unknown]+0x8");
   CHECK(u.resolve(999999999, address, false).module == "[unknown]");
+
+  // A process that exits is forgotten at the second call after it is gone (its last stacks
+  // are symbolized between the two).
+  const pid_t child = fork();
+  if (child == 0) {
+    pause();
+    _exit(0);
+  }
+  u.capture(child);
+  CHECK(u.processes() == 2);
+  u.forget_exited();
+  CHECK(u.processes() == 2);
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  u.forget_exited();
+  CHECK(u.processes() == 2);  // seen gone: its stacks of the last read are still to come
+  CHECK(u.resolve(child, address, false).function == "emd_profile_unit_marker");
+  u.forget_exited();
+  CHECK(u.processes() == 1);
 }
 
 TEST_CASE("profile store: windows, retention and the sample bound") {

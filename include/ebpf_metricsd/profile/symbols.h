@@ -74,6 +74,10 @@ class UserSymbols {
   // still runs; a process that is gone keeps what was captured.
   void capture(pid_t tgid, bool again = false);
   Frame resolve(pid_t tgid, std::uint64_t address, bool return_address);
+  // Forgets processes that had exited already at the previous call: their last stacks have
+  // been symbolized by now (call once per read of the kernel side, after it). Closes the
+  // files no process it knows maps.
+  void forget_exited();
 
   std::size_t modules() const { return modules_.size(); }
   std::size_t processes() const { return processes_.size(); }
@@ -90,6 +94,7 @@ class UserSymbols {
   };
   struct Process {
     std::uint64_t start_time = 0;  // /proc/PID/stat field 22: tells a reused pid
+    bool exited = false;           // seen gone by forget_exited()
     std::vector<Mapping> mappings;
     std::list<pid_t>::iterator lru;
   };
