@@ -264,28 +264,16 @@ std::optional<std::string_view> header_of(MHD_Connection* c, const char* name) {
   return std::string_view(value, len);
 }
 
-// The request's headers, copied: a handler may run on another thread after this one moved on.
-std::vector<std::pair<std::string, std::string>> headers_of(MHD_Connection* c) {
+// The request's values of one kind (headers, decoded query parameters), copied: a handler
+// may run on another thread after this one moved on. Header names are lower-cased.
+std::vector<std::pair<std::string, std::string>> values_of(MHD_Connection* c, MHD_ValueKind kind) {
   std::vector<std::pair<std::string, std::string>> out;
   MHD_get_connection_values(
-      c, MHD_HEADER_KIND,
-      [](void* cls, MHD_ValueKind, const char* key, const char* value) -> MHD_Result {
+      c, kind,
+      [](void* cls, MHD_ValueKind k, const char* key, const char* value) -> MHD_Result {
+        const std::string name = key ? key : "";
         static_cast<std::vector<std::pair<std::string, std::string>>*>(cls)->emplace_back(
-            lower(key ? key : ""), value ? value : "");
-        return MHD_YES;
-      },
-      &out);
-  return out;
-}
-
-// The query's parameters, decoded by the library (the target's grammar was checked first).
-std::vector<std::pair<std::string, std::string>> query_of(MHD_Connection* c) {
-  std::vector<std::pair<std::string, std::string>> out;
-  MHD_get_connection_values(
-      c, MHD_GET_ARGUMENT_KIND,
-      [](void* cls, MHD_ValueKind, const char* key, const char* value) -> MHD_Result {
-        static_cast<std::vector<std::pair<std::string, std::string>>*>(cls)->emplace_back(
-            key ? key : "", value ? value : "");
+            k == MHD_HEADER_KIND ? lower(name) : name, value ? value : "");
         return MHD_YES;
       },
       &out);
@@ -503,8 +491,9 @@ MHD_Result WebServer::Impl::request(MHD_Connection* connection, const char* url,
   if (pending.response) return send(connection, std::move(*pending.response), gzip_ok);
   const auto it = routes.find(path);
   if (it == routes.end()) return send(connection, text(404, "404 page not found"), false);
-  HttpRequest req{std::string(m), std::string(path), headers_of(connection),
-                  query_of(connection)};
+  // The target's grammar was checked first: the library's decoding of the query is safe.
+  HttpRequest req{std::string(m), std::string(path), values_of(connection, MHD_HEADER_KIND),
+                  values_of(connection, MHD_GET_ARGUMENT_KIND)};
   if (it->second.deferred) return answer_later(connection, it->second, req, gzip_ok, pending);
   if (it->second.limited) {
     return render_off_loop(connection, it->second, std::move(req), gzip_ok, pending);
