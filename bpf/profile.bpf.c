@@ -28,9 +28,9 @@
 #include "common/cgroup.bpf.h"
 #include "common/maps.bpf.h"
 #include "common/read.bpf.h"
+#include "common/sched_switch.bpf.h"
 #include "profile.h"
 
-#define TASK_RUNNING 0
 #define PF_EXITING 0x00000004
 #define PF_KTHREAD 0x00200000
 
@@ -39,11 +39,6 @@ const volatile __u8 on_cpu_on = 1;
 const volatile __u8 off_cpu_on = 1;
 const volatile __u64 offcpu_min_ns = 1000000;
 const volatile __u32 nr_workloads = 0; /* 0: every workload */
-
-/* task_struct.state was renamed __state (and made unsigned int) in 5.14. */
-struct task_struct___state_long {
-	volatile long state;
-} __attribute__((preserve_access_index));
 
 struct offcpu_start {
 	__u64 ts; /* ns when it switched out blocked, 0 = not blocked */
@@ -335,25 +330,10 @@ static __always_inline int on_switch(void *ctx, bool preempt,
 	return 0;
 }
 
-/* The state sched_switch reports since 5.18, for kernels that do not pass it. */
-static __always_inline unsigned int task_state_now(struct task_struct *t)
-{
-	struct task_struct___state_long *old = (void *)t;
+#define SWITCH(preempt, prev, next, prev_state, raw)                          \
+	on_switch(ctx, preempt, prev, next, prev_state, raw)
 
-	if (bpf_core_field_exists(t->__state))
-		return BPF_CORE_READ(t, __state);
-	return (unsigned int)BPF_CORE_READ(old, state);
-}
-
-#define SWITCH(raw) on_switch(ctx, preempt, prev, next, prev_state, raw)
-#define SWITCH_3ARG(raw)                                                       \
-	on_switch(ctx, preempt, prev, next, task_state_now(prev), raw)
-
-EMD_TP_PROGS(sched_switch, offcpu_switch, SWITCH, bool preempt,
-	     struct task_struct *prev, struct task_struct *next,
-	     unsigned int prev_state)
-EMD_TP_PROGS(sched_switch, offcpu_switch_3arg, SWITCH_3ARG, bool preempt,
-	     struct task_struct *prev, struct task_struct *next)
+EMD_SCHED_SWITCH_PROGS(offcpu_switch, SWITCH)
 
 /* A process that execs maps other files: announce it again when next seen. */
 SEC("raw_tp/sched_process_exec")

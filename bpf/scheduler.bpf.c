@@ -10,8 +10,6 @@
  * Each hook exists as tp_btf (per-task state in task storage) and raw_tp
  * (per-task state in a pid hash, removed at sched_process_free), the raw_tp
  * kind also serving kernels whose tracing programs have no task storage.
- * sched_switch gained its prev_state argument in Linux 5.18; before that the
- * *_3arg programs read the state from the task.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_core_read.h>
@@ -20,14 +18,8 @@
 
 #include "common/maps.bpf.h"
 #include "common/read.bpf.h"
+#include "common/sched_switch.bpf.h"
 #include "scheduler.h"
-
-#define TASK_RUNNING 0
-
-/* task_struct.state was renamed __state (and made unsigned int) in 5.14. */
-struct task_struct___state_long {
-	volatile long state;
-} __attribute__((preserve_access_index));
 
 struct sched_config sched_cfg = {};
 
@@ -211,30 +203,11 @@ static __always_inline int on_switch(bool preempt, struct task_struct *prev,
 	return 0;
 }
 
-/* The state sched_switch reports since 5.18, for kernels that do not pass it:
- * what the task's state says as it is switched out (preempted counts as
- * runnable in on_switch either way). */
-static __always_inline unsigned int task_state_now(struct task_struct *t)
-{
-	struct task_struct___state_long *old = (void *)t;
-
-	if (bpf_core_field_exists(t->__state))
-		return BPF_CORE_READ(t, __state);
-	return (unsigned int)BPF_CORE_READ(old, state);
-}
-
 #define WAKEUP(raw) on_wakeup(p, raw)
-#define SWITCH(raw) on_switch(preempt, prev, next, prev_state, raw)
-#define SWITCH_3ARG(raw)                                                       \
-	on_switch(preempt, prev, next, task_state_now(prev), raw)
 
 EMD_TP_PROGS(sched_wakeup, sched_wakeup, WAKEUP, struct task_struct *p)
 EMD_TP_PROGS(sched_wakeup_new, sched_wakeup_new, WAKEUP, struct task_struct *p)
-EMD_TP_PROGS(sched_switch, sched_switch, SWITCH, bool preempt,
-	     struct task_struct *prev, struct task_struct *next,
-	     unsigned int prev_state)
-EMD_TP_PROGS(sched_switch, sched_switch_3arg, SWITCH_3ARG, bool preempt,
-	     struct task_struct *prev, struct task_struct *next)
+EMD_SCHED_SWITCH_PROGS(sched_switch, on_switch)
 
 /* raw_tp keeps per-task state in a pid map: drop it with the task. */
 SEC("raw_tp/sched_process_free")
