@@ -36,6 +36,13 @@ GrammarError bad(std::string reason) { return {400, std::move(reason)}; }
 
 std::optional<GrammarError> check_request_target(std::string_view raw) {
   if (raw.empty() || raw.front() != '/') return bad("the request-target is not a path");
+  if (const std::size_t q = raw.find('?'); q != std::string_view::npos) {
+    std::size_t parameters = 1;
+    for (std::size_t i = q + 1; i < raw.size(); ++i) parameters += raw[i] == '&';
+    if (parameters > kMaxQueryParameters) {
+      return bad("more than " + std::to_string(kMaxQueryParameters) + " query parameters");
+    }
+  }
   for (std::size_t i = 0; i < raw.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(raw[i]);
     if (c <= 0x20 || c >= 0x7F) {

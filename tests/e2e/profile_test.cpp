@@ -129,6 +129,13 @@ TEST_CASE("profile requests: credentials, bad seconds, a bound on those waiting,
   CHECK(p.get("/debug/pprof/profile?seconds=abc").first == "400");
   CHECK(p.get("/debug/pprof/profile").first == "400");
   CHECK(p.get("/debug/pprof/profile?seconds=100000").first == "400");
+  CHECK(p.get("/debug/pprof/profile?seconds=1&seconds=2").first == "400");
+  std::string many = "/debug/pprof/profile?seconds=1";
+  for (int i = 0; i < 64; ++i) many += "&seconds=1";
+  const auto flood = p.get(many);
+  CHECK(flood.first == "400");
+  CHECK_THAT(flood.second, Contains("more than 64 query parameters"));
+  CHECK(p.get("/metrics", true, "5").first == "200");
 
   // Five requests at once for an 8-second window: four wait for it, the fifth is refused at
   // once, and scrapes are served meanwhile.

@@ -18,6 +18,10 @@ constexpr std::size_t kMaxHeaderFields = 100;
 // answered 431 (or 414 when the request line alone is longer).
 constexpr std::size_t kMaxRequestHeadBytes = 16 * 1024;
 
+// At most this many query parameters in one request-target; more is answered 400. No route
+// reads more than three; the library stores every one in the connection's memory pool.
+constexpr std::size_t kMaxQueryParameters = 64;
+
 // A refusal: the status to answer and why, for the body and the debug log.
 struct GrammarError {
   int status;
@@ -26,7 +30,7 @@ struct GrammarError {
 
 // The request-target as received, before percent-decoding: origin-form ("/path?query"),
 // printable ASCII only, every '%' followed by two hex digits, and nothing that decodes to a
-// control character (%00..%1F, %7F).
+// control character (%00..%1F, %7F); at most kMaxQueryParameters query parameters.
 std::optional<GrammarError> check_request_target(std::string_view raw);
 
 // The header fields as the library kept them (names and values with their real lengths):
