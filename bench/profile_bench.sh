@@ -5,7 +5,7 @@
 #     own CPU time during each run is added to the run's cost;
 #  2. the off-CPU path per context switch: `perf bench sched pipe` (two tasks blocking on
 #     each other, two blocking switches per round trip) with nothing, with the daemon
-#     (on_cpu: false; the waits are below offcpu_min, so each costs the stacks taken at
+#     (on_cpu: false; the waits are below offcpu_min, so each costs the user stack taken at
 #     switch-out and one comparison) and with libbpf-tools' offcputime;
 #  3. the daemon's RSS under process churn: thousands of short-lived processes run from 200
 #     distinct copies of the workload binary (a file each: its own ELF to open and name).

@@ -4,11 +4,12 @@
  *  - on-CPU: a CPU-clock perf event in frequency mode on every CPU runs
  *    on_cpu_sample; each sample adds its period (ns of CPU time) to the
  *    interrupted thread's (kernel stack, user stack);
- *  - off-CPU: at sched_switch a thread that blocks leaves its stacks and the
- *    time in per-thread state (taking them is the cost of each blocking
- *    switch); when it is switched in again after at least offcpu_min, the wait
- *    is added to its (kernel stack, user stack). A shorter wait then costs one
- *    comparison.
+ *  - off-CPU: at sched_switch a thread that blocks leaves its user stack and
+ *    the time in per-thread state (taking the user stack is the cost of each
+ *    blocking switch); when it is switched in again after at least
+ *    offcpu_min, its kernel stack is taken where it still waits and the wait
+ *    is added to its (kernel stack, user stack). A shorter wait costs one
+ *    comparison more.
  * Stacks are kept once each in `stacks`, keyed by a 64-bit hash of their
  * frames; aggregates in the inner map that `counts_slot` points to. User space
  * swaps that inner map for an empty one (the update waits for programs still
@@ -158,21 +159,16 @@ static __always_inline __u64 mix(__u64 h, __u64 v)
 }
 
 /*
- * Takes the current task's kernel stack (flags 0) or user stack
- * (BPF_F_USER_STACK) into scratch slot `slot` and keeps it in `stacks`.
- * Returns its hash, or 0 when there is none or it could not be kept.
+ * Keeps the len bytes of frames in scratch stack s in `stacks`. Returns their
+ * hash, or 0 when there are none or they could not be kept.
  */
-static __always_inline __u64 keep_stack(void *ctx, __u32 slot, __u64 flags)
+static __always_inline __u64 keep(struct profile_stack *s, long len)
 {
-	struct profile_stack *s, *old;
+	struct profile_stack *old;
 	__u64 h;
-	long len, err;
+	long err;
 	__u32 i, nr;
 
-	s = bpf_map_lookup_elem(&scratch, &slot);
-	if (!s)
-		return 0;
-	len = bpf_get_stack(ctx, s->ips, sizeof(s->ips), flags);
 	if (len < 0) {
 		emd_count_drop(&drops, PROFILE_DROP_STACK_ERROR);
 		return 0;
@@ -207,6 +203,30 @@ static __always_inline __u64 keep_stack(void *ctx, __u32 slot, __u64 flags)
 		return 0;
 	}
 	return h;
+}
+
+/*
+ * Takes the current task's kernel stack (flags 0) or user stack
+ * (BPF_F_USER_STACK) into scratch slot `slot` and keeps it.
+ */
+static __always_inline __u64 keep_stack(void *ctx, __u32 slot, __u64 flags)
+{
+	struct profile_stack *s = bpf_map_lookup_elem(&scratch, &slot);
+
+	if (!s)
+		return 0;
+	return keep(s, bpf_get_stack(ctx, s->ips, sizeof(s->ips), flags));
+}
+
+/* Keeps the kernel stack of task t, which is not running. */
+static __always_inline __u64 keep_task_stack(struct task_struct *t)
+{
+	__u32 slot = 2;
+	struct profile_stack *s = bpf_map_lookup_elem(&scratch, &slot);
+
+	if (!s)
+		return 0;
+	return keep(s, bpf_get_task_stack(t, s->ips, sizeof(s->ips), 0));
 }
 
 static __always_inline void add(struct profile_key *key, __u64 ns)
@@ -295,13 +315,17 @@ static __always_inline int on_switch(void *ctx, bool preempt,
 	now = bpf_ktime_get_ns();
 
 	/* prev, the current task, blocks: its stacks are where it waits. A task
-	 * that exits switches out for good. */
+	 * that exits switches out for good. Its user stack can only be taken
+	 * now, while it is current. Its kernel stack stays as it is until it
+	 * runs again: with a BTF task pointer (tp_btf) it is taken then, and only
+	 * for a wait of at least offcpu_min; raw_tp has no task pointer the
+	 * helper accepts, so it takes it now. */
 	if (!preempt && prev_state != TASK_RUNNING &&
 	    EMD_READ(raw, prev, pid) != 0 &&
 	    !(EMD_READ(raw, prev, flags) & PF_EXITING) && wanted()) {
 		s = start_of(prev, true, raw);
 		if (s) {
-			s->kstack = keep_stack(ctx, 2, 0);
+			s->kstack = raw ? keep_stack(ctx, 2, 0) : 0;
 			s->ustack = 0;
 			if (!(EMD_READ(raw, prev, flags) & PF_KTHREAD)) {
 				s->ustack = keep_stack(ctx, 3, BPF_F_USER_STACK);
@@ -321,7 +345,7 @@ static __always_inline int on_switch(void *ctx, bool preempt,
 	key.tgid = EMD_READ(raw, next, tgid);
 	key.tid = EMD_READ(raw, next, pid);
 	key.kind = PROFILE_OFF_CPU;
-	key.kstack = s->kstack;
+	key.kstack = raw ? s->kstack : keep_task_stack(next);
 	key.ustack = s->ustack;
 	if (emd_by_cgroup)
 		key.cgroup = EMD_READ(raw, next, cgroups, dfl_cgrp, kn, id);

@@ -4,6 +4,7 @@ install(TARGETS ebpf-metricsd RUNTIME DESTINATION bin)
 install(FILES ${CMAKE_SOURCE_DIR}/config/ebpf-metricsd.yaml
         DESTINATION /etc/ebpf-metricsd RENAME config.yaml)
 install(FILES ${CMAKE_SOURCE_DIR}/systemd/ebpf-metricsd.service DESTINATION /lib/systemd/system)
+install(FILES ${CMAKE_SOURCE_DIR}/systemd/profile.conf DESTINATION share/ebpf-metricsd/systemd)
 install(DIRECTORY ${CMAKE_SOURCE_DIR}/dashboards/ DESTINATION share/ebpf-metricsd/dashboards
         FILES_MATCHING PATTERN "*.json")
 install(DIRECTORY ${CMAKE_SOURCE_DIR}/packaging/prometheus/

@@ -114,7 +114,21 @@ def quantiles(level, metric, legend):
 # Status: is every tracer attached, is the daemon keeping up, is anything lost.
 row("Status", "Which tracers run and with which hook, drain time, drops, series limits.")
 table("Tracers", [(f"ebpf_metricsd_tracer_up{{{SEL}}}", "")], 0, 8,
-      "1 = attached; hook is the attach type the kernel probe chose; 0 = failed (see log).")
+      "1 = attached; hook is the attach type the kernel probe chose; 0 = failed (see log). "
+      "An instance links to its flame graph page (/profile) and its last 30 s of pprof, "
+      "for an instance whose profile tracer is up.")
+# The instance column links to the daemon's own pages: Prometheus' instance label is the
+# host:port it scrapes, and $scheme says whether that is served over TLS.
+panels[-1]["fieldConfig"]["overrides"].append({
+    "matcher": {"id": "byName", "options": "instance"},
+    "properties": [{"id": "links", "value": [
+        {"title": "Flame graph of ${__data.fields.instance}",
+         "url": "${scheme}://${__data.fields.instance}/profile", "targetBlank": True},
+        {"title": "pprof, 30 s, of ${__data.fields.instance}",
+         "url": "${scheme}://${__data.fields.instance}/debug/pprof/profile?seconds=30",
+         "targetBlank": True},
+    ]}],
+})
 timeseries("Drain duration", [(f"ebpf_metricsd_drain_duration_seconds{{{SEL}}}",
                                "{{instance}} {{tracer}}")], "s", 8, 8,
            "How long reading each tracer's BPF maps took, per drain.")
@@ -296,6 +310,13 @@ dashboard = {
                    "refId": "workload"},
          "refresh": 2, "multi": True, "includeAll": True, "allValue": ".+",
          "current": {}, "hide": 0, "sort": 1, "regex": "", "options": []},
+        {"type": "custom", "name": "scheme", "label": "Daemon pages over",
+         "description": "The scheme of links to the daemons' own pages (flame graphs): "
+                        "https where web.config.file sets TLS.",
+         "query": "http,https", "current": {"text": "http", "value": "http"},
+         "options": [{"text": "http", "value": "http", "selected": True},
+                     {"text": "https", "value": "https", "selected": False}],
+         "multi": False, "includeAll": False, "hide": 0},
     ]},
     "panels": panels,
 }

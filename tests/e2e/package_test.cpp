@@ -23,6 +23,7 @@ TEST_CASE("cpack builds a .deb that installs, checks its config, and removes cle
   const std::string files = run_capture("dpkg -L ebpf-metricsd");
   for (const char* f : {"/usr/bin/ebpf-metricsd", "/etc/ebpf-metricsd/config.yaml",
                         "/lib/systemd/system/ebpf-metricsd.service",
+                        "/usr/share/ebpf-metricsd/systemd/profile.conf",
                         "/usr/share/ebpf-metricsd/dashboards/ebpf-metricsd.json",
                         "/usr/share/ebpf-metricsd/prometheus/rules.yml",
                         "/usr/share/doc/ebpf-metricsd/README.md"}) {
@@ -36,6 +37,14 @@ TEST_CASE("cpack builds a .deb that installs, checks its config, and removes cle
         "/etc/ebpf-metricsd/config.yaml: configuration is valid\n");
   CHECK(
       run_capture("systemd-analyze verify /lib/systemd/system/ebpf-metricsd.service 2>&1").empty());
+  // The profile's drop-in, installed as its comment says, verifies with the unit.
+  const std::string dropin_dir = "/etc/systemd/system/ebpf-metricsd.service.d";
+  REQUIRE(run_command("install -D -m 644 /usr/share/ebpf-metricsd/systemd/profile.conf " +
+                      dropin_dir + "/profile.conf") == 0);
+  const std::string with_dropin =
+      run_capture("systemd-analyze verify /lib/systemd/system/ebpf-metricsd.service 2>&1");
+  run_command("rm -rf " + dropin_dir);
+  CHECK(with_dropin.empty());
 
   // Remove: everything but the conffile goes; purge takes the conffile too.
   REQUIRE(run_command("dpkg -r ebpf-metricsd >>" + dir + "/dpkg.log 2>&1") == 0);

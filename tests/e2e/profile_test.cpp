@@ -3,12 +3,14 @@
 // browser (headless Chromium).
 #include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <catch2/catch.hpp>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <sstream>
 #include <thread>
 
 #include "daemon_process.h"
@@ -226,4 +228,81 @@ TEST_CASE("the flame graph page in a real browser: the known workload's function
   char magic[4] = {};
   png.read(magic, 4);
   CHECK(std::string(magic + 1, 3) == "PNG");
+}
+
+namespace {
+
+// The capabilities an AmbientCapabilities= line of a unit file names, as setpriv spells
+// them ("+sys_ptrace").
+std::vector<std::string> ambient_capabilities(const std::string& unit) {
+  std::vector<std::string> caps;
+  std::smatch line;
+  for (auto it = unit.cbegin();
+       std::regex_search(it, unit.cend(), line, std::regex("\nAmbientCapabilities=([^\n]*)"));
+       it = line[0].second) {
+    std::istringstream names(line[1].str());
+    for (std::string name; names >> name;) {
+      REQUIRE(name.rfind("CAP_", 0) == 0);
+      std::string lower = name.substr(4);
+      for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      caps.push_back("+" + lower);
+    }
+  }
+  return caps;
+}
+
+// A 3-second profile of the known workload (run as root) from the daemon run as nobody with
+// the ambient capabilities of `units`, as `go tool pprof -raw` prints it.
+std::string profile_as_nobody(const std::vector<std::string>& units) {
+  std::string caps = "-all";
+  for (const std::string& unit : units) {
+    for (const std::string& c : ambient_capabilities(read_file(unit))) caps += "," + c;
+  }
+  INFO("capabilities " << caps);
+  Setup s("  profile:\n    enabled: true\n    frequency: 997\n");
+  chmod(s.dir.c_str(), 0755);
+  chmod(s.config.c_str(), 0644);
+  DaemonProcess d(DAEMON_PATH, s.log,
+                  {s.args(), false, {},
+                   {"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                    "--inh-caps=" + caps, "--ambient-caps=" + caps, "--bounding-set=" + caps,
+                    "--no-new-privs", "--"}});
+  const std::regex up("\nebpf_metricsd_tracer_up\\{tracer=\"profile\",hook=\"[a-z_]+\"\\} 1\n");
+  const std::string url = "http://127.0.0.1:" + std::to_string(s.port);
+  const bool is_up = wait_until(
+      [&] { return std::regex_search(run_capture("curl -s " + url + "/metrics"), up); }, 30s);
+  INFO(d.log());
+  REQUIRE(is_up);
+  Workload w;
+  const std::string file = s.dir + "/profile.pb.gz";
+  REQUIRE(run_capture("curl -s -o " + file + " -w '%{http_code}' '" + url +
+                      "/debug/pprof/profile?seconds=3'") == "200");
+  kill(d.pid(), SIGTERM);
+  CHECK(d.wait_exit(5s) == 0);
+  return run_capture("HOME=" + s.dir + " go tool pprof -raw -symbolize=none " + file + " 2>&1");
+}
+
+}  // namespace
+
+TEST_CASE("under the systemd unit's capabilities, the profile's drop-in is what names another "
+          "user's functions and the kernel's",
+          "[profile]") {
+  const std::string unit = SOURCE_DIR "/systemd/ebpf-metricsd.service";
+  const std::string dropin = SOURCE_DIR "/systemd/profile.conf";
+  REQUIRE(ambient_capabilities(read_file(unit)) == std::vector<std::string>{"+bpf", "+perfmon"});
+  SECTION("the unit with the drop-in") {
+    const std::string raw = profile_as_nobody({unit, dropin});
+    INFO(raw.substr(0, 4000));
+    CHECK_THAT(raw, Contains("hot_three"));
+    CHECK_THAT(raw, Contains("wait_on_pipe"));
+    CHECK_THAT(raw, Contains("pipe_read"));
+    CHECK_THAT(raw, Contains("schedule"));
+  }
+  SECTION("the unit alone: the tracer runs, but it can name neither") {
+    const std::string raw = profile_as_nobody({unit});
+    INFO(raw.substr(0, 4000));
+    CHECK_THAT(raw, Contains("samples/count cpu/nanoseconds[dflt] off_cpu/nanoseconds"));
+    CHECK_THAT(raw, !Contains("hot_three"));
+    CHECK_THAT(raw, !Contains("pipe_read"));
+  }
 }

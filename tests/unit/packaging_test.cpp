@@ -17,16 +17,17 @@ namespace {
 
 YAML::Node load(const std::string& rel) { return YAML::LoadFile(SOURCE_DIR "/" + rel); }
 
-std::string unit_file() {
-  std::ifstream in(SOURCE_DIR "/systemd/ebpf-metricsd.service");
+std::string unit_file(const std::string& name = "ebpf-metricsd.service") {
+  std::ifstream in(SOURCE_DIR "/systemd/" + name);
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
 }
 
 // "CAP_BPF CAP_PERFMON" from a unit line "Key=..." as {"BPF", "PERFMON"}.
-std::set<std::string> unit_caps(const std::string& key) {
-  std::istringstream in(unit_file());
+std::set<std::string> unit_caps(const std::string& key,
+                                const std::string& name = "ebpf-metricsd.service") {
+  std::istringstream in(unit_file(name));
   std::string line;
   std::set<std::string> caps;
   while (std::getline(in, line)) {
@@ -67,6 +68,27 @@ TEST_CASE("Kubernetes DaemonSet: the unit's capabilities only, read-only, BTF an
   CHECK(mounts.count("/etc/ebpf-metricsd"));
   CHECK(c["ports"][0]["name"].as<std::string>() == "metrics");
   CHECK(c["ports"][0]["containerPort"].as<int>() == 9810);
+}
+
+TEST_CASE("Kubernetes profiling patch: the DaemonSet's container, host PIDs, the capabilities "
+          "of the unit and its profile drop-in") {
+  const YAML::Node ds = load("packaging/kubernetes/daemonset.yaml");
+  const YAML::Node patch = load("packaging/kubernetes/profiling/daemonset-patch.yaml");
+  const YAML::Node pod = patch["spec"]["template"]["spec"];
+  CHECK(pod["hostPID"].as<bool>());
+  REQUIRE(pod["containers"].size() == 1);
+  // A strategic merge patch merges containers by name: the name must be the DaemonSet's.
+  CHECK(pod["containers"][0]["name"].as<std::string>() ==
+        ds["spec"]["template"]["spec"]["containers"][0]["name"].as<std::string>());
+  const auto added =
+      pod["containers"][0]["securityContext"]["capabilities"]["add"].as<std::vector<std::string>>();
+  const std::set<std::string> add(added.begin(), added.end());
+  std::set<std::string> both = unit_caps("AmbientCapabilities");
+  for (const std::string& c : unit_caps("AmbientCapabilities", "profile.conf")) both.insert(c);
+  CHECK(add == both);
+  CHECK(unit_caps("CapabilityBoundingSet", "profile.conf") ==
+        unit_caps("AmbientCapabilities", "profile.conf"));
+  CHECK(add == std::set<std::string>{"BPF", "PERFMON", "SYS_PTRACE", "CHECKPOINT_RESTORE", "SYSLOG"});
 }
 
 TEST_CASE("Kubernetes Service and PodMonitor select the DaemonSet's pods on its port") {
@@ -119,6 +141,8 @@ TEST_CASE("the dashboard: data source variable, instance filter, rows, heatmaps,
   CHECK_THAT(vars["workload"]["query"]["query"].get<std::string>(),
              Catch::Matchers::Contains(", cgroup)"));
   CHECK(vars["workload"]["allValue"] == ".+");
+  REQUIRE(vars.count("scheme"));
+  CHECK(vars["scheme"]["query"] == "http,https");
 
   // Recorded series the rules define.
   std::set<std::string> recorded;
@@ -128,7 +152,7 @@ TEST_CASE("the dashboard: data source variable, instance filter, rows, heatmaps,
       if (r["record"]) recorded.insert(r["record"].as<std::string>());
     }
   }
-  std::set<std::string> rows, heatmapped, native_heatmapped;
+  std::set<std::string> rows, heatmapped, native_heatmapped, daemon_links;
   std::size_t workload_panels = 0;
   const std::regex recorded_name(R"([a-z_]+:[a-z_]+:[a-z0-9_]+)");
   for (const auto& p : dash["panels"]) {
@@ -138,6 +162,12 @@ TEST_CASE("the dashboard: data source variable, instance filter, rows, heatmaps,
     }
     INFO(p["title"]);
     CHECK(p["datasource"]["uid"] == "${datasource}");  // never a hard-coded uid
+    for (const auto& o : p["fieldConfig"]["overrides"]) {
+      for (const auto& prop : o["properties"]) {
+        if (prop["id"] != "links") continue;
+        for (const auto& l : prop["value"]) daemon_links.insert(l["url"].get<std::string>());
+      }
+    }
     for (const auto& t : p["targets"]) {
       const std::string expr = t["expr"];
       INFO(expr);
@@ -168,6 +198,10 @@ TEST_CASE("the dashboard: data source variable, instance filter, rows, heatmaps,
                                       "Scheduler", "Memory", "Page cache", "Block I/O",
                                       "Workloads"});
   CHECK(native_heatmapped == heatmapped);
+  // The flame graph page and the pprof endpoint of each instance, as the daemon serves them.
+  CHECK(daemon_links == std::set<std::string>{
+                            "${scheme}://${__data.fields.instance}/profile",
+                            "${scheme}://${__data.fields.instance}/debug/pprof/profile?seconds=30"});
   CHECK(workload_panels == 8);
   CHECK(heatmapped ==
         std::set<std::string>{"ebpf_syscall_latency_seconds", "ebpf_tcp_connect_latency_seconds",
