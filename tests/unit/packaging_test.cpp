@@ -88,7 +88,8 @@ TEST_CASE("Kubernetes profiling patch: the DaemonSet's container, host PIDs, the
   CHECK(add == both);
   CHECK(unit_caps("CapabilityBoundingSet", "profile.conf") ==
         unit_caps("AmbientCapabilities", "profile.conf"));
-  CHECK(add == std::set<std::string>{"BPF", "PERFMON", "SYS_PTRACE", "CHECKPOINT_RESTORE", "SYSLOG"});
+  CHECK(add == std::set<std::string>{"BPF", "PERFMON", "SYS_PTRACE", "CHECKPOINT_RESTORE",
+                                    "DAC_READ_SEARCH", "SYSLOG"});
 }
 
 TEST_CASE("Kubernetes Service and PodMonitor select the DaemonSet's pods on its port") {
