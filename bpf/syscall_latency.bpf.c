@@ -5,7 +5,8 @@
  * tp_btf, stamping in task-local storage, and raw_tp, stamping in a hash keyed
  * by thread id (for kernels whose tracing programs have no task storage,
  * before 5.12, or no BTF-typed task): user space loads the first kind the
- * kernel takes.
+ * kernel takes. A syscall at or above the `slow` threshold is also sent to
+ * user space with the caller's stacks (common/slow.bpf.h).
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -14,6 +15,7 @@
 #include "common/cgroup.bpf.h"
 #include "common/maps.bpf.h"
 #include "common/read.bpf.h"
+#include "common/slow.bpf.h"
 #include "syscall_latency.h"
 
 /* Set by user space before load from the include/exclude options. */
@@ -93,18 +95,19 @@ static __always_inline int on_enter(long id, bool raw)
 	return 0;
 }
 
-static __always_inline int on_exit(bool raw)
+static __always_inline int on_exit(void *ctx, bool raw)
 {
 	struct syscall_latency_hist *h;
 	struct start *s;
-	__u64 delta;
+	__u64 now, delta;
 	__u32 nr;
 
 	s = thread_start(false, raw);
 	/* No stamp: the syscall began before we attached, or is not traced. */
 	if (!s || !s->ts)
 		return 0;
-	delta = bpf_ktime_get_ns() - s->ts;
+	now = bpf_ktime_get_ns();
+	delta = now - s->ts;
 	nr = s->nr;
 	s->ts = 0;
 	if (emd_by_cgroup) {
@@ -121,11 +124,13 @@ static __always_inline int on_exit(bool raw)
 	if (!h)
 		return 0;
 	emd_hist_add_ns(h, delta);
+	emd_slow_record(ctx, now, delta, emd_seconds_slot(delta), nr, &drops,
+			SYSLAT_DROP_SLOW_LIMITED, SYSLAT_DROP_SLOW_RING_FULL);
 	return 0;
 }
 
 #define ENTER(raw) on_enter(id, raw)
-#define EXIT(raw) on_exit(raw)
+#define EXIT(raw) on_exit(ctx, raw)
 
 EMD_TP_PROGS(sys_enter, sys_enter, ENTER, struct pt_regs *regs, long id)
 EMD_TP_PROGS(sys_exit, sys_exit, EXIT, struct pt_regs *regs, long ret)

@@ -27,6 +27,8 @@ enum syscall_latency_drop_reason {
 	SYSLAT_DROP_STORAGE = 0,     /* no room for the thread's stamp */
 	SYSLAT_DROP_UNKNOWN_NR = 1,  /* syscall number outside the table */
 	SYSLAT_DROP_LABELS_FULL = 2, /* no room for another (cgroup, syscall) */
+	SYSLAT_DROP_SLOW_LIMITED = 3,  /* a slow syscall over slow.max_per_second */
+	SYSLAT_DROP_SLOW_RING_FULL = 4, /* a slow syscall with no room in the ring */
 	SYSLAT_DROP__COUNT,
 };
 

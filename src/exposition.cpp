@@ -57,9 +57,7 @@ std::vector<Route> exporter_routes(MetricsRenderer metrics,
                     [metrics = std::move(metrics)](const HttpRequest& request) {
                       const auto format = negotiate_format(request.header("Accept").value_or(""));
                       HttpResponse r;
-                      r.content_type = format == ExpositionFormat::Protobuf
-                                           ? kProtobufContentType
-                                           : kTextContentType;
+                      r.content_type = content_type(format);
                       r.body = metrics(format);
                       r.headers.emplace_back("Vary", "Accept");
                       r.compressible = true;

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cmath>
+#include <limits>
 
 #include "ebpf_metricsd/exposition_format.h"
 #include "ebpf_metricsd/metric_store.h"
@@ -58,7 +60,16 @@ class ProtobufWriter final : public MetricVisitor {
       auto* b = h->add_bucket();
       b->set_cumulative_count(cumulative_[i]);
       b->set_upper_bound(layout.upper_bound(i));
+      if (const Exemplar* e = classic_exemplar(layout, state, i)) fill(*e, b->mutable_exemplar());
     }
+    if (const Exemplar* e = classic_exemplar(layout, state, cumulative_.size())) {
+      // +Inf, which the classic buckets leave out, carried as a bucket of its own.
+      auto* b = h->add_bucket();
+      b->set_cumulative_count(state.count());
+      b->set_upper_bound(std::numeric_limits<double>::infinity());
+      fill(*e, b->mutable_exemplar());
+    }
+    for (const auto& [slot, e] : state.exemplars) fill(e, h->add_exemplars());
     h->set_schema(0);
     h->set_zero_threshold(layout.zero_threshold());
     h->set_zero_count(state.slots.empty() ? 0 : state.slots[0]);
@@ -72,6 +83,18 @@ class ProtobufWriter final : public MetricVisitor {
   }
 
  private:
+  static void fill(const Exemplar& e, pb::Exemplar* out) {
+    for (const auto& [name, value] : e.labels) {
+      auto* l = out->add_label();
+      l->set_name(name);
+      l->set_value(value);
+    }
+    out->set_value(e.value);
+    const double whole = std::floor(e.timestamp);
+    out->mutable_timestamp()->set_seconds(static_cast<std::int64_t>(whole));
+    out->mutable_timestamp()->set_nanos(static_cast<std::int32_t>((e.timestamp - whole) * 1e9));
+  }
+
   pb::Metric* metric(const std::vector<std::string>& labels) {
     auto* m = family_.add_metric();
     for (std::size_t i = 0; i < labels.size(); ++i) {
@@ -128,6 +151,7 @@ std::string render_protobuf(const MetricStore& store) {
 
 ExpositionFormat negotiate_format(std::string_view accept) {
   double protobuf_q = 0;
+  double openmetrics_q = 0;
   double text_q = 0;
   std::size_t start = 0;
   while (start <= accept.size()) {
@@ -139,6 +163,7 @@ ExpositionFormat negotiate_format(std::string_view accept) {
     std::string type;
     std::string proto;
     std::string encoding;
+    std::string version;
     double q = 1;
     bool first = true;
     while (true) {
@@ -164,6 +189,8 @@ ExpositionFormat negotiate_format(std::string_view accept) {
           proto = std::string(value);
         } else if (key == "encoding") {
           encoding = lower(value);
+        } else if (key == "version") {
+          version = std::string(value);
         }
       }
       if (semi == std::string_view::npos) break;
@@ -173,14 +200,20 @@ ExpositionFormat negotiate_format(std::string_view accept) {
       if (proto == "io.prometheus.client.MetricFamily" && encoding == "delimited") {
         protobuf_q = std::max(protobuf_q, q);
       }
-    } else if (type == "text/plain" || type == "text/*" || type == "*/*" ||
-               type == "application/openmetrics-text") {
+    } else if (type == "application/openmetrics-text") {
+      if (version.empty() || version == "1.0.0" || version == "0.0.1") {
+        openmetrics_q = std::max(openmetrics_q, q);
+      }
+    } else if (type == "text/plain" || type == "text/*" || type == "*/*") {
       text_q = std::max(text_q, q);
     }
     if (end == accept.size()) break;
   }
-  return protobuf_q > 0 && protobuf_q >= text_q ? ExpositionFormat::Protobuf
-                                                : ExpositionFormat::Text;
+  if (protobuf_q > 0 && protobuf_q >= openmetrics_q && protobuf_q >= text_q) {
+    return ExpositionFormat::Protobuf;
+  }
+  if (openmetrics_q > 0 && openmetrics_q >= text_q) return ExpositionFormat::OpenMetrics;
+  return ExpositionFormat::Text;
 }
 
 }  // namespace ebpf_metricsd

@@ -1,6 +1,10 @@
-// The Prometheus text format (version 0.0.4), written straight from the store.
+// The Prometheus text format (version 0.0.4) and OpenMetrics text (1.0.0), written straight
+// from the store. OpenMetrics differs where Prometheus' parser needs it to: a counter family
+// is named without its "_total" (which its samples keep), HELP escapes quotes, bucket lines
+// carry exemplars, and "# EOF" ends the exposition.
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 
 #include "ebpf_metricsd/exposition_format.h"
 #include "ebpf_metricsd/metric_store.h"
@@ -46,19 +50,34 @@ void append_escaped(std::string& out, std::string_view text, bool quote) {
   }
 }
 
+constexpr std::string_view kTotal = "_total";
+
+bool ends_with_total(std::string_view name) {
+  return name.size() > kTotal.size() && name.substr(name.size() - kTotal.size()) == kTotal;
+}
+
 class TextWriter final : public MetricVisitor {
  public:
-  explicit TextWriter(std::string& out) : out_(out) {}
+  TextWriter(std::string& out, bool openmetrics) : out_(out), om_(openmetrics) {}
 
   void family(const MetricSpec& spec) override {
     spec_ = &spec;
     static constexpr const char* kTypes[] = {"counter", "gauge", "histogram"};
+    std::string_view name = spec.name;
+    sample_name_ = spec.name;
+    if (om_ && spec.type == MetricType::Counter) {
+      if (ends_with_total(name)) {
+        name.remove_suffix(kTotal.size());
+      } else {
+        sample_name_ += kTotal;
+      }
+    }
     out_ += "# HELP ";
-    out_ += spec.name;
+    out_ += name;
     out_ += ' ';
-    append_escaped(out_, spec.help, false);
+    append_escaped(out_, spec.help, om_);
     out_ += "\n# TYPE ";
-    out_ += spec.name;
+    out_ += name;
     out_ += ' ';
     out_ += kTypes[static_cast<int>(spec.type)];
     out_ += '\n';
@@ -91,6 +110,9 @@ class TextWriter final : public MetricVisitor {
       out_ += i < cumulative_.size() ? std::string_view(bounds_[i]) : "+Inf";
       out_ += "\"} ";
       append_uint(out_, i < cumulative_.size() ? cumulative_[i] : count);
+      if (om_) {
+        if (const Exemplar* e = classic_exemplar(layout, state, i)) append_exemplar(*e);
+      }
       out_ += '\n';
     }
     sample_start("_sum", labels);
@@ -104,9 +126,31 @@ class TextWriter final : public MetricVisitor {
   }
 
  private:
+  // " # {l1="v1",...} value timestamp"
+  void append_exemplar(const Exemplar& e) {
+    out_ += " # {";
+    for (std::size_t i = 0; i < e.labels.size(); ++i) {
+      if (i) out_ += ',';
+      out_ += e.labels[i].first;
+      out_ += "=\"";
+      append_escaped(out_, e.labels[i].second, true);
+      out_ += '"';
+    }
+    out_ += "} ";
+    append_double(out_, e.value);
+    out_ += ' ';
+    append_timestamp(e.timestamp);
+  }
+  // Seconds with milliseconds, as Prometheus keeps them.
+  void append_timestamp(double seconds) {
+    char buf[40];
+    const int n = std::snprintf(buf, sizeof buf, "%.3f", seconds);
+    out_.append(buf, static_cast<std::size_t>(n));
+  }
+
   // name{l1="v1",l2="v2"  (the brace is closed by the caller, so "le" can follow)
   void sample_start(std::string_view suffix, const std::vector<std::string>& labels) {
-    out_ += spec_->name;
+    out_ += suffix.empty() ? sample_name_ : spec_->name;
     out_ += suffix;
     open_ = !labels.empty() || suffix == "_bucket";
     if (open_) out_ += '{';
@@ -121,7 +165,9 @@ class TextWriter final : public MetricVisitor {
   void label_end() { out_ += open_ ? "} " : " "; }
 
   std::string& out_;
+  const bool om_;
   const MetricSpec* spec_ = nullptr;
+  std::string sample_name_;  // of counter and gauge samples
   bool open_ = false;
   std::vector<std::string> bounds_;
   std::vector<std::uint64_t> cumulative_;
@@ -132,9 +178,42 @@ class TextWriter final : public MetricVisitor {
 std::string render_text(const MetricStore& store) {
   std::string out;
   out.reserve(64 * 1024);
-  TextWriter writer(out);
+  TextWriter writer(out, false);
   store.visit(writer);
   return out;
+}
+
+std::string render_openmetrics(const MetricStore& store) {
+  std::string out;
+  out.reserve(64 * 1024);
+  TextWriter writer(out, true);
+  store.visit(writer);
+  out += "# EOF\n";
+  return out;
+}
+
+std::string render(const MetricStore& store, ExpositionFormat format) {
+  switch (format) {
+    case ExpositionFormat::Protobuf:
+      return render_protobuf(store);
+    case ExpositionFormat::OpenMetrics:
+      return render_openmetrics(store);
+    case ExpositionFormat::Text:
+      break;
+  }
+  return render_text(store);
+}
+
+std::string_view content_type(ExpositionFormat format) {
+  switch (format) {
+    case ExpositionFormat::Protobuf:
+      return kProtobufContentType;
+    case ExpositionFormat::OpenMetrics:
+      return kOpenMetricsContentType;
+    case ExpositionFormat::Text:
+      break;
+  }
+  return kTextContentType;
 }
 
 }  // namespace ebpf_metricsd

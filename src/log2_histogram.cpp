@@ -1,3 +1,4 @@
+#include <algorithm>
 #include "ebpf_metricsd/log2_histogram.h"
 
 #include <cmath>
@@ -132,6 +133,20 @@ Log2Layout read_buckets(YamlMapReader& options, const Log2Layout& defaults) {
 std::string describe_range(const Log2Layout& layout) {
   return format_power(layout.min_exp, layout.is_seconds()) + " .. " +
          format_power(layout.max_exp, layout.is_seconds());
+}
+
+const Exemplar* classic_exemplar(const Log2Layout& layout, const Log2HistogramState& state,
+                                 std::size_t bucket) {
+  const Exemplar* latest = nullptr;
+  const int last = layout.max_exp - layout.min_exp;
+  for (const auto& [slot, e] : state.exemplars) {
+    // The classic bucket of a slot: 0 for slot 0 and every exponent up to min_exp.
+    const int exp = layout.exponent(slot);
+    const int b = slot == 0 || exp <= layout.min_exp ? 0 : std::min(exp - layout.min_exp, last + 1);
+    if (static_cast<std::size_t>(b) != bucket) continue;
+    if (!latest || e.timestamp >= latest->timestamp) latest = &e;
+  }
+  return latest;
 }
 
 std::uint64_t Log2HistogramState::count() const {

@@ -37,6 +37,11 @@ void MetricScope::set(Metric m, const LabelValues& labels, double value) {
   store_.set(m.id_, labels, value);
 }
 
+void MetricScope::set_exemplar(Metric m, const LabelValues& labels, std::size_t slot,
+                               Exemplar exemplar) {
+  store_.set_exemplar(m.id_, labels, slot, std::move(exemplar));
+}
+
 void MetricScope::add_dropped(const std::string& reason, std::uint64_t n) {
   store_.add(dropped_, {tracer_, reason}, n);
 }

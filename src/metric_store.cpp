@@ -187,6 +187,28 @@ void MetricStore::add_slots(MetricId id, const LabelValues& labels,
   h.sum_raw += sum_delta;
 }
 
+void MetricStore::set_exemplar(MetricId id, const LabelValues& labels, std::size_t slot,
+                               Exemplar exemplar) {
+  if (slot >= Log2Layout::kSlots) throw std::logic_error("exemplar slot out of range");
+  std::size_t chars = 0;
+  std::size_t keep = 0;
+  for (auto& [name, value] : exemplar.labels) {
+    value = sanitize_utf8(value);
+    if (chars + name.size() + value.size() > Exemplar::kMaxExemplarLabelChars) break;
+    chars += name.size() + value.size();
+    ++keep;
+  }
+  exemplar.labels.resize(keep);
+  std::unique_lock lock(mutex_);
+  Metric& m = metrics_.at(id);
+  if (m.spec.type != MetricType::Histogram) {
+    throw std::logic_error(m.spec.name + " is no histogram");
+  }
+  if (Series* s = series_for(m, labels)) {
+    std::get<Log2HistogramState>(*s).exemplars[slot] = std::move(exemplar);
+  }
+}
+
 std::size_t MetricStore::series_count() const {
   std::shared_lock lock(mutex_);
   std::size_t n = 0;

@@ -1,8 +1,10 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ebpf_metricsd {
@@ -45,13 +47,30 @@ Log2Layout read_buckets(YamlMapReader& options, const Log2Layout& defaults);
 // "1us".."16s" or "8B".."4MiB": how README and errors show a layout's range.
 std::string describe_range(const Log2Layout& layout);
 
+// One observed event that a histogram bucket points to: its labels (together at most
+// kMaxExemplarLabelChars characters of names and values, as OpenMetrics allows), its value
+// in the exported unit and when it happened (seconds since the epoch).
+struct Exemplar {
+  static constexpr std::size_t kMaxExemplarLabelChars = 128;
+  std::vector<std::pair<std::string, std::string>> labels;
+  double value = 0;
+  double timestamp = 0;
+};
+
 // Cumulative state of one histogram series: the kernel's slots as they are, in raw units.
 struct Log2HistogramState {
   std::vector<std::uint64_t> slots;  // Log2Layout::kSlots
   std::uint64_t sum_raw = 0;
+  std::map<std::size_t, Exemplar> exemplars;  // by slot: the latest event recorded in it
 
   std::uint64_t count() const;
 };
+
+// The exemplar classic bucket i (0 .. finite_buckets(); finite_buckets() is +Inf) carries:
+// the latest of those of the slots that bucket holds alone (below min_exp the first, above
+// max_exp +Inf), or nullptr.
+const Exemplar* classic_exemplar(const Log2Layout& layout, const Log2HistogramState& state,
+                                 std::size_t bucket);
 
 // A native histogram's buckets as Prometheus' protobuf carries them: spans of consecutive
 // bucket indexes and the counts as deltas, each to the previous bucket's count.

@@ -41,6 +41,7 @@ class MetricScope {
   void add_slots(Metric m, const LabelValues& labels, std::span<const std::uint64_t> slots,
                  std::uint64_t sum_delta);
   void set(Metric m, const LabelValues& labels, double value);
+  void set_exemplar(Metric m, const LabelValues& labels, std::size_t slot, Exemplar exemplar);
   // ebpf_metricsd_dropped_events_total{tracer=<this tracer>, reason}.
   void add_dropped(const std::string& reason, std::uint64_t n);
 

@@ -1,9 +1,12 @@
 #include "ebpf_metricsd/profile/pprof.h"
 
+#include <chrono>
+
 #include <map>
 #include <tuple>
 #include <unordered_map>
 
+#include "ebpf_metricsd/profile/slow_events.h"
 #include "profile.pb.h"
 
 namespace ebpf_metricsd::profiling {
@@ -43,27 +46,13 @@ void number(perftools::profiles::Sample* sample, Strings& s, const char* key, st
   l->set_num(n);
 }
 
-}  // namespace
-
-std::string pprof_profile(const ProfileWindow& w) {
-  perftools::profiles::Profile p;
-  Strings s(p);
-  value_type(p.add_sample_type(), s, "samples", "count");
-  value_type(p.add_sample_type(), s, "cpu", "nanoseconds");
-  value_type(p.add_sample_type(), s, "off_cpu", "nanoseconds");
-  value_type(p.mutable_period_type(), s, "cpu", "nanoseconds");
-  p.set_period(w.frequency ? 1000000000 / w.frequency : 0);
-  p.set_default_sample_type(s.index("cpu"));
-  p.set_time_nanos(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                       w.wall_begin.time_since_epoch())
-                       .count());
-  p.set_duration_nanos(std::chrono::duration_cast<std::chrono::nanoseconds>(w.end - w.begin).count());
-
-  // One mapping per module (and build-id); one function per (name, module).
+// Frame i as location i + 1; one mapping per module (and build-id); one function per
+// (name, module).
+void add_frames(perftools::profiles::Profile& p, Strings& s, const std::vector<Frame>& frames) {
   std::map<std::pair<std::string, std::string>, perftools::profiles::Mapping*> mappings;
   std::map<std::pair<std::string, std::string>, std::uint64_t> functions;
-  for (std::size_t i = 0; i < w.frames.size(); ++i) {
-    const Frame& f = w.frames[i];
+  for (std::size_t i = 0; i < frames.size(); ++i) {
+    const Frame& f = frames[i];
     auto& m = mappings[{f.module, f.build_id}];
     if (!m) {
       m = p.add_mapping();
@@ -87,6 +76,29 @@ std::string pprof_profile(const ProfileWindow& w) {
     loc->set_address(f.address);
     loc->add_line()->set_function_id(fit->second);
   }
+}
+
+void set_times(perftools::profiles::Profile& p, std::chrono::system_clock::time_point begin,
+               std::chrono::nanoseconds duration) {
+  p.set_time_nanos(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(begin.time_since_epoch()).count());
+  p.set_duration_nanos(duration.count());
+}
+
+}  // namespace
+
+std::string pprof_profile(const ProfileWindow& w) {
+  perftools::profiles::Profile p;
+  Strings s(p);
+  value_type(p.add_sample_type(), s, "samples", "count");
+  value_type(p.add_sample_type(), s, "cpu", "nanoseconds");
+  value_type(p.add_sample_type(), s, "off_cpu", "nanoseconds");
+  value_type(p.mutable_period_type(), s, "cpu", "nanoseconds");
+  p.set_period(w.frequency ? 1000000000 / w.frequency : 0);
+  p.set_default_sample_type(s.index("cpu"));
+  set_times(p, w.wall_begin, std::chrono::duration_cast<std::chrono::nanoseconds>(w.end - w.begin));
+
+  add_frames(p, s, w.frames);
 
   // Samples of the same thread, stack and kind across batches are one sample.
   using Key = std::tuple<std::uint32_t, std::uint32_t, std::uint32_t, SampleKind, std::string,
@@ -115,6 +127,47 @@ std::string pprof_profile(const ProfileWindow& w) {
     label(out, s, "cgroup", x.workload.cgroup);
     label(out, s, "pod", x.workload.pod);
     label(out, s, "container", x.workload.container);
+  }
+  return p.SerializeAsString();
+}
+
+std::string pprof_slow(const SlowWindow& w) {
+  perftools::profiles::Profile p;
+  Strings s(p);
+  value_type(p.add_sample_type(), s, "events", "count");
+  value_type(p.add_sample_type(), s, "latency", "nanoseconds");
+  p.set_default_sample_type(s.index("latency"));
+  set_times(p, w.begin, std::chrono::duration_cast<std::chrono::nanoseconds>(w.end - w.begin));
+  // The stacks' frames as one table; a stack as the location ids of its frames.
+  std::vector<Frame> frames;
+  std::map<Frame, std::uint64_t> frame_ids;
+  std::map<std::uint64_t, std::vector<std::uint64_t>> locations;
+  for (const auto& [id, stack] : w.stacks) {
+    auto& loc = locations[id];
+    for (const Frame& f : stack) {
+      auto [it, fresh] = frame_ids.try_emplace(f, frames.size() + 1);
+      if (fresh) frames.push_back(f);
+      loc.push_back(it->second);
+    }
+  }
+  add_frames(p, s, frames);
+  // One sample per event: each is a moment someone waited for.
+  for (const SlowEvent& e : w.events) {
+    auto* out = p.add_sample();
+    if (auto it = locations.find(e.stack_id); it != locations.end()) {
+      for (std::uint64_t l : it->second) out->add_location_id(l);
+    }
+    out->add_value(1);
+    out->add_value(static_cast<std::int64_t>(e.latency_ns));
+    label(out, s, "metric", e.metric);
+    for (const auto& [name, value] : e.series) label(out, s, name.c_str(), value);
+    label(out, s, "stack_id", stack_id_text(e.stack_id));
+    number(out, s, "pid", e.pid);
+    number(out, s, "tid", e.tid);
+    label(out, s, "comm", e.comm);
+    label(out, s, "cgroup", e.workload.cgroup);
+    label(out, s, "pod", e.workload.pod);
+    label(out, s, "container", e.workload.container);
   }
   return p.SerializeAsString();
 }

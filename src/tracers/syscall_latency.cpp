@@ -7,6 +7,7 @@
 #include "ebpf_metricsd/cgroup_labels.h"
 #include "ebpf_metricsd/map_deltas.h"
 #include "ebpf_metricsd/skeleton.h"
+#include "ebpf_metricsd/slow_capture.h"
 #include "ebpf_metricsd/syscall_names.h"
 #include "ebpf_metricsd/tracer.h"
 
@@ -36,6 +37,7 @@ struct SyscallLatencyOptions {
   // 1us .. 16s: a syscall faster than a microsecond is not the problem; +Inf takes waits.
   Log2Layout buckets = Log2Layout::seconds(-20, 4);
   CgroupLabelOptions cgroup;
+  SlowOptions slow;
 };
 
 MetricSpec latency_spec(const Log2Layout& buckets) {
@@ -98,10 +100,12 @@ class SyscallLatencyTracer final : public Tracer {
       : scope_(scope),
         options_(std::move(options)),
         labels_(options_.cgroup),
-        hists_(scope, scope.declare(labels_.with_labels(latency_spec(options_.buckets))),
-               SYSLAT_SLOTS),
+        latency_(scope.declare(labels_.with_labels(latency_spec(options_.buckets)))),
+        hists_(scope, latency_, SYSLAT_SLOTS),
         drops_(scope, drop_reasons<SYSLAT_DROP__COUNT>(
-                          {"map_full", "unknown_syscall", "map_full"})) {}
+                          {"map_full", "unknown_syscall", "map_full", "slow_limited",
+                           "slow_ring_full"})),
+        slow_(scope, latency_, latency_spec(options_.buckets).name, options_.slow, labels_) {}
 
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 3> tracepoints = {"sys_enter", "sys_exit",
@@ -112,6 +116,7 @@ class SyscallLatencyTracer final : public Tracer {
         [this](syscall_latency* s, HookKind k) { return choose(s, k); }, kind);
     hook_ = std::string(hook_name(kind));
     names_.resize(SYSLAT_MAX_SYSCALLS);
+    slow_.start(skel_->maps.slow_events);
   }
 
   std::vector<ProgramChoice> choose(syscall_latency* skel, HookKind kind) const {
@@ -120,6 +125,7 @@ class SyscallLatencyTracer final : public Tracer {
       skel->rodata->traced[nr] = wanted && !options_.exclude.count(nr);
     }
     skel->rodata->emd_by_cgroup = labels_.on();
+    slow_.configure(skel);
     bpf_map__set_max_entries(skel->maps.hists_by_cgroup, labels_.options().kernel_map_entries());
     const bool btf = kind == HookKind::TpBtf;
     // tp_btf stamps in task storage, raw_tp in a thread-id hash: only one of them is made.
@@ -141,6 +147,12 @@ class SyscallLatencyTracer final : public Tracer {
         hists_, bpf_map__fd(skel_->maps.hists_by_cgroup), bpf_map__fd(skel_->maps.hists),
         SYSLAT_MAX_SYSCALLS, &syscall_latency_cgroup_key::nr,
         [&](std::uint32_t nr) { return MetricStore::LabelValues{name_of(nr)}; });
+    static const std::vector<std::string> names = {"syscall"};
+    slow_.drain(
+        [&](std::uint64_t nr) {
+          return MetricStore::LabelValues{name_of(static_cast<std::uint32_t>(nr))};
+        },
+        names);
     drops_.drain();
   }
 
@@ -157,8 +169,10 @@ class SyscallLatencyTracer final : public Tracer {
   MetricScope& scope_;
   SyscallLatencyOptions options_;
   CgroupLabels labels_;
+  MetricScope::Metric latency_;
   Log2HistDrain hists_;
   DropAccounting drops_;
+  SlowCapture slow_;
   // Links before the skeleton in destruction order: detach, then unload.
   Object skel_;
   std::string hook_;
@@ -178,6 +192,7 @@ TracerDescriptor syscall_latency_descriptor() {
         read_per_syscall(options, o);
         o.buckets = read_buckets(options, o.buckets);
         o.cgroup = CgroupLabelOptions::read(options);
+        o.slow = SlowOptions::read(options);
         return o;
       },
       [](MetricScope& scope, const std::any& options) -> std::unique_ptr<Tracer> {

@@ -8,8 +8,11 @@
 #include <thread>
 
 #include "../metrics_lookup.h"
+#include "../cgroup_fixture.h"
 #include "../workloads.h"
 #include "ebpf_metricsd/config.h"
+#include "ebpf_metricsd/exposition_format.h"
+#include "ebpf_metricsd/profile/profile_store.h"
 #include "ebpf_metricsd/hook_probe.h"
 #include "ebpf_metricsd/tracer.h"
 #include "tracer_fixture.h"
@@ -146,4 +149,104 @@ TEST_CASE("syscall numbers outside the table are counted as drops", "[syscall_la
       test::counter_value(store, "ebpf_metricsd_dropped_events_total", labels) - before;
   CHECK(got >= kBogus);
   CHECK(got <= kBogus + kBogus / 100);
+}
+
+namespace {
+
+// A read from `fd` made by this function's own syscall instruction, so that the user stack
+// taken at sys_exit begins here whatever the C library was built with.
+__attribute__((noinline)) long slow_read_in_known_function(int fd, char* c) {
+#if defined(__x86_64__)
+  long ret;
+  asm volatile("syscall"
+               : "=a"(ret)
+               : "0"(static_cast<long>(SYS_read)), "D"(static_cast<long>(fd)), "S"(c), "d"(1L)
+               : "rcx", "r11", "memory");
+  return ret;
+#else
+  return read(fd, c, 1);
+#endif
+}
+
+}  // namespace
+
+TEST_CASE("slow syscalls: each at or above the threshold is an exemplar on its bucket, and its "
+          "stack names the function that made it",
+          "[syscall_latency][slow]") {
+  constexpr int kSlowReads = 5;
+  MetricStore store;
+  profiling::ProfileStore profiles;
+  auto tracer = test::start_tracer(
+      store, "syscall_latency",
+      "    per_syscall: all\n    slow:\n      threshold: 10ms\n      max_per_second: 100\n",
+      &profiles);
+  int data[2];
+  REQUIRE(pipe(data) == 0);
+  std::atomic<long> before{-1};
+  std::atomic<pid_t> reader_tid{0};
+  std::atomic<int> done{0};
+  std::thread reader([&] {
+    reader_tid = static_cast<pid_t>(syscall(SYS_gettid));
+    char c;
+    for (int i = 0; i < kSlowReads; ++i) {
+      before = test::TestCgroup::voluntary_switches_of_this_thread();
+      if (slow_read_in_known_function(data[0], &c) != 1) break;
+      done = i + 1;
+    }
+  });
+  while (reader_tid == 0) std::this_thread::yield();
+  const std::string status =
+      "/proc/self/task/" + std::to_string(reader_tid.load()) + "/status";
+  // Each read is written to only once the reader sleeps in it, and 20 ms later: every one
+  // takes at least 20 ms, at any machine speed.
+  for (int i = 0; i < kSlowReads; ++i) {
+    REQUIRE(test::TestCgroup::wait_blocked(status, &before));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    before = -1;
+    REQUIRE(write(data[1], "x", 1) == 1);
+    while (done < i + 1) std::this_thread::yield();
+  }
+  reader.join();
+  close(data[0]);
+  close(data[1]);
+
+  // The events arrive through the ring buffer; each drain keeps what has arrived.
+  profiling::SlowEventStore::Query q;
+  q.metric = kMetric;
+  std::vector<profiling::SlowEvent> ours;
+  for (int i = 0; i < 100 && ours.size() < kSlowReads; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    tracer->drain();
+    ours.clear();
+    for (const auto& e : profiles.slow_events().query(q).events) {
+      if (e.tid == static_cast<std::uint32_t>(reader_tid.load())) ours.push_back(e);
+    }
+  }
+  REQUIRE(ours.size() == kSlowReads);
+  const auto window = profiles.slow_events().query(q);
+  for (const auto& e : ours) {
+    INFO("stack " << profiling::stack_id_text(e.stack_id));
+    CHECK(e.latency_ns >= 20'000'000);
+    CHECK(e.series == std::vector<std::pair<std::string, std::string>>{{"syscall", "read"}});
+    CHECK(e.pid == static_cast<std::uint32_t>(getpid()));
+    REQUIRE(window.stacks.count(e.stack_id) == 1);
+    bool named = false;
+    for (const auto& f : window.stacks.at(e.stack_id)) {
+      named = named || f.function.find("slow_read_in_known_function") != std::string::npos;
+    }
+    CHECK(named);
+  }
+  // The exemplar of read's bucket for 16..32 ms (or 32..64 ms) is the last of them.
+  const std::string om = render_openmetrics(store);
+  const std::string id = profiling::stack_id_text(ours.back().stack_id);
+  INFO(om.substr(0, 3000));
+  CHECK_THAT(om, Catch::Matchers::Contains("# {stack_id=\"" + id + "\",pid=\"" +
+                                           std::to_string(getpid()) + "\",comm=\""));
+  // Nothing was refused by the limit or lost to a full ring.
+  const auto fams = test::collect(store);
+  for (const char* reason : {"slow_limited", "slow_ring_full", "slow_queue_full"}) {
+    const auto* d = test::find_series(fams, "ebpf_metricsd_dropped_events_total",
+                                      {{"tracer", "syscall_latency"}, {"reason", reason}});
+    CHECK((d == nullptr || d->counter.value == 0));
+  }
 }

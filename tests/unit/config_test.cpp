@@ -343,3 +343,16 @@ TEST_CASE("web limits stay within the unit's TasksMax and LimitNOFILE") {
   CHECK_THAT(text, Contains("\nLimitNOFILE=65536\n"));
   static_assert(Config::kMaxConnections + kDescriptorsForTheRest <= 65536);
 }
+
+TEST_CASE("a tracer's slow option: threshold required, bounded, no unknown keys") {
+  const std::string head = "tracers:\n  syscall_latency:\n    slow:\n";
+  CHECK(error_of(head + "      threshold: 10ms\n      max_per_second: 100\n") == "<no error>");
+  CHECK_THAT(error_of(head + "      max_per_second: 100\n"),
+             StartsWith("test.yaml:4:") && Contains("slow needs a threshold"));
+  CHECK_THAT(error_of(head + "      threshold: 0s\n"),
+             StartsWith("test.yaml:4:") && Contains("tracers.syscall_latency.slow.threshold"));
+  CHECK_THAT(error_of(head + "      threshold: 10ms\n      max_per_second: 0\n"),
+             StartsWith("test.yaml:5:") && Contains("max_per_second"));
+  CHECK_THAT(error_of(head + "      threshold: 10ms\n      limit: 5\n"),
+             StartsWith("test.yaml:5:") && Contains("limit: unknown key"));
+}

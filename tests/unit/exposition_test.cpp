@@ -182,7 +182,13 @@ TEST_CASE("Accept picks the format") {
                          "text/plain;version=0.0.4;q=0.5,*/*;q=0.1") == F::Protobuf);
   CHECK(negotiate_format("application/openmetrics-text;version=1.0.0,application/"
                          "openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,"
-                         "*/*;q=0.1") == F::Text);
+                         "*/*;q=0.1") == F::OpenMetrics);
+  CHECK(negotiate_format("application/openmetrics-text") == F::OpenMetrics);
+  CHECK(negotiate_format("application/openmetrics-text; version=0.0.1") == F::OpenMetrics);
+  // A version this daemon does not write, or a lower q than text's, is text.
+  CHECK(negotiate_format("application/openmetrics-text;version=2.0.0") == F::Text);
+  CHECK(negotiate_format("application/openmetrics-text;q=0.4,text/plain;q=0.5") == F::Text);
+  CHECK(negotiate_format("application/openmetrics-text;q=0") == F::Text);
   CHECK(negotiate_format("application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;"
                          "encoding=delimited;q=0.7,text/plain;version=0.0.4;q=0.3,*/*;q=0.2") ==
         F::Protobuf);
@@ -207,4 +213,88 @@ TEST_CASE("Accept picks the format") {
   CHECK(negotiate_format("application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;"
                          "encoding=delimited;q=bogus") == F::Text);
   CHECK(negotiate_format(",,;;=,q=") == F::Text);
+}
+
+namespace {
+
+Exemplar exemplar(const std::string& stack, double value, double timestamp) {
+  return {{{"stack_id", stack}, {"pid", "42"}, {"comm", "w\"x"}}, value, timestamp};
+}
+
+// Slots 5 and 10 fall in the first classic bucket (the later one shows), 11 in the second,
+// 14 above the classic range (+Inf); the third bucket has none.
+void add_exemplars(Fixture& f) {
+  const std::vector<std::string> op = {"a\"b\\c\nd"};
+  f.store.set_exemplar(f.hist, op, 5, exemplar("00000000000000a5", 2.98e-8, 100.5));
+  f.store.set_exemplar(f.hist, op, 10, exemplar("00000000000000aa", 9.0e-7, 200.25));
+  f.store.set_exemplar(f.hist, op, 11, exemplar("00000000000000ab", 1.5e-6, 150));
+  f.store.set_exemplar(f.hist, op, 14, exemplar("00000000000000ae", 1.4e-5, 50));
+}
+
+}  // namespace
+
+TEST_CASE("OpenMetrics text: counters without _total in their family, exemplars, # EOF") {
+  Fixture f;
+  add_exemplars(f);
+  const std::string om = render_openmetrics(f.store);
+  const std::string labels = "op=\"a\\\"b\\\\c\\nd\"";
+  const std::string ex = "stack_id=\"00000000000000";
+  CHECK_THAT(om, Catch::Matchers::Contains(
+                     "# HELP test_latency_seconds Latency, \\\"quoted\\\" \\\\ and\\nnewline.\n"
+                     "# TYPE test_latency_seconds histogram\n"
+                     "test_latency_seconds_bucket{" + labels + ",le=\"9.5367431640625e-07\"} 6 # {" +
+                     ex + "aa\",pid=\"42\",comm=\"w\\\"x\"} 9e-07 200.250\n"
+                     "test_latency_seconds_bucket{" + labels + ",le=\"1.9073486328125e-06\"} 10 # {" +
+                     ex + "ab\",pid=\"42\",comm=\"w\\\"x\"} 1.5e-06 150.000\n"
+                     "test_latency_seconds_bucket{" + labels + ",le=\"3.814697265625e-06\"} 10\n"
+                     "test_latency_seconds_bucket{" + labels + ",le=\"+Inf\"} 15 # {" + ex +
+                     "ae\",pid=\"42\",comm=\"w\\\"x\"} 1.4e-05 50.000\n"));
+  CHECK_THAT(om, Catch::Matchers::Contains("# TYPE test_events counter\n"
+                                           "test_events_total{kind=\"x\"} 7\n"));
+  CHECK_THAT(om, Catch::Matchers::Contains("# TYPE test_up gauge\ntest_up 1\n"));
+  CHECK(om.size() > 6);
+  CHECK(om.substr(om.size() - 6) == "# EOF\n");
+  // The text format 0.0.4 stays as it was: no exemplars, no EOF, counters by their name.
+  const std::string text = render_text(f.store);
+  CHECK_THAT(text, !Catch::Matchers::Contains("stack_id"));
+  CHECK_THAT(text, !Catch::Matchers::Contains("# EOF"));
+  CHECK_THAT(text, Catch::Matchers::Contains("# TYPE test_events_total counter\n"));
+}
+
+TEST_CASE("exemplars keep at most 128 characters of labels, dropping the last ones") {
+  MetricStore store;
+  const auto h = store.declare({"x_seconds", "X.", MetricType::Histogram, {}, Log2Layout::seconds(-20, -18)});
+  store.set_exemplar(h, {}, 10,
+                     {{{"stack_id", "0123456789abcdef"}, {"comm", std::string(100, 'c')},
+                       {"pid", "1"}},
+                      1e-6,
+                      1});
+  const std::string om = render_openmetrics(store);
+  CHECK_THAT(om, Catch::Matchers::Contains("# {stack_id=\"0123456789abcdef\",comm=\"" +
+                                           std::string(100, 'c') + "\"} 1e-06 1.000\n"));
+}
+
+TEST_CASE("protobuf format: exemplars on classic buckets, +Inf as a bucket, and on the native histogram") {
+  Fixture f;
+  add_exemplars(f);
+  const auto families = parse_delimited(render_protobuf(f.store));
+  const pb::MetricFamily* latency = nullptr;
+  for (const auto& fam : families) {
+    if (fam.name() == "test_latency_seconds") latency = &fam;
+  }
+  REQUIRE(latency);
+  const pb::Histogram& h = latency->metric(0).histogram();
+  REQUIRE(h.bucket_size() == 4);  // three finite and +Inf, which carries an exemplar
+  CHECK(h.bucket(0).exemplar().label(0).value() == "00000000000000aa");
+  CHECK(h.bucket(0).exemplar().value() == 9.0e-7);
+  CHECK(h.bucket(0).exemplar().timestamp().seconds() == 200);
+  CHECK(h.bucket(0).exemplar().timestamp().nanos() == 250000000);
+  CHECK(h.bucket(1).exemplar().label(0).value() == "00000000000000ab");
+  CHECK_FALSE(h.bucket(2).has_exemplar());
+  CHECK(std::isinf(h.bucket(3).upper_bound()));
+  CHECK(h.bucket(3).cumulative_count() == 15);
+  CHECK(h.bucket(3).exemplar().label(0).value() == "00000000000000ae");
+  // Every slot's latest, with timestamps, on the native histogram.
+  REQUIRE(h.exemplars_size() == 4);
+  for (const auto& e : h.exemplars()) CHECK(e.has_timestamp());
 }

@@ -162,7 +162,7 @@ TEST_CASE("log2 layout folds slots below, inside and above the classic range") {
   std::vector<std::uint64_t> cumulative;
   l.classic(slots, cumulative);
   CHECK(cumulative == std::vector<std::uint64_t>{6, 10, 15});
-  Log2HistogramState h{slots, 0};
+  Log2HistogramState h{slots, 0, {}};
   CHECK(h.count() == 21);
 }
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "ebpf_metricsd/cgroup_names.h"
+#include "ebpf_metricsd/profile/slow_events.h"
 #include "ebpf_metricsd/profile/symbols.h"
 
 namespace ebpf_metricsd::profiling {
@@ -81,6 +82,9 @@ class ProfileStore {
   // The samples of batches that ended after `from` and by `to`.
   ProfileWindow window(Clock::time_point from, Clock::time_point to) const;
 
+  // The tracers' slow events, which the same routes serve.
+  SlowEventStore& slow_events() { return slow_events_; }
+
   std::size_t samples_kept() const;
   std::size_t frames_kept() const;
   std::uint64_t dropped_samples() const;
@@ -95,6 +99,7 @@ class ProfileStore {
   void compact();                      // caller holds mutex_
 
   Limits limits_;
+  SlowEventStore slow_events_;
   std::mutex source_mutex_;  // held while cutting, and while the source changes
   std::function<void()> source_;
   std::atomic<bool> running_{false};

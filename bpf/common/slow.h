@@ -1,0 +1,28 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * A slow event: one event at or above a tracer's `slow` threshold, with the
+ * stacks that say why, sent to user space through the tracer's ring buffer
+ * `slow_events`. Shared by the BPF side (common/slow.bpf.h) and user space.
+ */
+#ifndef EBPF_METRICSD_SLOW_H
+#define EBPF_METRICSD_SLOW_H
+
+#define EMD_SLOW_MAX_DEPTH 127
+
+struct emd_slow_event {
+	__u64 ts;	   /* bpf_ktime_get_ns() when it ended */
+	__u64 latency_ns;
+	__u64 cgroup;	   /* the task's cgroup v2 id */
+	__u64 key;	   /* the tracer's label key (a syscall number...) */
+	__u32 tgid;
+	__u32 tid;
+	__u32 slot;	   /* the histogram slot the event was counted in */
+	__s32 kstack_len;  /* bytes of kstack, or a negative error */
+	__s32 ustack_len;  /* bytes of ustack, or a negative error (0: kernel thread) */
+	__u32 pad;
+	char comm[16];
+	__u64 kstack[EMD_SLOW_MAX_DEPTH];
+	__u64 ustack[EMD_SLOW_MAX_DEPTH];
+};
+
+#endif

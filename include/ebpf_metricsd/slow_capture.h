@@ -1,0 +1,88 @@
+#pragma once
+// A tracer's `slow` option and what user space does with its slow events: the BPF side
+// (bpf/common/slow.bpf.h) sends each event at or above the threshold with its stacks through
+// a ring buffer; a thread of this class reads it and symbolizes the stacks at once (so that
+// a process that exits soon after is still named); the tracer's drain then keeps each
+// event in the SlowEventStore and makes it the exemplar of its histogram bucket.
+
+#include <bpf/libbpf.h>
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ebpf_metricsd/cgroup_labels.h"
+#include "ebpf_metricsd/metric_scope.h"
+#include "ebpf_metricsd/profile/slow_events.h"
+
+namespace ebpf_metricsd {
+
+class YamlMapReader;
+
+struct SlowOptions {
+  std::chrono::milliseconds threshold{0};  // 0: off
+  std::uint32_t max_per_second = 100;
+  bool on() const { return threshold.count() > 0; }
+  // `slow: {threshold: 10ms, max_per_second: 100}`, absent: off.
+  static SlowOptions read(YamlMapReader& options);
+  // The ring buffer: two seconds of events at the limit, a power of two of pages.
+  std::uint32_t ring_bytes() const;
+  bool operator==(const SlowOptions&) const = default;
+};
+
+class SlowCapture {
+ public:
+  // Slow events of histogram `metric` (named `metric_name`); `labels`: the tracer's workload
+  // labels (their series carry the exemplars too).
+  SlowCapture(MetricScope& scope, MetricScope::Metric metric, std::string metric_name,
+              SlowOptions options, CgroupLabels& labels);
+  ~SlowCapture();
+  SlowCapture(const SlowCapture&) = delete;
+  SlowCapture& operator=(const SlowCapture&) = delete;
+
+  const SlowOptions& options() const { return options_; }
+
+  // Before load: the BPF side's threshold, limit and ring size.
+  template <class Skeleton>
+  void configure(Skeleton* s) const {
+    s->rodata->emd_slow_threshold_ns =
+        static_cast<std::uint64_t>(options_.threshold.count()) * 1000000ULL;
+    s->rodata->emd_slow_per_second = options_.max_per_second;
+    bpf_map__set_max_entries(s->maps.slow_events, options_.on() ? options_.ring_bytes() : 4096);
+  }
+  // After load: starts reading the ring buffer `map` (when on).
+  void start(bpf_map* map);
+  // On the drain thread: keeps what arrived and sets the exemplars. `series(key)`: the label
+  // values of the series the event was counted in, without the workload labels, and their
+  // names.
+  void drain(const std::function<MetricStore::LabelValues(std::uint64_t key)>& series,
+             const std::vector<std::string>& names);
+
+ private:
+  struct Pending;
+  static int on_event(void* self, void* data, std::size_t size);
+
+  MetricScope& scope_;
+  MetricScope::Metric metric_;
+  std::string metric_name_;
+  SlowOptions options_;
+  CgroupLabels& labels_;
+  profiling::SlowEventStore* store_;  // nullptr: exemplars only, no stacks kept
+  std::unique_ptr<profiling::SlowEventStore> own_store_;
+  std::mutex mutex_;
+  std::deque<Pending> pending_;
+  std::uint64_t pending_dropped_ = 0;
+  struct RingBufferDeleter {
+    void operator()(ring_buffer* r) const { ring_buffer__free(r); }
+  };
+  std::unique_ptr<ring_buffer, RingBufferDeleter> ring_;
+  std::jthread thread_;  // last: stops first
+};
+
+}  // namespace ebpf_metricsd

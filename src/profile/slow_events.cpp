@@ -1,0 +1,128 @@
+#include "ebpf_metricsd/profile/slow_events.h"
+
+#include <charconv>
+#include <cstdio>
+
+namespace ebpf_metricsd::profiling {
+
+std::string stack_id_text(std::uint64_t id) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(id));
+  return buf;
+}
+
+std::optional<std::uint64_t> parse_stack_id(std::string_view text) {
+  if (text.empty() || text.size() > 16) return std::nullopt;
+  std::uint64_t id = 0;
+  const auto res = std::from_chars(text.data(), text.data() + text.size(), id, 16);
+  if (res.ec != std::errc() || res.ptr != text.data() + text.size()) return std::nullopt;
+  return id;
+}
+
+namespace {
+
+// FNV-1a over the frames' names and modules: the same code path, the same id.
+std::uint64_t hash_frames(const std::vector<Frame>& frames) {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  auto mix = [&h](std::string_view text) {
+    for (const unsigned char c : text) {
+      h ^= c;
+      h *= 0x100000001b3ULL;
+    }
+    h ^= 0xff;  // a separator no name contains
+    h *= 0x100000001b3ULL;
+  };
+  for (const Frame& f : frames) {
+    mix(f.function);
+    mix(f.module);
+  }
+  return h;
+}
+
+}  // namespace
+
+std::vector<Frame> SlowEventStore::symbolize(std::uint32_t pid_number,
+                                             std::span<const std::uint64_t> kernel_stack,
+                                             std::span<const std::uint64_t> user_stack) {
+  std::vector<Frame> frames;
+  frames.reserve(kernel_stack.size() + user_stack.size());
+  std::lock_guard lock(mutex_);
+  if (!kernel_stack.empty()) kernel_.refresh();
+  for (std::size_t i = 0; i < kernel_stack.size(); ++i) {
+    // The innermost frame is where the stack was taken; every other is a return address.
+    frames.push_back(kernel_.resolve(kernel_stack[i], i > 0));
+  }
+  if (!user_stack.empty()) {
+    const auto pid = static_cast<pid_t>(pid_number);
+    user_.capture(pid);
+    for (std::size_t i = 0; i < user_stack.size(); ++i) {
+      Frame f = user_.resolve(pid, user_stack[i], i > 0);
+      if (i == 0 && f.module == "[unknown]") {
+        // Mapped since the mappings were captured (dlopen): read them again.
+        user_.capture(pid, true);
+        f = user_.resolve(pid, user_stack[i], false);
+      }
+      frames.push_back(std::move(f));
+    }
+  }
+  return frames;
+}
+
+std::uint64_t SlowEventStore::keep(SlowEvent e, std::vector<Frame> frames) {
+  const std::uint64_t id = hash_frames(frames);
+  std::lock_guard lock(mutex_);
+  e.stack_id = id;
+  auto [it, fresh] = stacks_.try_emplace(id);
+  if (fresh) it->second.frames = std::move(frames);
+  ++it->second.events;
+  events_.push_back(std::move(e));
+  expire(std::chrono::system_clock::now());
+  return id;
+}
+
+void SlowEventStore::expire(std::chrono::system_clock::time_point now) {
+  while (!events_.empty() &&
+         (events_.size() > limits_.max_events || events_.front().when < now - limits_.retention)) {
+    if (events_.size() > limits_.max_events) ++dropped_;
+    auto it = stacks_.find(events_.front().stack_id);
+    if (it != stacks_.end() && --it->second.events == 0) stacks_.erase(it);
+    events_.pop_front();
+  }
+  user_.forget_exited();
+}
+
+SlowWindow SlowEventStore::query(const Query& q) const {
+  SlowWindow w;
+  w.end = std::chrono::system_clock::now();
+  w.begin = q.since;
+  std::lock_guard lock(mutex_);
+  for (const SlowEvent& e : events_) {
+    if (e.when < q.since || e.latency_ns < q.min_ns) continue;
+    if (!q.metric.empty() && e.metric != q.metric) continue;
+    if (q.stack_id && e.stack_id != *q.stack_id) continue;
+    w.events.push_back(e);
+    if (!w.stacks.count(e.stack_id)) {
+      if (auto it = stacks_.find(e.stack_id); it != stacks_.end()) {
+        w.stacks.emplace(e.stack_id, it->second.frames);
+      }
+    }
+  }
+  return w;
+}
+
+std::size_t SlowEventStore::events_kept() const {
+  std::lock_guard lock(mutex_);
+  return events_.size();
+}
+
+std::size_t SlowEventStore::stacks_kept() const {
+  std::lock_guard lock(mutex_);
+  return stacks_.size();
+}
+
+std::uint64_t SlowEventStore::dropped() const {
+  std::lock_guard lock(mutex_);
+  return dropped_;
+}
+
+}  // namespace ebpf_metricsd::profiling

@@ -1,0 +1,148 @@
+#include "ebpf_metricsd/slow_capture.h"
+
+#include <linux/types.h>
+#include <time.h>
+
+#include <bit>
+#include <cstring>
+#include <stdexcept>
+
+#include "ebpf_metricsd/profile/profile_store.h"
+#include "ebpf_metricsd/yaml_reader.h"
+
+// clang-format off
+#include "common/slow.h"
+// clang-format on
+
+namespace ebpf_metricsd {
+
+namespace {
+
+// Events waiting for the drain; more (a drain that does not come) are counted and dropped.
+constexpr std::size_t kMaxPending = 10000;
+
+double realtime_of(std::uint64_t monotonic_ns) {
+  timespec mono{}, real{};
+  clock_gettime(CLOCK_MONOTONIC, &mono);
+  clock_gettime(CLOCK_REALTIME, &real);
+  const double now_mono = static_cast<double>(mono.tv_sec) + mono.tv_nsec * 1e-9;
+  const double now_real = static_cast<double>(real.tv_sec) + real.tv_nsec * 1e-9;
+  return now_real - (now_mono - static_cast<double>(monotonic_ns) * 1e-9);
+}
+
+}  // namespace
+
+SlowOptions SlowOptions::read(YamlMapReader& options) {
+  SlowOptions o;
+  if (!options.has("slow")) return o;
+  YamlMapReader slow = options.get_map("slow");
+  if (!slow.has("threshold")) slow.fail("", "slow needs a threshold (e.g. threshold: 10ms)");
+  o.threshold = slow.get_duration("threshold", o.threshold, std::chrono::milliseconds(1),
+                                  std::chrono::hours(1));
+  o.max_per_second = static_cast<std::uint32_t>(
+      slow.get_int("max_per_second", o.max_per_second, 1, 10000));
+  slow.finish();
+  return o;
+}
+
+std::uint32_t SlowOptions::ring_bytes() const {
+  const std::uint64_t want = std::uint64_t{2} * max_per_second * sizeof(emd_slow_event);
+  return static_cast<std::uint32_t>(std::bit_ceil(std::max<std::uint64_t>(want, 65536)));
+}
+
+struct SlowCapture::Pending {
+  emd_slow_event raw;  // without the stacks, which `frames` holds
+  std::vector<profiling::Frame> frames;
+};
+
+SlowCapture::SlowCapture(MetricScope& scope, MetricScope::Metric metric, std::string metric_name,
+                         SlowOptions options, CgroupLabels& labels)
+    : scope_(scope),
+      metric_(metric),
+      metric_name_(std::move(metric_name)),
+      options_(options),
+      labels_(labels),
+      store_(scope.profiles() ? &scope.profiles()->slow_events() : nullptr) {
+  if (!store_) {
+    own_store_ = std::make_unique<profiling::SlowEventStore>();
+    store_ = own_store_.get();
+  }
+}
+
+SlowCapture::~SlowCapture() {
+  thread_ = {};  // joins before the ring buffer goes
+}
+
+void SlowCapture::start(bpf_map* map) {
+  if (!options_.on()) return;
+  ring_.reset(ring_buffer__new(bpf_map__fd(map), &SlowCapture::on_event, this, nullptr));
+  if (!ring_) throw std::runtime_error("slow events: cannot read the ring buffer");
+  thread_ = std::jthread([this](std::stop_token stop) {
+    while (!stop.stop_requested()) ring_buffer__poll(ring_.get(), 100);
+  });
+}
+
+int SlowCapture::on_event(void* self_ptr, void* data, std::size_t size) {
+  auto* self = static_cast<SlowCapture*>(self_ptr);
+  if (size < sizeof(emd_slow_event)) return 0;
+  const auto* e = static_cast<const emd_slow_event*>(data);
+  auto frames_of = [](const __u64* ips, __s32 len) {
+    const std::size_t n = len > 0 ? std::min<std::size_t>(static_cast<std::size_t>(len) / 8,
+                                                          EMD_SLOW_MAX_DEPTH)
+                                  : 0;
+    return std::span<const std::uint64_t>(reinterpret_cast<const std::uint64_t*>(ips), n);
+  };
+  Pending p;
+  std::memcpy(&p.raw, e, offsetof(emd_slow_event, kstack));
+  p.frames = self->store_->symbolize(e->tgid, frames_of(e->kstack, e->kstack_len),
+                                     frames_of(e->ustack, e->ustack_len));
+  std::lock_guard lock(self->mutex_);
+  if (self->pending_.size() >= kMaxPending) {
+    ++self->pending_dropped_;
+    return 0;
+  }
+  self->pending_.push_back(std::move(p));
+  return 0;
+}
+
+void SlowCapture::drain(const std::function<MetricStore::LabelValues(std::uint64_t key)>& series,
+                        const std::vector<std::string>& names) {
+  std::deque<Pending> arrived;
+  std::uint64_t dropped = 0;
+  {
+    std::lock_guard lock(mutex_);
+    arrived.swap(pending_);
+    dropped = std::exchange(pending_dropped_, 0);
+  }
+  if (dropped) scope_.add_dropped("slow_queue_full", dropped);
+  for (Pending& p : arrived) {
+    profiling::SlowEvent e;
+    e.metric = metric_name_;
+    MetricStore::LabelValues values = series(p.raw.key);
+    for (std::size_t i = 0; i < values.size() && i < names.size(); ++i) {
+      e.series.emplace_back(names[i], values[i]);
+    }
+    e.latency_ns = p.raw.latency_ns;
+    e.pid = p.raw.tgid;
+    e.tid = p.raw.tid;
+    e.comm = std::string(p.raw.comm, strnlen(p.raw.comm, sizeof p.raw.comm));
+    const double when = realtime_of(p.raw.ts);
+    e.when = std::chrono::system_clock::time_point(
+        std::chrono::duration_cast<std::chrono::system_clock::duration>(
+            std::chrono::duration<double>(when)));
+    if (labels_.on()) {
+      e.workload = labels_.label(p.raw.cgroup);
+      labels_.append(values, p.raw.cgroup);
+    }
+    Exemplar x;
+    x.value = static_cast<double>(p.raw.latency_ns) * 1e-9;
+    x.timestamp = when;
+    x.labels = {{"stack_id", ""}, {"pid", std::to_string(p.raw.tgid)}, {"comm", e.comm}};
+    const std::size_t slot = p.raw.slot;
+    const std::uint64_t id = store_->keep(std::move(e), std::move(p.frames));
+    x.labels[0].second = profiling::stack_id_text(id);
+    scope_.set_exemplar(metric_, values, slot, std::move(x));
+  }
+}
+
+}  // namespace ebpf_metricsd
