@@ -6,7 +6,7 @@
  * by thread id (for kernels whose tracing programs have no task storage,
  * before 5.12, or no BTF-typed task): user space loads the first kind the
  * kernel takes. A syscall at or above the `slow` threshold is also sent to
- * user space with the caller's stacks (common/slow.bpf.h).
+ * user space with the caller's user stack (common/slow.bpf.h).
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -124,8 +124,9 @@ static __always_inline int on_exit(void *ctx, bool raw)
 	if (!h)
 		return 0;
 	emd_hist_add_ns(h, delta);
-	emd_slow_record(ctx, now, delta, emd_seconds_slot(delta), nr, &drops,
-			SYSLAT_DROP_SLOW_LIMITED, SYSLAT_DROP_SLOW_RING_FULL);
+	emd_slow_record(ctx, now, delta, emd_seconds_slot(delta), nr, false,
+			&drops, SYSLAT_DROP_SLOW_LIMITED,
+			SYSLAT_DROP_SLOW_RING_FULL);
 	return 0;
 }
 

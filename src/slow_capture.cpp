@@ -2,6 +2,7 @@
 
 #include <linux/types.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <bit>
 #include <cstring>
@@ -50,10 +51,15 @@ std::uint32_t SlowOptions::ring_bytes() const {
   return static_cast<std::uint32_t>(std::bit_ceil(std::max<std::uint64_t>(want, 65536)));
 }
 
+// An event as it arrived, without its stacks: `frames` holds them named.
 struct SlowCapture::Pending {
-  emd_slow_event raw;  // without the stacks, which `frames` holds
+  std::uint64_t ts, latency_ns, cgroup, key;
+  std::uint32_t tgid, tid, slot;
+  std::string comm;
   std::vector<profiling::Frame> frames;
 };
+
+std::uint32_t SlowCapture::self_tgid() { return static_cast<std::uint32_t>(getpid()); }
 
 SlowCapture::SlowCapture(MetricScope& scope, MetricScope::Metric metric, std::string metric_name,
                          SlowOptions options, CgroupLabels& labels)
@@ -92,8 +98,8 @@ int SlowCapture::on_event(void* self_ptr, void* data, std::size_t size) {
                                   : 0;
     return std::span<const std::uint64_t>(reinterpret_cast<const std::uint64_t*>(ips), n);
   };
-  Pending p;
-  std::memcpy(&p.raw, e, offsetof(emd_slow_event, kstack));
+  Pending p{e->ts, e->latency_ns, e->cgroup, e->key, e->tgid, e->tid, e->slot,
+            std::string(e->comm, strnlen(e->comm, sizeof e->comm)), {}};
   p.frames = self->store_->symbolize(e->tgid, frames_of(e->kstack, e->kstack_len),
                                      frames_of(e->ustack, e->ustack_len));
   std::lock_guard lock(self->mutex_);
@@ -105,40 +111,44 @@ int SlowCapture::on_event(void* self_ptr, void* data, std::size_t size) {
   return 0;
 }
 
+void SlowCapture::begin_drain() {
+  std::lock_guard lock(mutex_);
+  for (Pending& p : pending_) taken_.push_back(std::move(p));
+  pending_.clear();
+  taken_dropped_ += std::exchange(pending_dropped_, 0);
+}
+
 void SlowCapture::drain(const std::function<MetricStore::LabelValues(std::uint64_t key)>& series,
                         const std::vector<std::string>& names) {
   std::deque<Pending> arrived;
-  std::uint64_t dropped = 0;
-  {
-    std::lock_guard lock(mutex_);
-    arrived.swap(pending_);
-    dropped = std::exchange(pending_dropped_, 0);
+  arrived.swap(taken_);
+  if (const std::uint64_t dropped = std::exchange(taken_dropped_, 0)) {
+    scope_.add_dropped("slow_queue_full", dropped);
   }
-  if (dropped) scope_.add_dropped("slow_queue_full", dropped);
   for (Pending& p : arrived) {
     profiling::SlowEvent e;
     e.metric = metric_name_;
-    MetricStore::LabelValues values = series(p.raw.key);
+    MetricStore::LabelValues values = series(p.key);
     for (std::size_t i = 0; i < values.size() && i < names.size(); ++i) {
       e.series.emplace_back(names[i], values[i]);
     }
-    e.latency_ns = p.raw.latency_ns;
-    e.pid = p.raw.tgid;
-    e.tid = p.raw.tid;
-    e.comm = std::string(p.raw.comm, strnlen(p.raw.comm, sizeof p.raw.comm));
-    const double when = realtime_of(p.raw.ts);
+    e.latency_ns = p.latency_ns;
+    e.pid = p.tgid;
+    e.tid = p.tid;
+    e.comm = p.comm;
+    const double when = realtime_of(p.ts);
     e.when = std::chrono::system_clock::time_point(
         std::chrono::duration_cast<std::chrono::system_clock::duration>(
             std::chrono::duration<double>(when)));
     if (labels_.on()) {
-      e.workload = labels_.label(p.raw.cgroup);
-      labels_.append(values, p.raw.cgroup);
+      e.workload = labels_.label(p.cgroup);
+      labels_.append(values, p.cgroup);
     }
     Exemplar x;
-    x.value = static_cast<double>(p.raw.latency_ns) * 1e-9;
+    x.value = static_cast<double>(p.latency_ns) * 1e-9;
     x.timestamp = when;
-    x.labels = {{"stack_id", ""}, {"pid", std::to_string(p.raw.tgid)}, {"comm", e.comm}};
-    const std::size_t slot = p.raw.slot;
+    x.labels = {{"stack_id", ""}, {"pid", std::to_string(p.tgid)}, {"comm", e.comm}};
+    const std::size_t slot = p.slot;
     const std::uint64_t id = store_->keep(std::move(e), std::move(p.frames));
     x.labels[0].second = profiling::stack_id_text(id);
     scope_.set_exemplar(metric_, values, slot, std::move(x));

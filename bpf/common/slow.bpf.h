@@ -19,6 +19,8 @@
 
 const volatile __u64 emd_slow_threshold_ns = 0;
 const volatile __u32 emd_slow_per_second = 100;
+/* The daemon's own process: its waits are not what anyone asks about. */
+const volatile __u32 emd_slow_self_tgid = 0;
 
 struct emd_slow_budget {
 	__u64 second;
@@ -62,18 +64,23 @@ static __always_inline bool emd_slow_admit(__u64 now, void *drops_map,
 
 /*
  * Records the current task's event of latency_ns (counted in histogram slot
- * `slot`, labelled by `key`) if it is slow, with its stacks and cgroup.
- * ctx: the program's context.
+ * `slot`, labelled by `key`) if it is slow, with its user stack, its kernel
+ * stack when `kernel_stack` (where the kernel stack says why; at sys_exit it
+ * is only the exit path) and its cgroup. ctx: the program's context.
  */
 static __always_inline void emd_slow_record(void *ctx, __u64 now,
 					    __u64 latency_ns, __u32 slot,
-					    __u64 key, void *drops_map,
-					    __u32 rate_reason, __u32 full_reason)
+					    __u64 key, bool kernel_stack,
+					    void *drops_map, __u32 rate_reason,
+					    __u32 full_reason)
 {
 	struct emd_slow_event *e;
 	__u64 id;
 
 	if (!emd_slow_threshold_ns || latency_ns < emd_slow_threshold_ns)
+		return;
+	id = bpf_get_current_pid_tgid();
+	if ((__u32)(id >> 32) == emd_slow_self_tgid)
 		return;
 	if (!emd_slow_admit(now, drops_map, rate_reason))
 		return;
@@ -82,7 +89,6 @@ static __always_inline void emd_slow_record(void *ctx, __u64 now,
 		emd_count_drop(drops_map, full_reason);
 		return;
 	}
-	id = bpf_get_current_pid_tgid();
 	e->ts = now;
 	e->latency_ns = latency_ns;
 	e->cgroup = bpf_get_current_cgroup_id();
@@ -92,7 +98,8 @@ static __always_inline void emd_slow_record(void *ctx, __u64 now,
 	e->slot = slot;
 	e->pad = 0;
 	bpf_get_current_comm(&e->comm, sizeof(e->comm));
-	e->kstack_len = bpf_get_stack(ctx, e->kstack, sizeof(e->kstack), 0);
+	e->kstack_len = kernel_stack ?
+		bpf_get_stack(ctx, e->kstack, sizeof(e->kstack), 0) : 0;
 	e->ustack_len = bpf_get_stack(ctx, e->ustack, sizeof(e->ustack),
 				      BPF_F_USER_STACK);
 	bpf_ringbuf_submit(e, 0);

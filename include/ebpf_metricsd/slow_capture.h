@@ -54,19 +54,25 @@ class SlowCapture {
     s->rodata->emd_slow_threshold_ns =
         static_cast<std::uint64_t>(options_.threshold.count()) * 1000000ULL;
     s->rodata->emd_slow_per_second = options_.max_per_second;
+    s->rodata->emd_slow_self_tgid = self_tgid();
     bpf_map__set_max_entries(s->maps.slow_events, options_.on() ? options_.ring_bytes() : 4096);
   }
   // After load: starts reading the ring buffer `map` (when on).
   void start(bpf_map* map);
-  // On the drain thread: keeps what arrived and sets the exemplars. `series(key)`: the label
-  // values of the series the event was counted in, without the workload labels, and their
-  // names.
+  // On the drain thread, before the tracer reads its histograms: takes what has arrived, so
+  // that every event drain() then applies is already counted in the histogram it reads (the
+  // kernel side counts an event before it sends it).
+  void begin_drain();
+  // On the drain thread, after: keeps what begin_drain took and sets the exemplars.
+  // `series(key)`: the label values of the series the event was counted in, without the
+  // workload labels, and their names.
   void drain(const std::function<MetricStore::LabelValues(std::uint64_t key)>& series,
              const std::vector<std::string>& names);
 
  private:
   struct Pending;
   static int on_event(void* self, void* data, std::size_t size);
+  static std::uint32_t self_tgid();
 
   MetricScope& scope_;
   MetricScope::Metric metric_;
@@ -76,8 +82,10 @@ class SlowCapture {
   profiling::SlowEventStore* store_;  // nullptr: exemplars only, no stacks kept
   std::unique_ptr<profiling::SlowEventStore> own_store_;
   std::mutex mutex_;
-  std::deque<Pending> pending_;
+  std::deque<Pending> pending_;     // arrived, under mutex_
   std::uint64_t pending_dropped_ = 0;
+  std::deque<Pending> taken_;       // by begin_drain, for drain
+  std::uint64_t taken_dropped_ = 0;
   struct RingBufferDeleter {
     void operator()(ring_buffer* r) const { ring_buffer__free(r); }
   };

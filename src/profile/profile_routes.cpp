@@ -1,11 +1,13 @@
 #include "ebpf_metricsd/profile/profile_routes.h"
 
+#include <cctype>
 #include <charconv>
 #include <stdexcept>
 
 #include "ebpf_metricsd/gzip.h"
 #include "ebpf_metricsd/profile/flame_graph.h"
 #include "ebpf_metricsd/profile/pprof.h"
+#include "ebpf_metricsd/yaml_reader.h"
 
 namespace ebpf_metricsd::profiling {
 
@@ -43,6 +45,49 @@ std::variant<int, std::string> window_seconds(const HttpRequest& req, int max, i
   if (ec != std::errc() || !whole) return "seconds is not a whole number of seconds";
   if (n <= 0) return "seconds must be at least 1";
   return n;
+}
+
+// At most one value of parameter `name`; nullopt when absent, an error when repeated.
+std::variant<std::optional<std::string>, std::string> single(const HttpRequest& req,
+                                                              const char* name) {
+  const auto values = req.params(name);
+  if (values.size() > 1) return std::string(name) + " is given more than once";
+  if (values.empty()) return std::optional<std::string>();
+  return std::optional<std::string>(std::string(values.front()));
+}
+
+// The query of /debug/pprof/slow: metric=NAME, min=DURATION, stack_id=HEX, seconds=N.
+std::variant<SlowEventStore::Query, std::string> slow_query(const HttpRequest& req) {
+  SlowEventStore::Query q;
+  const auto seconds = window_seconds(req, kMaxFlameGraphSeconds, kMaxFlameGraphSeconds);
+  if (const auto* why = std::get_if<std::string>(&seconds)) return *why;
+  q.since = std::chrono::system_clock::now() - std::chrono::seconds(std::get<int>(seconds));
+  const auto metric = single(req, "metric");
+  if (const auto* why = std::get_if<std::string>(&metric)) return *why;
+  if (const auto& m = std::get<std::optional<std::string>>(metric)) {
+    for (const char c : *m) {
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != ':') {
+        return "metric is not a metric name";
+      }
+    }
+    q.metric = *m;
+  }
+  const auto min = single(req, "min");
+  if (const auto* why = std::get_if<std::string>(&min)) return *why;
+  if (const auto& m = std::get<std::optional<std::string>>(min)) {
+    try {
+      q.min_ns = static_cast<std::uint64_t>(parse_duration(*m).count()) * 1000000ULL;
+    } catch (const std::exception& e) {
+      return std::string("min: ") + e.what();
+    }
+  }
+  const auto id = single(req, "stack_id");
+  if (const auto* why = std::get_if<std::string>(&id)) return *why;
+  if (const auto& text = std::get<std::optional<std::string>>(id)) {
+    q.stack_id = parse_stack_id(*text);
+    if (!q.stack_id) return "stack_id is not up to 16 hex digits";
+  }
+  return q;
 }
 
 }  // namespace
@@ -119,7 +164,27 @@ std::vector<Route> profile_routes(std::shared_ptr<ProfileStore> store) {
                               return r;
                             }};
   };
-  return {std::move(profile), std::move(page), std::move(data)};
+  // The stacks of the tracers' slow events (a metric's, those over a latency, one
+  // stack_id's) in the last N seconds, from what the store keeps: answered at once, on a
+  // worker.
+  Route slow;
+  slow.path = "/debug/pprof/slow";
+  slow.max_deferred = kMaxFlameGraphRequests;
+  slow.deferred = [store](const HttpRequest& req) -> std::variant<HttpResponse, DeferredResponse> {
+    auto query = slow_query(req);
+    if (const auto* why = std::get_if<std::string>(&query)) return bad_request(*why);
+    return DeferredResponse{
+        {}, std::chrono::milliseconds(0), [store, q = std::get<SlowEventStore::Query>(query)] {
+          auto body = gzip(pprof_slow(store->slow_events().query(q)), 6);
+          if (!body) throw std::runtime_error("gzip failed");
+          HttpResponse r;
+          r.content_type = "application/octet-stream";
+          r.body = std::move(*body);
+          r.headers.emplace_back("Content-Disposition", "attachment; filename=\"slow\"");
+          return r;
+        }};
+  };
+  return {std::move(profile), std::move(page), std::move(data), std::move(slow)};
 }
 
 }  // namespace ebpf_metricsd::profiling

@@ -46,8 +46,15 @@ std::vector<Frame> SlowEventStore::symbolize(std::uint32_t pid_number,
                                              std::span<const std::uint64_t> user_stack) {
   std::vector<Frame> frames;
   frames.reserve(kernel_stack.size() + user_stack.size());
-  std::lock_guard lock(mutex_);
-  if (!kernel_stack.empty()) kernel_.refresh();
+  std::lock_guard lock(symbolize_mutex_);
+  // Once a second: the kernel's symbol table if modules or BPF programs changed, and
+  // forgetting processes that had exited a second ago (their events have arrived since).
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_refresh_ >= std::chrono::seconds(1)) {
+    kernel_.refresh();
+    user_.forget_exited();
+    last_refresh_ = now;
+  }
   for (std::size_t i = 0; i < kernel_stack.size(); ++i) {
     // The innermost frame is where the stack was taken; every other is a return address.
     frames.push_back(kernel_.resolve(kernel_stack[i], i > 0));
@@ -73,7 +80,10 @@ std::uint64_t SlowEventStore::keep(SlowEvent e, std::vector<Frame> frames) {
   std::lock_guard lock(mutex_);
   e.stack_id = id;
   auto [it, fresh] = stacks_.try_emplace(id);
-  if (fresh) it->second.frames = std::move(frames);
+  if (fresh) {
+    frames_ += frames.size();
+    it->second.frames = std::move(frames);
+  }
   ++it->second.events;
   events_.push_back(std::move(e));
   expire(std::chrono::system_clock::now());
@@ -81,14 +91,17 @@ std::uint64_t SlowEventStore::keep(SlowEvent e, std::vector<Frame> frames) {
 }
 
 void SlowEventStore::expire(std::chrono::system_clock::time_point now) {
-  while (!events_.empty() &&
-         (events_.size() > limits_.max_events || events_.front().when < now - limits_.retention)) {
-    if (events_.size() > limits_.max_events) ++dropped_;
+  while (!events_.empty()) {
+    const bool over = events_.size() > limits_.max_events || frames_ > limits_.max_frames;
+    if (!over && events_.front().when >= now - limits_.retention) break;
+    if (over) ++dropped_;
     auto it = stacks_.find(events_.front().stack_id);
-    if (it != stacks_.end() && --it->second.events == 0) stacks_.erase(it);
+    if (it != stacks_.end() && --it->second.events == 0) {
+      frames_ -= it->second.frames.size();
+      stacks_.erase(it);
+    }
     events_.pop_front();
   }
-  user_.forget_exited();
 }
 
 SlowWindow SlowEventStore::query(const Query& q) const {
@@ -118,6 +131,11 @@ std::size_t SlowEventStore::events_kept() const {
 std::size_t SlowEventStore::stacks_kept() const {
   std::lock_guard lock(mutex_);
   return stacks_.size();
+}
+
+std::size_t SlowEventStore::frames_kept() const {
+  std::lock_guard lock(mutex_);
+  return frames_;
 }
 
 std::uint64_t SlowEventStore::dropped() const {

@@ -1,9 +1,12 @@
 // syscall_latency on the real kernel: the test makes N getppid() calls itself and expects
 // the histogram count to grow by N plus at most kOtherCallers.
+#include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <catch2/catch.hpp>
 #include <thread>
 
@@ -176,39 +179,42 @@ TEST_CASE("slow syscalls: each at or above the threshold is an exemplar on its b
   constexpr int kSlowReads = 5;
   MetricStore store;
   profiling::ProfileStore profiles;
-  auto tracer = test::start_tracer(
-      store, "syscall_latency",
-      "    per_syscall: all\n    slow:\n      threshold: 10ms\n      max_per_second: 100\n",
-      &profiles);
-  int data[2];
+  // The highest limit: other processes' slow reads cannot use up the budget.
+  auto tracer = test::start_tracer(store, "syscall_latency",
+                                   "    per_syscall: all\n    include: [read]\n    slow:\n"
+                                   "      threshold: 10ms\n      max_per_second: 10000\n",
+                                   &profiles);
+  // The reads come from a child: the daemon's own process is never captured. It stays
+  // until told to go, so that its mappings are there when its events are symbolized.
+  int data[2], done[2], go[2];
   REQUIRE(pipe(data) == 0);
-  std::atomic<long> before{-1};
-  std::atomic<pid_t> reader_tid{0};
-  std::atomic<int> done{0};
-  std::thread reader([&] {
-    reader_tid = static_cast<pid_t>(syscall(SYS_gettid));
+  REQUIRE(pipe(done) == 0);
+  REQUIRE(pipe(go) == 0);
+  void* shared = mmap(nullptr, sizeof(std::atomic<long>), PROT_READ | PROT_WRITE,
+                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(shared != MAP_FAILED);
+  auto* before = new (shared) std::atomic<long>(-1);
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
     char c;
     for (int i = 0; i < kSlowReads; ++i) {
-      before = test::TestCgroup::voluntary_switches_of_this_thread();
-      if (slow_read_in_known_function(data[0], &c) != 1) break;
-      done = i + 1;
+      *before = test::TestCgroup::voluntary_switches_of_this_thread();
+      if (slow_read_in_known_function(data[0], &c) != 1 || write(done[1], &c, 1) != 1) _exit(1);
     }
-  });
-  while (reader_tid == 0) std::this_thread::yield();
-  const std::string status =
-      "/proc/self/task/" + std::to_string(reader_tid.load()) + "/status";
+    _exit(read(go[0], &c, 1) == 1 ? 0 : 1);
+  }
+  const std::string status = "/proc/" + std::to_string(child) + "/status";
   // Each read is written to only once the reader sleeps in it, and 20 ms later: every one
   // takes at least 20 ms, at any machine speed.
   for (int i = 0; i < kSlowReads; ++i) {
-    REQUIRE(test::TestCgroup::wait_blocked(status, &before));
+    REQUIRE(test::TestCgroup::wait_blocked(status, before));
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    before = -1;
-    REQUIRE(write(data[1], "x", 1) == 1);
-    while (done < i + 1) std::this_thread::yield();
+    *before = -1;
+    char c = 'x';
+    REQUIRE(write(data[1], &c, 1) == 1);
+    REQUIRE(read(done[0], &c, 1) == 1);
   }
-  reader.join();
-  close(data[0]);
-  close(data[1]);
 
   // The events arrive through the ring buffer; each drain keeps what has arrived.
   profiling::SlowEventStore::Query q;
@@ -219,16 +225,23 @@ TEST_CASE("slow syscalls: each at or above the threshold is an exemplar on its b
     tracer->drain();
     ours.clear();
     for (const auto& e : profiles.slow_events().query(q).events) {
-      if (e.tid == static_cast<std::uint32_t>(reader_tid.load())) ours.push_back(e);
+      if (e.pid == static_cast<std::uint32_t>(child)) ours.push_back(e);
     }
   }
+  REQUIRE(write(go[1], "x", 1) == 1);
+  int child_status = 0;
+  REQUIRE(waitpid(child, &child_status, 0) == child);
+  CHECK(WIFEXITED(child_status));
+  CHECK(WEXITSTATUS(child_status) == 0);
+  for (int fd : {data[0], data[1], done[0], done[1], go[0], go[1]}) close(fd);
+  munmap(shared, sizeof(std::atomic<long>));
+
   REQUIRE(ours.size() == kSlowReads);
   const auto window = profiles.slow_events().query(q);
   for (const auto& e : ours) {
     INFO("stack " << profiling::stack_id_text(e.stack_id));
     CHECK(e.latency_ns >= 20'000'000);
     CHECK(e.series == std::vector<std::pair<std::string, std::string>>{{"syscall", "read"}});
-    CHECK(e.pid == static_cast<std::uint32_t>(getpid()));
     REQUIRE(window.stacks.count(e.stack_id) == 1);
     bool named = false;
     for (const auto& f : window.stacks.at(e.stack_id)) {
@@ -236,12 +249,19 @@ TEST_CASE("slow syscalls: each at or above the threshold is an exemplar on its b
     }
     CHECK(named);
   }
-  // The exemplar of read's bucket for 16..32 ms (or 32..64 ms) is the last of them.
+  // The last of them is the exemplar of the bucket it fell in: the first le at or above it.
+  const double latency = static_cast<double>(ours.back().latency_ns) * 1e-9;
+  const std::string le = format_double(std::exp2(std::ceil(std::log2(latency))));
   const std::string om = render_openmetrics(store);
-  const std::string id = profiling::stack_id_text(ours.back().stack_id);
+  const std::string line = "ebpf_syscall_latency_seconds_bucket{syscall=\"read\",le=\"" + le +
+                           "\"} ";
+  const auto at = om.find(line);
   INFO(om.substr(0, 3000));
-  CHECK_THAT(om, Catch::Matchers::Contains("# {stack_id=\"" + id + "\",pid=\"" +
-                                           std::to_string(getpid()) + "\",comm=\""));
+  REQUIRE(at != std::string::npos);
+  const std::string bucket = om.substr(at, om.find('\n', at) - at);
+  CHECK_THAT(bucket, Catch::Matchers::Contains(
+                         "# {stack_id=\"" + profiling::stack_id_text(ours.back().stack_id) +
+                         "\",pid=\"" + std::to_string(child) + "\",comm=\""));
   // Nothing was refused by the limit or lost to a full ring.
   const auto fams = test::collect(store);
   for (const char* reason : {"slow_limited", "slow_ring_full", "slow_queue_full"}) {

@@ -2,7 +2,9 @@
 // What the daemon serves of its profiles: /debug/pprof/profile?seconds=N, the pprof of the
 // next N seconds (as Go's net/http/pprof serves it, so that `go tool pprof URL` and pull
 // collectors work); the flame graph page /profile and its data, /profile/data?seconds=N&
-// group=process|workload|none, the last N seconds.
+// group=process|workload|none, the last N seconds; /debug/pprof/slow?metric=M&min=D&
+// stack_id=ID&seconds=N, the stacks of the tracers' slow events kept in the last N seconds
+// (default and at most 600), each weighted by its latency.
 
 #include <memory>
 #include <vector>

@@ -4,8 +4,10 @@
 // that exits later is still named, and kept for a while. Each histogram bucket that received
 // slow events points to the latest as an exemplar whose `stack_id` is the id of its stack
 // here; /debug/pprof/slow serves the stacks of a metric's slow events, or of one stack_id.
-// Bounded: events older than the retention go, and at most max_events are kept (the oldest
-// go first, counted). It has its own lock; the metric store's is never taken.
+// Bounded: events older than the retention go, and at most max_events events and max_frames
+// frames of their stacks are kept (the oldest events go first, counted). Symbolizing has a
+// lock of its own, so that a slow file read there holds up neither the drain nor a query;
+// the metric store's lock is never taken.
 
 #include <sys/types.h>
 
@@ -53,6 +55,7 @@ class SlowEventStore {
   struct Limits {
     std::chrono::seconds retention{600};
     std::size_t max_events = 100000;
+    std::size_t max_frames = 500000;  // over all kept stacks: about 50 MB of names at most
   };
   explicit SlowEventStore(Limits limits) : limits_(limits) {}
   SlowEventStore() : SlowEventStore(Limits{}) {}
@@ -75,16 +78,20 @@ class SlowEventStore {
 
   std::size_t events_kept() const;
   std::size_t stacks_kept() const;
+  std::size_t frames_kept() const;
   std::uint64_t dropped() const;  // events that went before their retention (max_events)
 
  private:
   void expire(std::chrono::system_clock::time_point now);  // caller holds mutex_
 
   Limits limits_;
-  mutable std::mutex mutex_;
+  std::mutex symbolize_mutex_;  // for the symbolizers
   KernelSymbols kernel_;
   UserSymbols user_;
+  std::chrono::steady_clock::time_point last_refresh_{};
+  mutable std::mutex mutex_;      // for what is kept
   std::deque<SlowEvent> events_;  // oldest first
+  std::size_t frames_ = 0;
   struct Stack {
     std::vector<Frame> frames;
     std::size_t events = 0;  // kept events that have it
