@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "../metrics_lookup.h"
-#include "../cgroup_fixture.h"
+#include "../slow_reads.h"
 #include "../workloads.h"
 #include "ebpf_metricsd/config.h"
 #include "ebpf_metricsd/exposition_format.h"
@@ -154,25 +154,6 @@ TEST_CASE("syscall numbers outside the table are counted as drops", "[syscall_la
   CHECK(got <= kBogus + kBogus / 100);
 }
 
-namespace {
-
-// A read from `fd` made by this function's own syscall instruction, so that the user stack
-// taken at sys_exit begins here whatever the C library was built with.
-__attribute__((noinline)) long slow_read_in_known_function(int fd, char* c) {
-#if defined(__x86_64__)
-  long ret;
-  asm volatile("syscall"
-               : "=a"(ret)
-               : "0"(static_cast<long>(SYS_read)), "D"(static_cast<long>(fd)), "S"(c), "d"(1L)
-               : "rcx", "r11", "memory");
-  return ret;
-#else
-  return read(fd, c, 1);
-#endif
-}
-
-}  // namespace
-
 TEST_CASE("slow syscalls: each at or above the threshold is an exemplar on its bucket, and its "
           "stack names the function that made it",
           "[syscall_latency][slow]") {
@@ -184,37 +165,9 @@ TEST_CASE("slow syscalls: each at or above the threshold is an exemplar on its b
                                    "    per_syscall: all\n    include: [read]\n    slow:\n"
                                    "      threshold: 10ms\n      max_per_second: 10000\n",
                                    &profiles);
-  // The reads come from a child: the daemon's own process is never captured. It stays
-  // until told to go, so that its mappings are there when its events are symbolized.
-  int data[2], done[2], go[2];
-  REQUIRE(pipe(data) == 0);
-  REQUIRE(pipe(done) == 0);
-  REQUIRE(pipe(go) == 0);
-  void* shared = mmap(nullptr, sizeof(std::atomic<long>), PROT_READ | PROT_WRITE,
-                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  REQUIRE(shared != MAP_FAILED);
-  auto* before = new (shared) std::atomic<long>(-1);
-  const pid_t child = fork();
-  REQUIRE(child >= 0);
-  if (child == 0) {
-    char c;
-    for (int i = 0; i < kSlowReads; ++i) {
-      *before = test::TestCgroup::voluntary_switches_of_this_thread();
-      if (slow_read_in_known_function(data[0], &c) != 1 || write(done[1], &c, 1) != 1) _exit(1);
-    }
-    _exit(read(go[0], &c, 1) == 1 ? 0 : 1);
-  }
-  const std::string status = "/proc/" + std::to_string(child) + "/status";
-  // Each read is written to only once the reader sleeps in it, and 20 ms later: every one
-  // takes at least 20 ms, at any machine speed.
-  for (int i = 0; i < kSlowReads; ++i) {
-    REQUIRE(test::TestCgroup::wait_blocked(status, before));
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    *before = -1;
-    char c = 'x';
-    REQUIRE(write(data[1], &c, 1) == 1);
-    REQUIRE(read(done[0], &c, 1) == 1);
-  }
+  // The reads come from a child: the daemon's own process is never captured.
+  test::SlowReader reader(kSlowReads, std::chrono::milliseconds(20));
+  const pid_t child = reader.pid();
 
   // The events arrive through the ring buffer; each drain keeps what has arrived.
   profiling::SlowEventStore::Query q;
@@ -228,13 +181,7 @@ TEST_CASE("slow syscalls: each at or above the threshold is an exemplar on its b
       if (e.pid == static_cast<std::uint32_t>(child)) ours.push_back(e);
     }
   }
-  REQUIRE(write(go[1], "x", 1) == 1);
-  int child_status = 0;
-  REQUIRE(waitpid(child, &child_status, 0) == child);
-  CHECK(WIFEXITED(child_status));
-  CHECK(WEXITSTATUS(child_status) == 0);
-  for (int fd : {data[0], data[1], done[0], done[1], go[0], go[1]}) close(fd);
-  munmap(shared, sizeof(std::atomic<long>));
+  CHECK(reader.finish() == 0);
 
   REQUIRE(ours.size() == kSlowReads);
   const auto window = profiles.slow_events().query(q);

@@ -17,6 +17,7 @@
 
 #include "../cgroup_fixture.h"
 #include "../kernel_fixtures.h"
+#include "../slow_reads.h"
 #include "../workloads.h"
 #include "daemon_process.h"
 
@@ -89,7 +90,8 @@ struct Query {
 
 // A Prometheus server scraping `instance` every second with the shipped rules.
 struct PrometheusServer {
-  PrometheusServer(const Setup& s, const std::string& instance, bool native_histograms)
+  PrometheusServer(const Setup& s, const std::string& instance, bool native_histograms,
+                   const std::vector<std::string>& features = {})
       : native(native_histograms),
         dir(s.dir + (native ? "/native" : "/classic")),
         port(free_port()),
@@ -104,6 +106,7 @@ struct PrometheusServer {
         "--config.file=" + dir + "/prometheus.yml", "--storage.tsdb.path=" + dir + "/tsdb",
         "--web.listen-address=127.0.0.1:" + std::to_string(port), "--log.level=warn"};
     if (native) args.push_back("--enable-feature=native-histograms");
+    for (const std::string& f : features) args.push_back("--enable-feature=" + f);
     process = std::make_unique<DaemonProcess>("/usr/bin/prometheus", dir + "/prometheus.log",
                                               DaemonProcess::Options{args, false, {}, {}});
   }
@@ -407,4 +410,72 @@ TEST_CASE(
 
   kill(daemon.pid(), SIGTERM);
   CHECK(daemon.wait_exit(5s) == 0);
+}
+
+TEST_CASE("Prometheus with exemplar storage: a slow read in a known function is an exemplar on "
+          "its bucket, and its stack_id leads through the daemon to that function",
+          "[slow]") {
+  if (run_command("command -v prometheus >/dev/null") != 0) {
+    FAIL("prometheus is not installed (packaging/install-deps.sh --with-tests)");
+  }
+  Setup s(
+      "  syscall_latency:\n    enabled: true\n    include: [read]\n"
+      "    slow: {threshold: 10ms, max_per_second: 10000}\n");
+  DaemonProcess daemon(DAEMON_PATH, s.log, {s.args(), false, {}, {}});
+  const std::string instance = "127.0.0.1:" + std::to_string(s.port);
+  REQUIRE(wait_until([&] { return !run_capture("curl -sf http://" + instance + "/metrics").empty(); },
+                     20s));
+  PrometheusServer prometheus(s, instance, false, {"exemplar-storage"});
+  REQUIRE(wait_until([&] { return prometheus.api.query("up == 1").second == 1; }, 60s));
+
+  const double start = std::chrono::duration<double>(
+                           std::chrono::system_clock::now().time_since_epoch())
+                           .count();
+  SlowReader reader(3, std::chrono::milliseconds(50));
+  // Exemplars of the read histogram from the reader's process, once Prometheus has them.
+  json found = json::array();
+  const bool seen = wait_until(
+      [&] {
+        const json r = prometheus.api.get(
+            "query_exemplars",
+            {{"query", "ebpf_syscall_latency_seconds_bucket{syscall=\"read\"}"},
+             {"start", std::to_string(start - 1)},
+             {"end", std::to_string(start + 600)}});
+        found = json::array();
+        if (r.is_discarded() || r.value("status", "") != "success") return false;
+        for (const auto& series : r["data"]) {
+          for (const auto& e : series["exemplars"]) {
+            if (e["labels"].value("pid", "") == std::to_string(reader.pid())) {
+              found.push_back({{"le", series["seriesLabels"].value("le", "")},
+                               {"value", e["value"]},
+                               {"stack_id", e["labels"].value("stack_id", "")}});
+            }
+          }
+        }
+        return !found.empty();
+      },
+      60s);
+  INFO(prometheus.process->log() << daemon.log());
+  REQUIRE(seen);
+  INFO(found.dump());
+  for (const auto& e : found) {
+    // In the right bucket: at most its bound, more than half of it; and 50 ms or more.
+    const double value = std::stod(e["value"].get<std::string>());
+    const double le = std::stod(e["le"].get<std::string>());
+    CHECK(value >= 0.05);
+    CHECK(value <= le);
+    CHECK(value > le / 2);
+    // The stack behind it, from the daemon, names the function that made the read.
+    const std::string file = s.dir + "/slow.pb.gz";
+    REQUIRE(run_capture("curl -s -o " + file + " -w '%{http_code}' 'http://" + instance +
+                        "/debug/pprof/slow?stack_id=" + e["stack_id"].get<std::string>() +
+                        "'") == "200");
+    const std::string raw =
+        run_capture("HOME=" + s.dir + " go tool pprof -raw -symbolize=none " + file + " 2>&1");
+    INFO(raw.substr(0, 3000));
+    CHECK_THAT(raw, Catch::Matchers::Contains("events/count latency/nanoseconds[dflt]"));
+    CHECK_THAT(raw, Catch::Matchers::Contains("slow_read_in_known_function"));
+    CHECK_THAT(raw, Catch::Matchers::Contains("pid:[" + std::to_string(reader.pid()) + "]"));
+  }
+  CHECK(reader.finish() == 0);
 }

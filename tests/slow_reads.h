@@ -1,0 +1,91 @@
+#pragma once
+// A known slow syscall for the slow-event tests: a child process reads from a pipe in
+// slow_read_in_known_function, by that function's own syscall instruction (so the user stack
+// taken at sys_exit begins there whatever the C library was built with). Each read is written
+// to only once the child sleeps in it (TestCgroup::wait_blocked), and `delay` later: every
+// read takes at least `delay`, at any machine speed. The child stays until the object goes,
+// so that its mappings are there when its events are symbolized.
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <new>
+#include <stdexcept>
+#include <thread>
+
+#include "cgroup_fixture.h"
+
+namespace ebpf_metricsd::test {
+
+__attribute__((noinline)) inline long slow_read_in_known_function(int fd, char* c) {
+#if defined(__x86_64__)
+  long ret;
+  asm volatile("syscall"
+               : "=a"(ret)
+               : "0"(static_cast<long>(SYS_read)), "D"(static_cast<long>(fd)), "S"(c), "d"(1L)
+               : "rcx", "r11", "memory");
+  return ret;
+#else
+  return read(fd, c, 1);
+#endif
+}
+
+class SlowReader {
+ public:
+  SlowReader(int reads, std::chrono::milliseconds delay) {
+    if (pipe(data_) != 0 || pipe(done_) != 0 || pipe(go_) != 0) throw std::runtime_error("pipe");
+    void* shared = mmap(nullptr, sizeof(std::atomic<long>), PROT_READ | PROT_WRITE,
+                        MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (shared == MAP_FAILED) throw std::runtime_error("mmap");
+    before_ = new (shared) std::atomic<long>(-1);
+    pid_ = fork();
+    if (pid_ < 0) throw std::runtime_error("fork");
+    if (pid_ == 0) {
+      char c;
+      for (int i = 0; i < reads; ++i) {
+        *before_ = TestCgroup::voluntary_switches_of_this_thread();
+        if (slow_read_in_known_function(data_[0], &c) != 1 || write(done_[1], &c, 1) != 1) _exit(1);
+      }
+      _exit(read(go_[0], &c, 1) == 1 ? 0 : 1);
+    }
+    const std::string status = "/proc/" + std::to_string(pid_) + "/status";
+    for (int i = 0; i < reads; ++i) {
+      if (!TestCgroup::wait_blocked(status, before_)) throw std::runtime_error("reader gone");
+      std::this_thread::sleep_for(delay);
+      *before_ = -1;
+      char c = 'x';
+      if (write(data_[1], &c, 1) != 1 || read(done_[0], &c, 1) != 1) {
+        throw std::runtime_error("reader pipe");
+      }
+    }
+  }
+  pid_t pid() const { return pid_; }
+  // Lets the child exit and returns its exit status (0: every read returned its byte).
+  int finish() {
+    if (pid_ <= 0) return status_;
+    if (write(go_[1], "x", 1) != 1) kill(pid_, SIGKILL);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -pid_;
+    status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+    return status_;
+  }
+  ~SlowReader() {
+    finish();
+    for (int fd : {data_[0], data_[1], done_[0], done_[1], go_[0], go_[1]}) close(fd);
+    munmap(before_, sizeof(std::atomic<long>));
+  }
+  SlowReader(const SlowReader&) = delete;
+  SlowReader& operator=(const SlowReader&) = delete;
+
+ private:
+  int data_[2]{-1, -1}, done_[2]{-1, -1}, go_[2]{-1, -1};
+  std::atomic<long>* before_ = nullptr;
+  pid_t pid_ = 0;
+  int status_ = 0;
+};
+
+}  // namespace ebpf_metricsd::test
