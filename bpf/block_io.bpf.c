@@ -10,6 +10,10 @@
  * with a stamp per tag, so neither end hashes, locks or allocates. A request
  * whose queue lost the slot to another, or whose tag is out of range, falls
  * back to a hash keyed by the request.
+ *
+ * With `slow` (common/slow.bpf.h), each issue also keeps the issuing task's
+ * stacks by request, and a request that completes at or above the threshold
+ * is sent to user space with them.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_core_read.h>
@@ -20,6 +24,7 @@
 #include "common/cgroup.bpf.h"
 #include "common/maps.bpf.h"
 #include "common/read.bpf.h"
+#include "common/slow.bpf.h"
 
 #define REQ_OP_MASK 0xff
 
@@ -51,6 +56,18 @@ struct {
 EMD_CGROUP_MAP(series_by_cgroup, struct blockio_cgroup_key, struct blockio_value);
 
 EMD_DROPS_MAP(BLOCKIO_DROP__COUNT);
+
+/* With `slow`: who issued each request in flight, with its stacks (1 entry
+ * when off). LRU: the entry of a request whose completion was not seen goes
+ * once the map is full of newer ones. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 1);
+	__type(key, __u64); /* struct request * */
+	__type(value, struct emd_slow_origin);
+} slow_origins SEC(".maps");
+
+#define PF_KTHREAD 0x00200000
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -194,7 +211,7 @@ static __always_inline __u64 request_cgroup(struct request *rq, __u64 issuer,
 	return EMD_READ(raw, cg, kn, id);
 }
 
-static __always_inline int on_issue(struct request *rq, bool raw)
+static __always_inline int on_issue(void *ctx, struct request *rq, bool raw)
 {
 	struct blockio_stamp st = { .ts = bpf_ktime_get_ns() };
 	__u64 key = (__u64)rq;
@@ -203,6 +220,16 @@ static __always_inline int on_issue(struct request *rq, bool raw)
 
 	if (emd_by_cgroup)
 		st.issuer = bpf_get_current_cgroup_id();
+	if (emd_slow_threshold_ns) {
+		/* The issuing task's stacks: taken now, sent if it proves slow. */
+		struct task_struct *t = (void *)bpf_get_current_task();
+		struct emd_slow_origin o = {};
+
+		emd_slow_origin_here(ctx, &o,
+				     !(BPF_CORE_READ(t, flags) & PF_KTHREAD));
+		if (bpf_map_update_elem(&slow_origins, &key, &o, BPF_ANY))
+			emd_count_drop(&drops, BLOCKIO_DROP_SLOW_ORIGIN_FULL);
+	}
 	if (tag < BLOCKIO_TAGS) {
 		q = queue_of(rq, raw, true, &slot);
 		if (q) {
@@ -217,11 +244,32 @@ static __always_inline int on_issue(struct request *rq, bool raw)
 	return 0;
 }
 
+/* With `slow`: sends a slow request with its issuer's stacks. */
+static __always_inline void slow_request(__u64 rqkey, __u64 delta, __u32 op,
+					 const char *disk, __u64 cgroup)
+{
+	struct emd_slow_origin *o;
+
+	if (!emd_slow_threshold_ns)
+		return;
+	o = bpf_map_lookup_elem(&slow_origins, &rqkey);
+	if (!o)
+		return;
+	if (emd_slow(delta, o->tgid))
+		emd_slow_record_origin(bpf_ktime_get_ns(), delta,
+				       emd_seconds_slot(delta), op, disk,
+				       emd_by_cgroup ? cgroup : o->cgroup, o,
+				       &drops, BLOCKIO_DROP_SLOW_LIMITED,
+				       BLOCKIO_DROP_SLOW_RING_FULL);
+	bpf_map_delete_elem(&slow_origins, &rqkey);
+}
+
 static __always_inline int on_complete(struct request *rq,
 				       unsigned int nr_bytes, bool raw)
 {
 	struct blockio_key key = {};
 	struct blockio_value *v = NULL;
+	__u64 cgroup = 0;
 	struct blockio_stamp *stamp;
 	struct blockio_queue *q;
 	__u64 rqkey = (__u64)rq, *ts, delta, issuer = 0;
@@ -240,9 +288,10 @@ static __always_inline int on_complete(struct request *rq,
 		}
 		delta = bpf_ktime_get_ns() - *ts;
 		*ts = 0;
+		if (emd_by_cgroup || emd_slow_threshold_ns)
+			__builtin_memcpy(key.disk, q->disk, sizeof(key.disk));
 		if (emd_by_cgroup) {
 			issuer = q->issuer[tag_index(tag)];
-			__builtin_memcpy(key.disk, q->disk, sizeof(key.disk));
 		} else {
 			slot = slot * BLOCKIO_OPS + op;
 			v = bpf_map_lookup_elem(&slot_series, &slot);
@@ -267,11 +316,13 @@ static __always_inline int on_complete(struct request *rq,
 		struct blockio_cgroup_key ck = {};
 
 		ck.cgroup = request_cgroup(rq, issuer, raw);
+		cgroup = ck.cgroup;
 		__builtin_memcpy(ck.disk, key.disk, sizeof(ck.disk));
 		ck.op = op;
 		v = emd_lookup_or_init(&series_by_cgroup, &ck, &zero_value, &drops,
 				       BLOCKIO_DROP_LABELS_FULL);
 	}
+	slow_request(rqkey, delta, op, key.disk, cgroup);
 	if (!v)
 		return 0;
 	emd_hist_add_ns(v, delta);
@@ -279,7 +330,7 @@ static __always_inline int on_complete(struct request *rq,
 	return 0;
 }
 
-#define ISSUE(raw) on_issue(rq, raw)
+#define ISSUE(raw) on_issue(ctx, rq, raw)
 #define COMPLETE(raw) on_complete(rq, nr_bytes, raw)
 
 EMD_TP_PROGS(block_rq_issue, block_rq_issue, ISSUE, struct request *rq)

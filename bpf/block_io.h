@@ -64,6 +64,9 @@ enum blockio_drop_reason {
 	BLOCKIO_DROP_SERIES_FULL = 1,
 	BLOCKIO_DROP_ISSUE_UNSEEN = 2, /* completed, but no issue stamp to measure from */
 	BLOCKIO_DROP_LABELS_FULL = 3, /* no room for another (cgroup, disk, op) */
+	BLOCKIO_DROP_SLOW_LIMITED = 4,	  /* a slow request over slow.max_per_second */
+	BLOCKIO_DROP_SLOW_RING_FULL = 5,  /* a slow request with no room in the ring */
+	BLOCKIO_DROP_SLOW_ORIGIN_FULL = 6, /* no room for an issuer's stacks */
 	BLOCKIO_DROP__COUNT,
 };
 

@@ -45,6 +45,23 @@ double parse_amount(const std::string& text, bool seconds) {
   throw std::invalid_argument("");
 }
 
+}  // namespace
+
+std::uint64_t parse_nanoseconds(const std::string& text) {
+  double seconds = 0;
+  try {
+    seconds = parse_amount(text, true);
+  } catch (const std::invalid_argument&) {
+    throw std::invalid_argument("invalid duration " + text + " (expected e.g. 750us, 10ms, 1s)");
+  }
+  if (seconds * 1e9 < 1 || seconds > 1e9) {
+    throw std::invalid_argument("duration " + text + " is out of range");
+  }
+  return static_cast<std::uint64_t>(std::llround(seconds * 1e9));
+}
+
+namespace {
+
 std::string format_power(int exp, bool seconds) {
   if (!seconds) {
     static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "ebpf_metricsd/log2_histogram.h"
 #include "ebpf_metricsd/profile/profile_store.h"
 #include "ebpf_metricsd/yaml_reader.h"
 
@@ -38,8 +39,15 @@ SlowOptions SlowOptions::read(YamlMapReader& options) {
   if (!options.has("slow")) return o;
   YamlMapReader slow = options.get_map("slow");
   if (!slow.has("threshold")) slow.fail("", "slow needs a threshold (e.g. threshold: 10ms)");
-  o.threshold = slow.get_duration("threshold", o.threshold, std::chrono::milliseconds(1),
-                                  std::chrono::hours(1));
+  const std::string threshold = slow.get_string("threshold", "");
+  try {
+    o.threshold_ns = parse_nanoseconds(threshold);
+  } catch (const std::invalid_argument& e) {
+    slow.fail("threshold", e.what());
+  }
+  if (o.threshold_ns < 1000 || o.threshold_ns > 3600ULL * 1000000000ULL) {
+    slow.fail("threshold", "must be from 1us to 1h");
+  }
   o.max_per_second = static_cast<std::uint32_t>(
       slow.get_int("max_per_second", o.max_per_second, 1, 10000));
   slow.finish();
@@ -55,7 +63,7 @@ std::uint32_t SlowOptions::ring_bytes() const {
 struct SlowCapture::Pending {
   std::uint64_t ts, latency_ns, cgroup, key;
   std::uint32_t tgid, tid, slot;
-  std::string comm;
+  std::string comm, label;
   std::vector<profiling::Frame> frames;
 };
 
@@ -99,7 +107,8 @@ int SlowCapture::on_event(void* self_ptr, void* data, std::size_t size) {
     return std::span<const std::uint64_t>(reinterpret_cast<const std::uint64_t*>(ips), n);
   };
   Pending p{e->ts, e->latency_ns, e->cgroup, e->key, e->tgid, e->tid, e->slot,
-            std::string(e->comm, strnlen(e->comm, sizeof e->comm)), {}};
+            std::string(e->comm, strnlen(e->comm, sizeof e->comm)),
+            std::string(e->label, strnlen(e->label, sizeof e->label)), {}};
   p.frames = self->store_->symbolize(e->tgid, frames_of(e->kstack, e->kstack_len),
                                      frames_of(e->ustack, e->ustack_len));
   std::lock_guard lock(self->mutex_);
@@ -118,8 +127,9 @@ void SlowCapture::begin_drain() {
   taken_dropped_ += std::exchange(pending_dropped_, 0);
 }
 
-void SlowCapture::drain(const std::function<MetricStore::LabelValues(std::uint64_t key)>& series,
-                        const std::vector<std::string>& names) {
+void SlowCapture::drain(
+    const std::function<MetricStore::LabelValues(std::uint64_t key, std::string_view label)>& series,
+    const std::vector<std::string>& names) {
   std::deque<Pending> arrived;
   arrived.swap(taken_);
   if (const std::uint64_t dropped = std::exchange(taken_dropped_, 0)) {
@@ -128,7 +138,7 @@ void SlowCapture::drain(const std::function<MetricStore::LabelValues(std::uint64
   for (Pending& p : arrived) {
     profiling::SlowEvent e;
     e.metric = metric_name_;
-    MetricStore::LabelValues values = series(p.key);
+    MetricStore::LabelValues values = series(p.key, p.label);
     for (std::size_t i = 0; i < values.size() && i < names.size(); ++i) {
       e.series.emplace_back(names[i], values[i]);
     }

@@ -33,6 +33,23 @@ __attribute__((noinline)) inline long slow_read_in_known_function(int fd, char* 
 #endif
 }
 
+// pwrite64 by this function's own syscall instruction.
+__attribute__((noinline)) inline long write_in_known_function(int fd, const void* buf, long n,
+                                                              long offset) {
+#if defined(__x86_64__)
+  long ret;
+  register long r10 asm("r10") = offset;
+  asm volatile("syscall"
+               : "=a"(ret)
+               : "0"(static_cast<long>(SYS_pwrite64)), "D"(static_cast<long>(fd)), "S"(buf),
+                 "d"(n), "r"(r10)
+               : "rcx", "r11", "memory");
+  return ret;
+#else
+  return pwrite(fd, buf, n, offset);
+#endif
+}
+
 class SlowReader {
  public:
   SlowReader(int reads, std::chrono::milliseconds delay) {

@@ -40,6 +40,21 @@ struct {
 	__uint(max_entries, 4096);
 } slow_events SEC(".maps");
 
+/* Stacks of events' starts, by hash; sized by user space (1 when unused). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 1);
+	__type(key, __u64);
+	__type(value, struct emd_slow_stack);
+} slow_stacks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, struct emd_slow_stack);
+} slow_scratch SEC(".maps");
+
 static __always_inline bool emd_slow_admit(__u64 now, void *drops_map,
 					   __u32 rate_reason)
 {
@@ -62,6 +77,106 @@ static __always_inline bool emd_slow_admit(__u64 now, void *drops_map,
 	return true;
 }
 
+/* Whether an event of latency_ns is slow (and not the daemon's own). */
+static __always_inline bool emd_slow(__u64 latency_ns, __u32 tgid)
+{
+	return emd_slow_threshold_ns && latency_ns >= emd_slow_threshold_ns &&
+	       tgid != emd_slow_self_tgid;
+}
+
+/*
+ * Keeps the current task's kernel (flags 0) or user (BPF_F_USER_STACK) stack
+ * in slow_stacks; its hash, or 0 when there is none.
+ */
+static __always_inline __u64 emd_slow_keep_stack(void *ctx, __u32 scratch,
+						 __u64 flags)
+{
+	struct emd_slow_stack *s = bpf_map_lookup_elem(&slow_scratch, &scratch);
+	__u64 h = 0x243f6a8885a308d3ULL;
+	long len;
+	__u32 i;
+
+	if (!s)
+		return 0;
+	len = bpf_get_stack(ctx, s->ips, sizeof(s->ips), flags);
+	if (len <= 0)
+		return 0;
+	s->nr = (__u32)len / 8;
+	for (i = 0; i < EMD_SLOW_MAX_DEPTH; i++) {
+		if (i >= s->nr)
+			break;
+		h ^= s->ips[i];
+		h *= 0x9e3779b97f4a7c15ULL;
+		h ^= h >> 29;
+	}
+	h = h ? h : 1;
+	bpf_map_update_elem(&slow_stacks, &h, s, BPF_ANY);
+	return h;
+}
+
+/* The current task as the origin of an event that ends elsewhere. */
+static __always_inline void emd_slow_origin_here(void *ctx,
+						 struct emd_slow_origin *o,
+						 bool user)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+
+	o->cgroup = bpf_get_current_cgroup_id();
+	o->tgid = id >> 32;
+	o->tid = (__u32)id;
+	bpf_get_current_comm(&o->comm, sizeof(o->comm));
+	o->kstack = emd_slow_keep_stack(ctx, 0, 0);
+	o->ustack = user ? emd_slow_keep_stack(ctx, 1, BPF_F_USER_STACK) : 0;
+}
+
+/* Copies the stack kept under hash h into an event's ips; its length. */
+static __always_inline __s32 emd_slow_copy_stack(__u64 h, __u64 *ips)
+{
+	struct emd_slow_stack *s;
+
+	if (!h)
+		return 0;
+	s = bpf_map_lookup_elem(&slow_stacks, &h);
+	if (!s || s->nr > EMD_SLOW_MAX_DEPTH)
+		return 0;
+	if (bpf_probe_read_kernel(ips, EMD_SLOW_MAX_DEPTH * 8, s->ips))
+		return 0;
+	return (__s32)(s->nr * 8);
+}
+
+/*
+ * Records a slow event started by `o` (which must be emd_slow()): `label` is
+ * the tracer's label text (up to 32 bytes), cgroup the one of its series.
+ */
+static __always_inline void emd_slow_record_origin(
+	__u64 now, __u64 latency_ns, __u32 slot, __u64 key, const char *label,
+	__u64 cgroup, const struct emd_slow_origin *o, void *drops_map,
+	__u32 rate_reason, __u32 full_reason)
+{
+	struct emd_slow_event *e;
+
+	if (!emd_slow_admit(now, drops_map, rate_reason))
+		return;
+	e = bpf_ringbuf_reserve(&slow_events, sizeof(*e), 0);
+	if (!e) {
+		emd_count_drop(drops_map, full_reason);
+		return;
+	}
+	e->ts = now;
+	e->latency_ns = latency_ns;
+	e->cgroup = cgroup;
+	e->key = key;
+	e->tgid = o->tgid;
+	e->tid = o->tid;
+	e->slot = slot;
+	e->pad = 0;
+	__builtin_memcpy(e->comm, o->comm, sizeof(e->comm));
+	bpf_probe_read_kernel_str(e->label, sizeof(e->label), label);
+	e->kstack_len = emd_slow_copy_stack(o->kstack, e->kstack);
+	e->ustack_len = emd_slow_copy_stack(o->ustack, e->ustack);
+	bpf_ringbuf_submit(e, 0);
+}
+
 /*
  * Records the current task's event of latency_ns (counted in histogram slot
  * `slot`, labelled by `key`) if it is slow, with its user stack, its kernel
@@ -77,10 +192,8 @@ static __always_inline void emd_slow_record(void *ctx, __u64 now,
 	struct emd_slow_event *e;
 	__u64 id;
 
-	if (!emd_slow_threshold_ns || latency_ns < emd_slow_threshold_ns)
-		return;
 	id = bpf_get_current_pid_tgid();
-	if ((__u32)(id >> 32) == emd_slow_self_tgid)
+	if (!emd_slow(latency_ns, id >> 32))
 		return;
 	if (!emd_slow_admit(now, drops_map, rate_reason))
 		return;
@@ -98,6 +211,7 @@ static __always_inline void emd_slow_record(void *ctx, __u64 now,
 	e->slot = slot;
 	e->pad = 0;
 	bpf_get_current_comm(&e->comm, sizeof(e->comm));
+	e->label[0] = 0;
 	e->kstack_len = kernel_stack ?
 		bpf_get_stack(ctx, e->kstack, sizeof(e->kstack), 0) : 0;
 	e->ustack_len = bpf_get_stack(ctx, e->ustack, sizeof(e->ustack),

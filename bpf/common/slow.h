@@ -21,8 +21,27 @@ struct emd_slow_event {
 	__s32 ustack_len;  /* bytes of ustack, or a negative error (0: kernel thread) */
 	__u32 pad;
 	char comm[16];
+	char label[32];	   /* the tracer's label text (a disk name...), or "" */
 	__u64 kstack[EMD_SLOW_MAX_DEPTH];
 	__u64 ustack[EMD_SLOW_MAX_DEPTH];
+};
+
+/* A stack kept by hash (slow_stacks) from an event's start to its end. */
+struct emd_slow_stack {
+	__u32 nr;
+	__u32 pad;
+	__u64 ips[EMD_SLOW_MAX_DEPTH];
+};
+
+/* Who started an event that ends elsewhere (a block request issued by a task
+ * and completed in an interrupt): kept from start to end. */
+struct emd_slow_origin {
+	__u64 cgroup;
+	__u64 kstack; /* hashes in slow_stacks, 0: none */
+	__u64 ustack;
+	__u32 tgid;
+	__u32 tid;
+	char comm[16];
 };
 
 #endif

@@ -44,6 +44,9 @@ struct Log2Layout {
 // durations ("1us", "250ms", "16s") for a seconds layout and sizes ("8", "4KiB") for a
 // bytes one. min rounds down and max up to powers of two. Returns `defaults` without the key.
 Log2Layout read_buckets(YamlMapReader& options, const Log2Layout& defaults);
+// A duration as bucket bounds are written ("750us", "10ms", "1.5s"; ns, us, ms, s, m, h), in
+// nanoseconds. Throws std::invalid_argument for anything else, or for 0 or less.
+std::uint64_t parse_nanoseconds(const std::string& text);
 // "1us".."16s" or "8B".."4MiB": how README and errors show a layout's range.
 std::string describe_range(const Log2Layout& layout);
 

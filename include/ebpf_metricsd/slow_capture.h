@@ -14,27 +14,17 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 #include "ebpf_metricsd/cgroup_labels.h"
 #include "ebpf_metricsd/metric_scope.h"
 #include "ebpf_metricsd/profile/slow_events.h"
+#include "ebpf_metricsd/slow_options.h"
 
 namespace ebpf_metricsd {
 
-class YamlMapReader;
-
-struct SlowOptions {
-  std::chrono::milliseconds threshold{0};  // 0: off
-  std::uint32_t max_per_second = 100;
-  bool on() const { return threshold.count() > 0; }
-  // `slow: {threshold: 10ms, max_per_second: 100}`, absent: off.
-  static SlowOptions read(YamlMapReader& options);
-  // The ring buffer: two seconds of events at the limit, a power of two of pages.
-  std::uint32_t ring_bytes() const;
-  bool operator==(const SlowOptions&) const = default;
-};
 
 class SlowCapture {
  public:
@@ -51,8 +41,7 @@ class SlowCapture {
   // Before load: the BPF side's threshold, limit and ring size.
   template <class Skeleton>
   void configure(Skeleton* s) const {
-    s->rodata->emd_slow_threshold_ns =
-        static_cast<std::uint64_t>(options_.threshold.count()) * 1000000ULL;
+    s->rodata->emd_slow_threshold_ns = options_.threshold_ns;
     s->rodata->emd_slow_per_second = options_.max_per_second;
     s->rodata->emd_slow_self_tgid = self_tgid();
     bpf_map__set_max_entries(s->maps.slow_events, options_.on() ? options_.ring_bytes() : 4096);
@@ -64,10 +53,11 @@ class SlowCapture {
   // kernel side counts an event before it sends it).
   void begin_drain();
   // On the drain thread, after: keeps what begin_drain took and sets the exemplars.
-  // `series(key)`: the label values of the series the event was counted in, without the
-  // workload labels, and their names.
-  void drain(const std::function<MetricStore::LabelValues(std::uint64_t key)>& series,
-             const std::vector<std::string>& names);
+  // `series(key, label)`: the label values of the series the event was counted in (from its
+  // key and label text), without the workload labels; `names`: their names.
+  void drain(
+      const std::function<MetricStore::LabelValues(std::uint64_t key, std::string_view label)>& series,
+      const std::vector<std::string>& names);
 
  private:
   struct Pending;

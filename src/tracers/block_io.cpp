@@ -7,6 +7,7 @@
 #include "ebpf_metricsd/bpf_support.h"
 #include "ebpf_metricsd/map_deltas.h"
 #include "ebpf_metricsd/skeleton.h"
+#include "ebpf_metricsd/slow_capture.h"
 #include "ebpf_metricsd/tracer.h"
 
 // clang-format off
@@ -20,6 +21,9 @@ namespace ebpf_metricsd {
 namespace {
 
 using Object = EBPF_METRICSD_SKELETON(block_io);
+
+// Issuers' stacks kept at once with `slow` (LRU: the least recently issued go first).
+constexpr std::uint32_t kSlowStacks = 4096;
 
 const char* op_name(std::uint32_t op) {
   switch (op) {
@@ -54,9 +58,11 @@ class BlockIoTracer final : public Tracer {
                                  MetricType::Counter,
                                  {"device", "op"}}))),
         drops_(scope,
-               drop_reasons<BLOCKIO_DROP__COUNT>(
-                   {"map_full", "map_full", "issue_unseen", "map_full"}),
-               "never_completed") {}
+               drop_reasons<BLOCKIO_DROP__COUNT>({"map_full", "map_full", "issue_unseen",
+                                                  "map_full", "slow_limited", "slow_ring_full",
+                                                  "slow_origin_full"}),
+               "never_completed"),
+        slow_(scope, latency_, "ebpf_block_io_latency_seconds", options.slow, labels_) {}
 
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 2> tps = {"block_rq_issue", "block_rq_complete"};
@@ -70,6 +76,10 @@ class BlockIoTracer final : public Tracer {
           s->rodata->emd_by_cgroup = labels_.on();
           bpf_map__set_max_entries(s->maps.series_by_cgroup,
                                    labels_.options().kernel_map_entries());
+          slow_.configure(s);
+          const bool slow = slow_.options().on();
+          bpf_map__set_max_entries(s->maps.slow_origins, slow ? BLOCKIO_MAX_IN_FLIGHT : 1);
+          bpf_map__set_max_entries(s->maps.slow_stacks, slow ? kSlowStacks : 1);
           auto& p = s->progs;
           const bool btf = k == HookKind::TpBtf;
           return std::vector<ProgramChoice>{
@@ -83,12 +93,14 @@ class BlockIoTracer final : public Tracer {
         },
         kind);
     hook_ = std::string(hook_name(kind));
+    slow_.start(skel_->maps.slow_events);
   }
 
   std::string hook() const override { return hook_; }
 
   void drain() override {
     static_assert(sizeof(blockio_value) == (BLOCKIO_SLOTS + 2) * 8);
+    slow_.begin_drain();
     const auto add = [&](const MetricStore::LabelValues& labels, const std::uint64_t* d) {
       scope_.add_slots(latency_, labels, std::span<const std::uint64_t>(d, BLOCKIO_SLOTS),
                        d[BLOCKIO_SLOTS]);
@@ -113,6 +125,12 @@ class BlockIoTracer final : public Tracer {
                          const auto* k = static_cast<const blockio_key*>(key);
                          add({fixed_name(k->disk), op_name(k->op)}, d);
                        });
+    static const std::vector<std::string> names = {"device", "op"};
+    slow_.drain(
+        [](std::uint64_t op, std::string_view disk) {
+          return MetricStore::LabelValues{std::string(disk), op_name(static_cast<std::uint32_t>(op))};
+        },
+        names);
     drops_.drain();
     // A request that has not completed in 10 minutes never will (its disk is gone): its
     // stamp is removed so the in-flight map cannot fill up with them.
@@ -136,6 +154,7 @@ class BlockIoTracer final : public Tracer {
   PerCpuDeltas slot_series_{BLOCKIO_SLOTS + 2};
   PerCpuDeltas cgroup_series_{BLOCKIO_SLOTS + 2};
   DropAccounting drops_;
+  SlowCapture slow_;
   Object skel_;
   std::string hook_;
 };
@@ -146,7 +165,7 @@ TracerDescriptor block_io_descriptor() {
   // 8us .. 16s: from a fast NVMe read to a disk that retries.
   return descriptor_with_owned_histogram<BlockIoTracer>(
       "block_io", "Block I/O latency and bytes, by disk and operation",
-      Log2Layout::seconds(-17, 4));
+      Log2Layout::seconds(-17, 4), /*slow=*/true);
 }
 
 }  // namespace ebpf_metricsd

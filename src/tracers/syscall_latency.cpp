@@ -150,7 +150,7 @@ class SyscallLatencyTracer final : public Tracer {
         [&](std::uint32_t nr) { return MetricStore::LabelValues{name_of(nr)}; });
     static const std::vector<std::string> names = {"syscall"};
     slow_.drain(
-        [&](std::uint64_t nr) {
+        [&](std::uint64_t nr, std::string_view) {
           return MetricStore::LabelValues{name_of(static_cast<std::uint32_t>(nr))};
         },
         names);
