@@ -7,6 +7,8 @@ install(FILES ${CMAKE_SOURCE_DIR}/systemd/ebpf-metricsd.service DESTINATION /lib
 install(FILES ${CMAKE_SOURCE_DIR}/systemd/profile.conf DESTINATION share/ebpf-metricsd/systemd)
 install(DIRECTORY ${CMAKE_SOURCE_DIR}/dashboards/ DESTINATION share/ebpf-metricsd/dashboards
         FILES_MATCHING PATTERN "*.json")
+install(FILES ${CMAKE_SOURCE_DIR}/packaging/grafana/datasource.yml
+        DESTINATION share/ebpf-metricsd/grafana)
 install(DIRECTORY ${CMAKE_SOURCE_DIR}/packaging/prometheus/
         DESTINATION share/ebpf-metricsd/prometheus FILES_MATCHING PATTERN "*.yml")
 install(FILES ${CMAKE_SOURCE_DIR}/README.md DESTINATION share/doc/ebpf-metricsd)

@@ -65,8 +65,11 @@ def heatmap(title, metric, x, w, description=""):
     panels.append({
         "type": "heatmap", "id": _id(), "title": title, "description": description,
         "datasource": DS,
+        # Exemplars: the slow events of tracers with `slow`, each with a stack_id that the
+        # data source links to the daemon's flame graph of it (packaging/grafana/).
         "targets": [{"datasource": DS, "expr": classic, "format": "heatmap",
-                     "legendFormat": "{{le}}", "refId": "A", "range": True},
+                     "legendFormat": "{{le}}", "refId": "A", "range": True,
+                     "exemplar": metric.endswith("_seconds")},
                     {"datasource": DS, "expr": native, "format": "heatmap",
                      "refId": "B", "range": True}],
         "gridPos": {"h": 8, "w": w, "x": x, "y": _y[0]},

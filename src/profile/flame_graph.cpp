@@ -69,7 +69,7 @@ void count_all(const Node& n, std::size_t& total) {
 }  // namespace
 
 std::string flame_graph_json(const ProfileWindow& w, FlameGrouping grouping,
-                             std::size_t max_nodes) {
+                             std::size_t max_nodes, std::optional<std::size_t> slow_events) {
   Node root;
   root.name = "all";
   // The tree is built within ten times the nodes sent: past that, a stack's deeper frames
@@ -116,6 +116,7 @@ std::string flame_graph_json(const ProfileWindow& w, FlameGrouping grouping,
   j["root"] = to_json(root);
   j["nodes"] = kept;
   j["pruned"] = total - kept;
+  if (slow_events) j["slow"] = *slow_events;
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 

@@ -31,6 +31,8 @@ in what it called: <span id="legend"><span class="on">on-CPU</span><span class="
 <form id="controls" onsubmit="return false">
 <label>last <select id="seconds"><option>10</option><option>30</option><option selected>60</option>
 <option>300</option><option>600</option></select> seconds</label>
+<label>show <select id="show"><option value="profile">the profile</option>
+<option value="slow">slow events</option></select></label>
 <label>by <select id="group"><option value="process">process</option>
 <option value="workload">workload</option><option value="none">nothing</option></select></label>
 <input id="search" size="28" placeholder="search (regular expression)">
@@ -90,13 +92,19 @@ function draw() {
   place(base, 0, 0, false);
   graph.style.height = ((depthMax + 1) * 18) + "px";
   graph.appendChild(frag);
-  let text = data.seconds.toFixed(0) + " s: on-CPU " + ms(data.root.on) + ", off-CPU " + ms(data.root.off) +
+  let text = (data.slow !== undefined
+      ? data.slow + " slow events (" + narrow.join(", ") + "): " + ms(data.root.off) + " of latency"
+      : data.seconds.toFixed(0) + " s: on-CPU " + ms(data.root.on) + ", off-CPU " + ms(data.root.off)) +
     (data.pruned ? " (" + data.pruned + " small frames folded into their callers)" : "");
   if (re) text += "; matched: " + (total ? (100 * matched / total).toFixed(1) : "0") + "% of this view";
   $("status").textContent = text;
 }
 async function load() {
-  const q = "seconds=" + $("seconds").value + "&group=" + $("group").value;
+  let q = "seconds=" + $("seconds").value + "&group=" + $("group").value;
+  if ($("show").value === "slow") {
+    q += "&slow=1";
+    for (const [k, v] of narrowing) q += "&" + k + "=" + encodeURIComponent(v);
+  }
   history.replaceState(null, "", "?" + q);
   $("status").textContent = "loading";
   try {
@@ -116,6 +124,10 @@ async function load() {
   }
 }
 const params = new URLSearchParams(location.search);
+// Slow events of one metric, over a latency, or of one stack (an exemplar's stack_id).
+const narrowing = ["metric", "min", "stack_id"].filter((k) => params.get(k)).map((k) => [k, params.get(k)]);
+const narrow = narrowing.length ? narrowing.map(([k, v]) => k + " " + v) : ["all"];
+if (params.get("slow") === "1") $("show").value = "slow";
 for (const id of ["seconds", "group"]) {
   const v = params.get(id);
   if (v && [...$(id).options].some((o) => o.value === v)) $(id).value = v;
@@ -123,6 +135,7 @@ for (const id of ["seconds", "group"]) {
 if (params.get("search")) $("search").value = params.get("search");
 $("seconds").addEventListener("change", load);
 $("group").addEventListener("change", load);
+$("show").addEventListener("change", load);
 $("reload").addEventListener("click", load);
 $("reset").addEventListener("click", () => { zoom = null; draw(); });
 $("search").addEventListener("input", draw);

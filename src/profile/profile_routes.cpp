@@ -151,6 +151,25 @@ std::vector<Route> profile_routes(std::shared_ptr<ProfileStore> store) {
       if (!g) return bad_request("group must be process, workload or none");
       grouping = *g;
     }
+    // slow=1: the stacks of the tracers' slow events (metric=, min=, stack_id= narrow them).
+    const auto slow = single(req, "slow");
+    if (const auto* why = std::get_if<std::string>(&slow)) return bad_request(*why);
+    if (const auto& on = std::get<std::optional<std::string>>(slow)) {
+      if (*on != "1") return bad_request("slow must be 1");
+      auto query = slow_query(req);
+      if (const auto* why = std::get_if<std::string>(&query)) return bad_request(*why);
+      return DeferredResponse{
+          {}, std::chrono::milliseconds(0),
+          [store, grouping, q = std::get<SlowEventStore::Query>(query)] {
+            const SlowWindow events = store->slow_events().query(q);
+            HttpResponse r;
+            r.content_type = "application/json";
+            r.body = flame_graph_json(slow_profile_window(events), grouping, kMaxFlameGraphNodes,
+                                      events.events.size());
+            r.compressible = true;
+            return r;
+          }};
+    }
     if (!store->running()) return not_running();
     return DeferredResponse{{}, std::chrono::milliseconds(0), [store, seconds, grouping] {
                               store->cut();

@@ -1,5 +1,7 @@
 #include "ebpf_metricsd/profile/slow_events.h"
 
+#include "ebpf_metricsd/profile/profile_store.h"
+
 #include <charconv>
 #include <cstdio>
 
@@ -121,6 +123,42 @@ SlowWindow SlowEventStore::query(const Query& q) const {
     }
   }
   return w;
+}
+
+ProfileWindow slow_profile_window(const SlowWindow& w) {
+  ProfileWindow out;
+  const auto now_steady = Clock::now();
+  const auto now_wall = std::chrono::system_clock::now();
+  out.end = now_steady - std::chrono::duration_cast<Clock::duration>(now_wall - w.end);
+  out.begin = now_steady - std::chrono::duration_cast<Clock::duration>(now_wall - w.begin);
+  out.wall_begin = w.begin;
+  std::map<Frame, std::uint32_t> frame_ids;
+  std::map<std::uint64_t, std::uint32_t> stack_ids;
+  for (const auto& [id, frames] : w.stacks) {
+    std::vector<std::uint32_t> stack;
+    for (const Frame& f : frames) {
+      auto [it, fresh] = frame_ids.try_emplace(f, static_cast<std::uint32_t>(out.frames.size()));
+      if (fresh) out.frames.push_back(f);
+      stack.push_back(it->second);
+    }
+    stack_ids[id] = static_cast<std::uint32_t>(out.stacks.size());
+    out.stacks.push_back(std::move(stack));
+  }
+  for (const SlowEvent& e : w.events) {
+    auto it = stack_ids.find(e.stack_id);
+    if (it == stack_ids.end()) continue;
+    Sample s;
+    s.pid = e.pid;
+    s.tid = e.tid;
+    s.comm = e.comm;
+    s.workload = e.workload;
+    s.kind = SampleKind::OffCpu;
+    s.count = 1;
+    s.ns = e.latency_ns;
+    s.stack = it->second;
+    out.samples.push_back(std::move(s));
+  }
+  return out;
 }
 
 std::size_t SlowEventStore::events_kept() const {

@@ -201,8 +201,16 @@ TEST_CASE("slow block requests: every request on the loop device is an event wit
     }
     CHECK(named);
   }
-  // Issued from the writer itself (the loop driver takes a direct write in its context).
-  CHECK(from_child >= 1);
+  // Issued from the writer itself where the loop driver takes a direct write in its
+  // context (6.12 and 7.3 of the kernel matrix); 5.10 and 6.1 dispatch its requests from a
+  // kernel worker, which is then their issuer, with a kernel stack only.
+  if (from_child == 0) {
+    WARN("this kernel issued every loop request from a worker thread");
+    for (const auto& e : on_loop) {
+      INFO("issuer " << e.comm << " (" << e.pid << ")");
+      CHECK(e.comm.rfind("kworker", 0) == 0);
+    }
+  }
   const std::string om = render_openmetrics(store);
   CHECK_THAT(om, Catch::Matchers::Contains("ebpf_block_io_latency_seconds_bucket{device=\"" +
                                            loop.name() + "\",op=\""));

@@ -476,6 +476,20 @@ TEST_CASE("Prometheus with exemplar storage: a slow read in a known function is 
     CHECK_THAT(raw, Catch::Matchers::Contains("events/count latency/nanoseconds[dflt]"));
     CHECK_THAT(raw, Catch::Matchers::Contains("slow_read_in_known_function"));
     CHECK_THAT(raw, Catch::Matchers::Contains("pid:[" + std::to_string(reader.pid()) + "]"));
+    // The shipped Grafana data source's exemplar link, filled in as Grafana does, opens the
+    // flame graph page; the page's data for it draws that stack.
+    const YAML::Node ds = YAML::LoadFile(SOURCE_DIR "/packaging/grafana/datasource.yml");
+    std::string link =
+        ds["datasources"][0]["jsonData"]["exemplarTraceIdDestinations"][0]["url"].as<std::string>();
+    link = replace_all(link, "${__data.fields.instance}", instance);
+    link = replace_all(link, "${__value.raw}", e["stack_id"].get<std::string>());
+    CHECK(run_capture("curl -s -o /dev/null -w '%{http_code}' '" + link + "'") == "200");
+    const std::string data_url = replace_all(link, "/profile?", "/profile/data?");
+    REQUIRE(data_url != link);
+    const json graph = json::parse(run_capture("curl -s '" + data_url + "'"), nullptr, false);
+    REQUIRE(graph.is_object());
+    CHECK(graph.value("slow", 0) >= 1);
+    CHECK_THAT(graph.dump(), Catch::Matchers::Contains("slow_read_in_known_function"));
   }
   CHECK(reader.finish() == 0);
 }

@@ -184,6 +184,8 @@ TEST_CASE("the dashboard: data source variable, instance filter, rows, heatmaps,
         const auto start = expr.find("(rate(") + 6;
         const std::string metric = expr.substr(start, expr.find('{', start) - start);
         if (t["refId"] == "A") {
+          // Latency heatmaps show the slow events' exemplars.
+          CHECK(t.value("exemplar", false) == (metric.find("_seconds_bucket") != std::string::npos));
           CHECK(metric.size() > 7);
           CHECK(metric.substr(metric.size() - 7) == "_bucket");
           CHECK_THAT(expr, Catch::Matchers::Contains("by (le)"));

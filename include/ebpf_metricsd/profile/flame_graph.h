@@ -20,8 +20,10 @@ std::optional<FlameGrouping> parse_flame_grouping(std::string_view text);
 // where each node is {"n":name,"m":module,"on":ns on CPU,"off":ns off CPU,"c":[children]}.
 // Nodes beyond `max_nodes` are folded into their parents (their time stays there); `pruned`
 // counts them.
+// `slow_events`: the window holds slow events (their latency as off-CPU time), this many;
+// the JSON then says "slow":N.
 std::string flame_graph_json(const ProfileWindow& window, FlameGrouping grouping,
-                             std::size_t max_nodes);
+                             std::size_t max_nodes, std::optional<std::size_t> slow_events = {});
 
 // The page itself.
 std::string_view flame_graph_page();

@@ -100,6 +100,11 @@ class SlowEventStore {
   std::uint64_t dropped_ = 0;
 };
 
+// The matched events as a profile window of off-CPU samples, one per event, each as long as
+// its latency: what the flame graph draws of them.
+struct ProfileWindow;
+ProfileWindow slow_profile_window(const SlowWindow& window);
+
 // The matched events as a pprof profile: sample types events/count and latency/nanoseconds
 // (the default), labels metric, the series' labels, stack_id, pid, tid, comm and the
 // workload labels.
