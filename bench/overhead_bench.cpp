@@ -284,6 +284,8 @@ int run_benchmarks(int argc, char** argv) {
   MetricStore raw_store;
   // With cgroup: true the metrics have three more labels: a store of their own too.
   MetricStore labelled_store;
+  // With `slow` (events below its threshold: what every event pays): a store of its own.
+  MetricStore slow_store;
   const auto labelled = [&](const std::string& name) -> Mode {
     return {name + " cgroup: true", tracer(name, labelled_store, "    cgroup: true\n"), {}};
   };
@@ -298,7 +300,10 @@ int run_benchmarks(int argc, char** argv) {
         {"syscall_latency raw_tp (tid hash)",
          tracer("syscall_latency", raw_store, "    hook: raw_tp\n"),
          {}},
-        labelled("syscall_latency")}},
+        labelled("syscall_latency"),
+        {"syscall_latency slow: 10ms (below it)",
+         tracer("syscall_latency", slow_store, "    slow: {threshold: 10ms}\n"),
+         {}}}},
       {"runqueue_latency: pipe ping-pong",
        "round trip",
        pipe_ping_pong,
@@ -353,7 +358,10 @@ int run_benchmarks(int argc, char** argv) {
          floor_of({"floor_block_rq_issue", "floor_block_rq_complete"}),
          {}},
         {"block_io", tracer("block_io", store), {}},
-        labelled("block_io")},
+        labelled("block_io"),
+        {"block_io slow: 1h (below it; stacks taken at issue)",
+         tracer("block_io", slow_store, "    slow: {threshold: 1h}\n"),
+         {}}},
        /*min_rounds=*/61},
       {"page_cache: 4 KiB read of a cached file",
        "read",
