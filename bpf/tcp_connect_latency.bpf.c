@@ -6,14 +6,20 @@
  * common/stamps.bpf.h (a loopback connect ends on the CPU that began it):
  * socket-local storage would allocate and free storage for every socket,
  * which measured three times the cost.
+ *
+ * With `slow` (common/slow.bpf.h), the connecting task's stack is kept by
+ * socket at SYN_SENT, and a connect established at or above the threshold is
+ * sent with it.
  */
 #include "vmlinux.h"
+#include <bpf/bpf_core_read.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 
 #include "common/cgroup.bpf.h"
 #include "common/maps.bpf.h"
 #include "common/read.bpf.h"
+#include "common/slow.bpf.h"
 #include "tcp_connect_latency.h"
 
 #define AF_INET 2
@@ -57,8 +63,19 @@ static const __u64 zero_count = 0;
 
 EMD_DROPS_MAP(TCPCONN_DROP__COUNT);
 
-static __always_inline int on_set_state(struct sock *sk, int oldstate,
-					int newstate, bool raw)
+/* With `slow`: the connecting task of each connect in flight, with its stack
+ * (1 entry when off; LRU: a connect whose end was not seen goes in time). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 1);
+	__type(key, __u64); /* struct sock * */
+	__type(value, struct emd_slow_origin);
+} slow_origins SEC(".maps");
+
+#define PF_KTHREAD 0x00200000
+
+static __always_inline int on_set_state(void *ctx, struct sock *sk,
+					int oldstate, int newstate, bool raw)
 {
 	struct tcpconn_start st = {}, *stamp;
 	__u64 key = (__u64)sk, now;
@@ -82,6 +99,16 @@ static __always_inline int on_set_state(struct sock *sk, int oldstate,
 			st.cgroup = bpf_get_current_cgroup_id();
 		if (bpf_map_update_elem(&start, &key, &st, BPF_ANY))
 			emd_count_drop(&drops, TCPCONN_DROP_IN_FLIGHT_FULL);
+		if (emd_slow_threshold_ns) {
+			/* the connecting task's stack: sent if the connect proves slow */
+			struct task_struct *t = (void *)bpf_get_current_task();
+			struct emd_slow_origin o = {};
+
+			emd_slow_origin_here(ctx, &o,
+					     !(BPF_CORE_READ(t, flags) & PF_KTHREAD));
+			if (bpf_map_update_elem(&slow_origins, &key, &o, BPF_ANY))
+				emd_count_drop(&drops, TCPCONN_DROP_SLOW_ORIGIN_FULL);
+		}
 		return 0;
 	}
 	/* leaving SYN_SENT: to ESTABLISHED (done) or CLOSE (failed). A
@@ -94,6 +121,18 @@ static __always_inline int on_set_state(struct sock *sk, int oldstate,
 	st = *stamp;
 	bpf_map_delete_elem(&start, &key);
 	now = bpf_ktime_get_ns() - st.ts;
+	if (emd_slow_threshold_ns) {
+		struct emd_slow_origin *o = bpf_map_lookup_elem(&slow_origins, &key);
+
+		if (o && newstate == TCP_ESTABLISHED && emd_slow(now, o->tgid))
+			emd_slow_record_origin(bpf_ktime_get_ns(), now,
+					       emd_seconds_slot(now), family, "",
+					       emd_by_cgroup ? st.cgroup : o->cgroup,
+					       o, &drops, TCPCONN_DROP_SLOW_LIMITED,
+					       TCPCONN_DROP_SLOW_RING_FULL);
+		if (o)
+			bpf_map_delete_elem(&slow_origins, &key);
+	}
 	if (emd_by_cgroup) {
 		struct tcpconn_cgroup_key k = { .cgroup = st.cgroup, .family = family };
 
@@ -122,7 +161,7 @@ static __always_inline int on_set_state(struct sock *sk, int oldstate,
 	return 0;
 }
 
-#define SET_STATE(raw) on_set_state(sk, oldstate, newstate, raw)
+#define SET_STATE(raw) on_set_state(ctx, sk, oldstate, newstate, raw)
 
 EMD_TP_PROGS(inet_sock_set_state, inet_sock_set_state, SET_STATE,
 	     struct sock *sk, int oldstate, int newstate)

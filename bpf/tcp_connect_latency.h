@@ -37,6 +37,9 @@ struct tcpconn_cgroup_key {
 enum tcpconn_drop_reason {
 	TCPCONN_DROP_IN_FLIGHT_FULL = 0, /* no room to remember a connect */
 	TCPCONN_DROP_LABELS_FULL = 1, /* no room for another (cgroup, family) */
+	TCPCONN_DROP_SLOW_LIMITED = 2,	  /* a slow connect over slow.max_per_second */
+	TCPCONN_DROP_SLOW_RING_FULL = 3,  /* a slow connect with no room in the ring */
+	TCPCONN_DROP_SLOW_ORIGIN_FULL = 4, /* no room for a connecting task's stack */
 	TCPCONN_DROP__COUNT,
 };
 

@@ -6,6 +6,7 @@
 // read takes at least `delay`, at any machine speed. The child stays until the object goes,
 // so that its mappings are there when its events are symbolized.
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -47,6 +48,22 @@ __attribute__((noinline)) inline long write_in_known_function(int fd, const void
   return ret;
 #else
   return pwrite(fd, buf, n, offset);
+#endif
+}
+
+// connect() by this function's own syscall instruction.
+__attribute__((noinline)) inline long connect_in_known_function(int fd, const void* addr,
+                                                                long len) {
+#if defined(__x86_64__)
+  long ret;
+  asm volatile("syscall"
+               : "=a"(ret)
+               : "0"(static_cast<long>(SYS_connect)), "D"(static_cast<long>(fd)), "S"(addr),
+                 "d"(len)
+               : "rcx", "r11", "memory");
+  return ret;
+#else
+  return connect(fd, static_cast<const sockaddr*>(addr), static_cast<socklen_t>(len));
 #endif
 }
 

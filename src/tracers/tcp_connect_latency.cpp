@@ -4,6 +4,7 @@
 #include "ebpf_metricsd/bpf_support.h"
 #include "ebpf_metricsd/map_deltas.h"
 #include "ebpf_metricsd/skeleton.h"
+#include "ebpf_metricsd/slow_capture.h"
 #include "ebpf_metricsd/tracer.h"
 
 // clang-format off
@@ -18,6 +19,9 @@ namespace {
 
 using Object = EBPF_METRICSD_SKELETON(tcp_connect_latency);
 
+// Connecting tasks' stacks kept at once with `slow` (LRU: the least recently used go first).
+constexpr std::uint32_t kSlowStacks = 4096;
+
 const char* family_name(std::uint32_t family) {
   return family == TCPCONN_IPV4 ? "ipv4" : "ipv6";
 }
@@ -27,23 +31,24 @@ class TcpConnectLatencyTracer final : public Tracer {
   TcpConnectLatencyTracer(MetricScope& scope, const OwnedHistogramOptions& options)
       : scope_(scope),
         labels_(options.cgroup),
-        latency_(scope,
-                 scope.declare(labels_.with_labels(
-                     {"ebpf_tcp_connect_latency_seconds",
-                      "Time from an active TCP open (SYN sent) to the connection being "
-                      "established.",
-                      MetricType::Histogram,
-                      {"family"},
-                      options.buckets})),
-                 TCPCONN_SLOTS),
+        latency_metric_(scope.declare(labels_.with_labels(
+            {"ebpf_tcp_connect_latency_seconds",
+             "Time from an active TCP open (SYN sent) to the connection being established.",
+             MetricType::Histogram,
+             {"family"},
+             options.buckets}))),
+        latency_(scope, latency_metric_, TCPCONN_SLOTS),
         failures_(scope, scope.declare(labels_.with_labels(
                              {"ebpf_tcp_connect_failures_total",
                               "Active TCP opens that went from SYN_SENT to CLOSE (refused, "
                               "timed out, reset).",
                               MetricType::Counter,
                               {"family"}}))),
-        drops_(scope, drop_reasons<TCPCONN_DROP__COUNT>({"map_full", "map_full"}),
-               "never_finished") {}
+        drops_(scope,
+               drop_reasons<TCPCONN_DROP__COUNT>({"map_full", "map_full", "slow_limited",
+                                                  "slow_ring_full", "slow_origin_full"}),
+               "never_finished"),
+        slow_(scope, latency_metric_, "ebpf_tcp_connect_latency_seconds", options.slow, labels_) {}
 
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 1> tps = {"inet_sock_set_state"};
@@ -54,6 +59,10 @@ class TcpConnectLatencyTracer final : public Tracer {
           s->rodata->emd_by_cgroup = labels_.on();
           for (bpf_map* m : {s->maps.latency_by_cgroup, s->maps.failures_by_cgroup})
             bpf_map__set_max_entries(m, labels_.options().kernel_map_entries());
+          slow_.configure(s);
+          const bool slow = slow_.options().on();
+          bpf_map__set_max_entries(s->maps.slow_origins, slow ? TCPCONN_MAX_IN_FLIGHT : 1);
+          bpf_map__set_max_entries(s->maps.slow_stacks, slow ? kSlowStacks : 1);
           const bool btf = k == HookKind::TpBtf;
           return std::vector<ProgramChoice>{
               {s->progs.inet_sock_set_state_btf, btf},
@@ -62,18 +71,23 @@ class TcpConnectLatencyTracer final : public Tracer {
         },
         kind);
     hook_ = std::string(hook_name(kind));
+    slow_.start(skel_->maps.slow_events);
   }
 
   std::string hook() const override { return hook_; }
 
   void drain() override {
     const auto family = [](std::uint32_t f) { return MetricStore::LabelValues{family_name(f)}; };
+    slow_.begin_drain();
     labels_.drain_indexed(latency_, bpf_map__fd(skel_->maps.latency_by_cgroup),
                           bpf_map__fd(skel_->maps.latency), TCPCONN_FAMILIES,
                           &tcpconn_cgroup_key::family, family);
     labels_.drain_indexed(failures_, bpf_map__fd(skel_->maps.failures_by_cgroup),
                           bpf_map__fd(skel_->maps.failures), TCPCONN_FAMILIES,
                           &tcpconn_cgroup_key::family, family);
+    static const std::vector<std::string> names = {"family"};
+    slow_.drain([&](std::uint64_t f, std::string_view) { return family(static_cast<std::uint32_t>(f)); },
+                names);
     drops_.drain();
     // Every connect leaves SYN_SENT within the SYN retries (about two minutes); a stamp
     // older than ten minutes belongs to a socket that vanished unseen.
@@ -83,9 +97,11 @@ class TcpConnectLatencyTracer final : public Tracer {
  private:
   MetricScope& scope_;
   CgroupLabels labels_;
+  MetricScope::Metric latency_metric_;
   Log2HistDrain latency_;
   CounterDrain failures_;
   DropAccounting drops_;
+  SlowCapture slow_;
   Object skel_;
   std::string hook_;
 };
@@ -96,7 +112,7 @@ TracerDescriptor tcp_connect_latency_descriptor() {
   // 8us .. 64s: loopback connects take tens of us, SYN retransmits go on for a minute.
   return descriptor_with_owned_histogram<TcpConnectLatencyTracer>(
       "tcp_connect_latency", "TCP connect latency and failures, by family",
-      Log2Layout::seconds(-17, 6));
+      Log2Layout::seconds(-17, 6), /*slow=*/true);
 }
 
 }  // namespace ebpf_metricsd

@@ -3,12 +3,17 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <thread>
 
 #include "../kernel_counters.h"
 #include "../metrics_lookup.h"
+#include "../slow_reads.h"
+#include "ebpf_metricsd/exposition_format.h"
+#include "ebpf_metricsd/profile/profile_store.h"
 #include "tracer_fixture.h"
 
 using namespace ebpf_metricsd;
@@ -124,4 +129,68 @@ TEST_CASE("every loopback connect and refusal is counted, per family", "[tcp]") 
   REQUIRE(h != nullptr);
   CHECK(h->histogram.sample_sum > 0);
   CHECK(h->histogram.sample_sum / static_cast<double>(h->histogram.sample_count) < 0.1);
+}
+
+TEST_CASE("slow connects: every loopback connect is an event with the connecting task's stack",
+          "[tcp][slow]") {
+  MetricStore store;
+  profiling::ProfileStore profiles;
+  // 1us: a connect (SYN, SYN-ACK, ACK through the loopback) takes more at any machine speed.
+  auto tracer = test::start_tracer(store, "tcp_connect_latency",
+                                   "    slow: {threshold: 1us, max_per_second: 10000}\n", &profiles);
+  constexpr int kConnects = 10;
+  Loopback lo(AF_INET);
+  const int listener = lo.listen_any();
+  int go[2];
+  REQUIRE(pipe(go) == 0);
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    for (int i = 0; i < kConnects; ++i) {
+      const int fd = socket(AF_INET, SOCK_STREAM, 0);
+      if (fd < 0 || test::connect_in_known_function(fd, &lo.addr, lo.len) != 0) _exit(1);
+      close(fd);
+    }
+    char c;
+    _exit(read(go[0], &c, 1) == 1 ? 0 : 1);  // stays until its events are in
+  }
+  profiling::SlowEventStore::Query q;
+  q.metric = "ebpf_tcp_connect_latency_seconds";
+  std::vector<profiling::SlowEvent> ours;
+  for (int i = 0; i < 100 && ours.size() < kConnects; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    tracer->drain();
+    ours.clear();
+    for (const auto& e : profiles.slow_events().query(q).events) {
+      if (e.pid == static_cast<std::uint32_t>(child)) ours.push_back(e);
+    }
+  }
+  REQUIRE(write(go[1], "x", 1) == 1);
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  close(go[0]);
+  close(go[1]);
+  close(listener);
+
+  CHECK(ours.size() == kConnects);  // one per connect the child made
+  const auto window = profiles.slow_events().query(q);
+  for (const auto& e : ours) {
+    CHECK(e.series == std::vector<std::pair<std::string, std::string>>{{"family", "ipv4"}});
+    REQUIRE(window.stacks.count(e.stack_id) == 1);
+    bool named = false;
+    for (const auto& f : window.stacks.at(e.stack_id)) {
+      named = named || f.function.find("connect_in_known_function") != std::string::npos;
+    }
+    CHECK(named);
+  }
+  CHECK_THAT(render_openmetrics(store),
+             Catch::Matchers::Contains("\",pid=\"" + std::to_string(child) + "\",comm=\""));
+  const auto fams = test::collect(store);
+  for (const char* reason : {"slow_limited", "slow_ring_full", "slow_queue_full", "slow_origin_full"}) {
+    const auto* d = test::find_series(fams, "ebpf_metricsd_dropped_events_total",
+                                      {{"tracer", "tcp_connect_latency"}, {"reason", reason}});
+    CHECK((d == nullptr || d->counter.value == 0));
+  }
 }
