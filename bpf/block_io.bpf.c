@@ -322,11 +322,14 @@ static __always_inline int on_complete(struct request *rq,
 		v = emd_lookup_or_init(&series_by_cgroup, &ck, &zero_value, &drops,
 				       BLOCKIO_DROP_LABELS_FULL);
 	}
-	slow_request(rqkey, delta, op, key.disk, cgroup);
-	if (!v)
+	if (!v) {
+		slow_request(rqkey, 0, op, key.disk, cgroup); /* forgets the issuer */
 		return 0;
+	}
 	emd_hist_add_ns(v, delta);
 	v->bytes += nr_bytes;
+	/* after the count: an exemplar is set on a bucket that holds its event */
+	slow_request(rqkey, delta, op, key.disk, cgroup);
 	return 0;
 }
 

@@ -121,18 +121,7 @@ static __always_inline int on_set_state(void *ctx, struct sock *sk,
 	st = *stamp;
 	bpf_map_delete_elem(&start, &key);
 	now = bpf_ktime_get_ns() - st.ts;
-	if (emd_slow_threshold_ns) {
-		struct emd_slow_origin *o = bpf_map_lookup_elem(&slow_origins, &key);
-
-		if (o && newstate == TCP_ESTABLISHED && emd_slow(now, o->tgid))
-			emd_slow_record_origin(bpf_ktime_get_ns(), now,
-					       emd_seconds_slot(now), family, "",
-					       emd_by_cgroup ? st.cgroup : o->cgroup,
-					       o, &drops, TCPCONN_DROP_SLOW_LIMITED,
-					       TCPCONN_DROP_SLOW_RING_FULL);
-		if (o)
-			bpf_map_delete_elem(&slow_origins, &key);
-	}
+	h = NULL;
 	if (emd_by_cgroup) {
 		struct tcpconn_cgroup_key k = { .cgroup = st.cgroup, .family = family };
 
@@ -147,9 +136,7 @@ static __always_inline int on_set_state(void *ctx, struct sock *sk,
 			if (n)
 				*n += 1;
 		}
-		return 0;
-	}
-	if (newstate == TCP_ESTABLISHED) {
+	} else if (newstate == TCP_ESTABLISHED) {
 		h = bpf_map_lookup_elem(&latency, &family);
 		if (h)
 			emd_hist_add_ns(h, now);
@@ -157,6 +144,19 @@ static __always_inline int on_set_state(void *ctx, struct sock *sk,
 		n = bpf_map_lookup_elem(&failures, &family);
 		if (n)
 			*n += 1;
+	}
+	/* after the count: an exemplar is set on a bucket that holds its event */
+	if (emd_slow_threshold_ns) {
+		struct emd_slow_origin *o = bpf_map_lookup_elem(&slow_origins, &key);
+
+		if (o && h && emd_slow(now, o->tgid))
+			emd_slow_record_origin(bpf_ktime_get_ns(), now,
+					       emd_seconds_slot(now), family, "",
+					       emd_by_cgroup ? st.cgroup : o->cgroup,
+					       o, &drops, TCPCONN_DROP_SLOW_LIMITED,
+					       TCPCONN_DROP_SLOW_RING_FULL);
+		if (o)
+			bpf_map_delete_elem(&slow_origins, &key);
 	}
 	return 0;
 }

@@ -204,8 +204,15 @@ void MetricStore::set_exemplar(MetricId id, const LabelValues& labels, std::size
   if (m.spec.type != MetricType::Histogram) {
     throw std::logic_error(m.spec.name + " is no histogram");
   }
-  if (Series* s = series_for(m, labels)) {
-    std::get<Log2HistogramState>(*s).exemplars[slot] = std::move(exemplar);
+  // Only a series that exists: an exemplar never makes one (its event is counted first).
+  auto it = m.series.find(labels);
+  if (it == m.series.end()) {
+    LabelValues clean;
+    for (const auto& v : labels) clean.push_back(sanitize_utf8(v));
+    it = m.series.find(clean);
+  }
+  if (it != m.series.end()) {
+    std::get<Log2HistogramState>(it->second).exemplars[slot] = std::move(exemplar);
   }
 }
 

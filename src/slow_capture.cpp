@@ -20,8 +20,10 @@ namespace ebpf_metricsd {
 
 namespace {
 
-// Events waiting for the drain; more (a drain that does not come) are counted and dropped.
+// Events and their frames waiting for the drain; more (a drain that does not come) are
+// counted and dropped.
 constexpr std::size_t kMaxPending = 10000;
+constexpr std::size_t kMaxPendingFrames = 200000;
 
 double realtime_of(std::uint64_t monotonic_ns) {
   timespec mono{}, real{};
@@ -49,14 +51,16 @@ SlowOptions SlowOptions::read(YamlMapReader& options) {
     slow.fail("threshold", "must be from 1us to 1h");
   }
   o.max_per_second = static_cast<std::uint32_t>(
-      slow.get_int("max_per_second", o.max_per_second, 1, 10000));
+      slow.get_int("max_per_second", o.max_per_second, 1, 1000));
   slow.finish();
   return o;
 }
 
 std::uint32_t SlowOptions::ring_bytes() const {
+  // The reading thread empties it every 100 ms; two seconds leave room for a stall.
   const std::uint64_t want = std::uint64_t{2} * max_per_second * sizeof(emd_slow_event);
-  return static_cast<std::uint32_t>(std::bit_ceil(std::max<std::uint64_t>(want, 65536)));
+  return static_cast<std::uint32_t>(
+      std::min<std::uint64_t>(std::bit_ceil(std::max<std::uint64_t>(want, 65536)), 8u << 20));
 }
 
 // An event as it arrived, without its stacks: `frames` holds them named.
@@ -100,6 +104,7 @@ int SlowCapture::on_event(void* self_ptr, void* data, std::size_t size) {
   auto* self = static_cast<SlowCapture*>(self_ptr);
   if (size < sizeof(emd_slow_event)) return 0;
   const auto* e = static_cast<const emd_slow_event*>(data);
+  const bool lost = e->kstack_len == EMD_SLOW_STACK_LOST || e->ustack_len == EMD_SLOW_STACK_LOST;
   auto frames_of = [](const __u64* ips, __s32 len) {
     const std::size_t n = len > 0 ? std::min<std::size_t>(static_cast<std::size_t>(len) / 8,
                                                           EMD_SLOW_MAX_DEPTH)
@@ -112,10 +117,18 @@ int SlowCapture::on_event(void* self_ptr, void* data, std::size_t size) {
   p.frames = self->store_->symbolize(e->tgid, frames_of(e->kstack, e->kstack_len),
                                      frames_of(e->ustack, e->ustack_len));
   std::lock_guard lock(self->mutex_);
-  if (self->pending_.size() >= kMaxPending) {
+  if (lost) {
+    // Its stack was evicted between the event's start and end: not kept (all such events
+    // would share the id of an empty stack), counted.
+    ++self->stack_lost_;
+    return 0;
+  }
+  if (self->pending_.size() >= kMaxPending ||
+      self->pending_frames_ + p.frames.size() > kMaxPendingFrames) {
     ++self->pending_dropped_;
     return 0;
   }
+  self->pending_frames_ += p.frames.size();
   self->pending_.push_back(std::move(p));
   return 0;
 }
@@ -124,7 +137,9 @@ void SlowCapture::begin_drain() {
   std::lock_guard lock(mutex_);
   for (Pending& p : pending_) taken_.push_back(std::move(p));
   pending_.clear();
+  pending_frames_ = 0;
   taken_dropped_ += std::exchange(pending_dropped_, 0);
+  taken_lost_ += std::exchange(stack_lost_, 0);
 }
 
 void SlowCapture::drain(
@@ -135,6 +150,10 @@ void SlowCapture::drain(
   if (const std::uint64_t dropped = std::exchange(taken_dropped_, 0)) {
     scope_.add_dropped("slow_queue_full", dropped);
   }
+  if (const std::uint64_t lost = std::exchange(taken_lost_, 0)) {
+    scope_.add_dropped("slow_stack_lost", lost);
+  }
+  store_->expire_old();
   for (Pending& p : arrived) {
     profiling::SlowEvent e;
     e.metric = metric_name_;

@@ -4,10 +4,11 @@
  * `emd_slow_per_second` are set by user space before load, the ring buffer is
  * sized by it. Below the threshold an event costs one comparison. At or above
  * it, at most emd_slow_per_second events a second (over all CPUs; a race at a
- * second's turn may let one more per CPU through) reserve a record, take the
- * current task's kernel and user stacks into it and submit it. The tracer
- * counts what the limit refuses and what finds the ring full under its own
- * drop reasons.
+ * second's turn may let one more per CPU through) reserve a record, fill in
+ * the stack that says why and submit it. The tracer counts what the limit
+ * refuses and what finds the ring full under its own drop reasons; a record
+ * whose kept stack was evicted carries length EMD_SLOW_STACK_LOST, which user
+ * space counts.
  */
 #ifndef EBPF_METRICSD_SLOW_BPF_H
 #define EBPF_METRICSD_SLOW_BPF_H
@@ -80,8 +81,9 @@ static __always_inline bool emd_slow_admit(__u64 now, void *drops_map,
 /* Whether an event of latency_ns is slow (and not the daemon's own). */
 static __always_inline bool emd_slow(__u64 latency_ns, __u32 tgid)
 {
-	return emd_slow_threshold_ns && latency_ns >= emd_slow_threshold_ns &&
-	       tgid != emd_slow_self_tgid;
+	if (!emd_slow_threshold_ns || latency_ns < emd_slow_threshold_ns)
+		return false;
+	return tgid != emd_slow_self_tgid;
 }
 
 /*
@@ -145,9 +147,9 @@ static __always_inline __s32 emd_slow_copy_stack(__u64 h, __u64 *ips)
 		return 0;
 	s = bpf_map_lookup_elem(&slow_stacks, &h);
 	if (!s || s->nr > EMD_SLOW_MAX_DEPTH)
-		return 0;
+		return EMD_SLOW_STACK_LOST;
 	if (bpf_probe_read_kernel(ips, EMD_SLOW_MAX_DEPTH * 8, s->ips))
-		return 0;
+		return EMD_SLOW_STACK_LOST;
 	return (__s32)(s->nr * 8);
 }
 
@@ -199,6 +201,8 @@ static __always_inline void emd_slow_record(void *ctx, __u64 now,
 	struct emd_slow_event *e;
 	__u64 id;
 
+	if (!emd_slow_threshold_ns || latency_ns < emd_slow_threshold_ns)
+		return;
 	id = bpf_get_current_pid_tgid();
 	if (!emd_slow(latency_ns, id >> 32))
 		return;

@@ -8,6 +8,8 @@
 #define EBPF_METRICSD_SLOW_H
 
 #define EMD_SLOW_MAX_DEPTH 127
+/* A stack length: the stack was kept at the event's start but evicted since. */
+#define EMD_SLOW_STACK_LOST (-1000)
 
 struct emd_slow_event {
 	__u64 ts;	   /* bpf_ktime_get_ns() when it ended */

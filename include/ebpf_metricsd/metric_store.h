@@ -91,8 +91,8 @@ class MetricStore {
   void add_slots(MetricId id, const LabelValues& labels, std::span<const std::uint64_t> slots,
                  std::uint64_t sum_delta);
 
-  // Makes `exemplar` the latest of slot `slot` of a histogram series (labels over the
-  // OpenMetrics limit of 128 characters are cut from the last).
+  // Makes `exemplar` the latest of slot `slot` of a histogram series that exists (labels
+  // over the OpenMetrics limit of 128 characters are cut from the last).
   void set_exemplar(MetricId id, const LabelValues& labels, std::size_t slot, Exemplar exemplar);
 
   // Visits every series; scrapes visit at once, updates wait until they are done.

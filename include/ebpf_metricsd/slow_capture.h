@@ -72,10 +72,13 @@ class SlowCapture {
   profiling::SlowEventStore* store_;  // nullptr: exemplars only, no stacks kept
   std::unique_ptr<profiling::SlowEventStore> own_store_;
   std::mutex mutex_;
-  std::deque<Pending> pending_;     // arrived, under mutex_
+  std::deque<Pending> pending_;  // arrived, under mutex_
+  std::size_t pending_frames_ = 0;
   std::uint64_t pending_dropped_ = 0;
-  std::deque<Pending> taken_;       // by begin_drain, for drain
+  std::uint64_t stack_lost_ = 0;
+  std::deque<Pending> taken_;  // by begin_drain, for drain
   std::uint64_t taken_dropped_ = 0;
+  std::uint64_t taken_lost_ = 0;
   struct RingBufferDeleter {
     void operator()(ring_buffer* r) const { ring_buffer__free(r); }
   };

@@ -7,7 +7,7 @@
 #include "ebpf_metricsd/gzip.h"
 #include "ebpf_metricsd/profile/flame_graph.h"
 #include "ebpf_metricsd/profile/pprof.h"
-#include "ebpf_metricsd/yaml_reader.h"
+#include "ebpf_metricsd/log2_histogram.h"
 
 namespace ebpf_metricsd::profiling {
 
@@ -70,16 +70,18 @@ std::variant<SlowEventStore::Query, std::string> slow_query(const HttpRequest& r
         return "metric is not a metric name";
       }
     }
+    if (m->empty()) return "metric is empty";
     q.metric = *m;
   }
   const auto min = single(req, "min");
   if (const auto* why = std::get_if<std::string>(&min)) return *why;
   if (const auto& m = std::get<std::optional<std::string>>(min)) {
     try {
-      q.min_ns = static_cast<std::uint64_t>(parse_duration(*m).count()) * 1000000ULL;
+      q.min_ns = parse_nanoseconds(*m);
     } catch (const std::exception& e) {
       return std::string("min: ") + e.what();
     }
+    if (q.min_ns > 3600ULL * 1000000000ULL) return "min must be at most 1h";
   }
   const auto id = single(req, "stack_id");
   if (const auto* why = std::get_if<std::string>(&id)) return *why;
@@ -169,6 +171,11 @@ std::vector<Route> profile_routes(std::shared_ptr<ProfileStore> store) {
             r.compressible = true;
             return r;
           }};
+    }
+    for (const char* narrowing : {"metric", "min", "stack_id"}) {
+      if (!req.params(narrowing).empty()) {
+        return bad_request(std::string(narrowing) + " narrows slow events: give slow=1 with it");
+      }
     }
     if (!store->running()) return not_running();
     return DeferredResponse{{}, std::chrono::milliseconds(0), [store, seconds, grouping] {

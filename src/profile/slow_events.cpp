@@ -49,12 +49,16 @@ std::vector<Frame> SlowEventStore::symbolize(std::uint32_t pid_number,
   std::vector<Frame> frames;
   frames.reserve(kernel_stack.size() + user_stack.size());
   std::lock_guard lock(symbolize_mutex_);
-  // Once a second: the kernel's symbol table if modules or BPF programs changed, and
-  // forgetting processes that had exited a second ago (their events have arrived since).
+  // Once a second: forgetting processes that had exited a second ago (their events have
+  // arrived since), and for kernel frames the kernel's symbol table if modules or BPF
+  // programs changed.
   const auto now = std::chrono::steady_clock::now();
-  if (now - last_refresh_ >= std::chrono::seconds(1)) {
-    kernel_.refresh();
+  if (now - last_forget_ >= std::chrono::seconds(1)) {
     user_.forget_exited();
+    last_forget_ = now;
+  }
+  if (!kernel_stack.empty() && now - last_refresh_ >= std::chrono::seconds(1)) {
+    kernel_.refresh();
     last_refresh_ = now;
   }
   for (std::size_t i = 0; i < kernel_stack.size(); ++i) {
@@ -159,6 +163,11 @@ ProfileWindow slow_profile_window(const SlowWindow& w) {
     out.samples.push_back(std::move(s));
   }
   return out;
+}
+
+void SlowEventStore::expire_old() {
+  std::lock_guard lock(mutex_);
+  expire(std::chrono::system_clock::now());
 }
 
 std::size_t SlowEventStore::events_kept() const {

@@ -261,9 +261,15 @@ TEST_CASE("OpenMetrics text: counters without _total in their family, exemplars,
   CHECK_THAT(text, Catch::Matchers::Contains("# TYPE test_events_total counter\n"));
 }
 
-TEST_CASE("exemplars keep at most 128 characters of labels, dropping the last ones") {
+TEST_CASE("exemplars: only on a series that exists, at most 128 characters of labels") {
   MetricStore store;
   const auto h = store.declare({"x_seconds", "X.", MetricType::Histogram, {}, Log2Layout::seconds(-20, -18)});
+  // An exemplar never makes a series: its event is counted first.
+  store.set_exemplar(h, {}, 10, {{{"stack_id", "0000000000000001"}}, 1e-6, 1});
+  CHECK(render_openmetrics(store) == "# EOF\n");
+  std::vector<std::uint64_t> slots(64, 0);
+  slots[10] = 1;
+  store.add_slots(h, {}, slots, 1000);
   store.set_exemplar(h, {}, 10,
                      {{{"stack_id", "0123456789abcdef"}, {"comm", std::string(100, 'c')},
                        {"pid", "1"}},

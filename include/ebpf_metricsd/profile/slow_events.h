@@ -76,6 +76,9 @@ class SlowEventStore {
   };
   SlowWindow query(const Query& q) const;
 
+  // Forgets events past the retention (also when no new ones come).
+  void expire_old();
+
   std::size_t events_kept() const;
   std::size_t stacks_kept() const;
   std::size_t frames_kept() const;
@@ -88,7 +91,7 @@ class SlowEventStore {
   std::mutex symbolize_mutex_;  // for the symbolizers
   KernelSymbols kernel_;
   UserSymbols user_;
-  std::chrono::steady_clock::time_point last_refresh_{};
+  std::chrono::steady_clock::time_point last_refresh_{}, last_forget_{};
   mutable std::mutex mutex_;      // for what is kept
   std::deque<SlowEvent> events_;  // oldest first
   std::size_t frames_ = 0;
