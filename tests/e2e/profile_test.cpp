@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "../slow_reads.h"
 #include "daemon_process.h"
 #include "ebpf_metricsd/http/basic_auth.h"
 
@@ -43,12 +44,14 @@ struct Workload {
 
 // The daemon with the profile tracer, over HTTPS with basic auth.
 struct ProfileDaemon {
-  // 997 Hz: enough samples in a few seconds for the shares the tests check.
-  Setup s{"  profile:\n    enabled: true\n    frequency: 997\n    cgroup: true\n"};
+  Setup s;
   std::unique_ptr<DaemonProcess> d;
   std::string base;
 
-  ProfileDaemon() {
+  // 997 Hz: enough samples in a few seconds for the shares the tests check. `more`: other
+  // tracers' config.
+  explicit ProfileDaemon(const std::string& more = "")
+      : s("  profile:\n    enabled: true\n    frequency: 997\n    cgroup: true\n" + more) {
     REQUIRE(run_command("cd " + s.dir +
                         " && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes"
                         " -days 2 -keyout server.key -out server.pem -subj /CN=127.0.0.1"
@@ -171,6 +174,44 @@ TEST_CASE("profile requests: credentials, bad seconds, a bound on those waiting,
   CHECK(refused == 1);
   // And once they are answered, a new one is taken again.
   CHECK(p.get("/debug/pprof/profile?seconds=1").first == "200");
+}
+
+TEST_CASE("slow events on the flame graph page in a real browser: the function that made them",
+          "[profile][browser][slow]") {
+  ProfileDaemon p(
+      "  syscall_latency:\n    enabled: true\n    include: [read]\n"
+      "    slow: {threshold: 10ms, max_per_second: 1000}\n");
+  {
+    SlowReader reader(3, std::chrono::milliseconds(30));
+    const bool seen = wait_until(
+        [&] {
+          const auto d = p.get("/profile/data?slow=1&seconds=600");
+          return d.first == "200" &&
+                 d.second.find("slow_read_in_known_function") != std::string::npos;
+        },
+        30s);
+    REQUIRE(seen);
+    CHECK(reader.finish() == 0);
+  }
+  const std::string url = "https://" + std::string(kUser) + ":" + kPassword + "@127.0.0.1:" +
+                          std::to_string(p.s.port) +
+                          "/profile?slow=1&seconds=600&metric=ebpf_syscall_latency_seconds";
+  const std::string chromium = "chromium --headless --no-sandbox --disable-gpu "
+                               "--ignore-certificate-errors --user-data-dir=" +
+                               p.s.dir + "/chromium --virtual-time-budget=15000 ";
+  const std::string dom = run_capture(chromium + "--dump-dom '" + url + "' 2>/dev/null");
+  INFO(dom.substr(0, 3000));
+  REQUIRE_THAT(dom, Contains("data-loaded=\"1\""));
+  CHECK_THAT(dom, Contains("slow events (metric ebpf_syscall_latency_seconds)"));
+  CHECK(std::regex_search(dom, std::regex(R"re(<div class="f[^"]*"[^>]*data-name="[^"]*slow_read_in_known_function)re")));
+  const std::string shot = BINARY_DIR "/test-artifacts/slow-events-flame-graph.png";
+  run_command("mkdir -p " BINARY_DIR "/test-artifacts");
+  run_command(chromium + "--window-size=1400,900 --screenshot=" + shot + " '" + url +
+              "' >/dev/null 2>&1");
+  std::ifstream png(shot, std::ios::binary);
+  char magic[4] = {};
+  png.read(magic, 4);
+  CHECK(std::string(magic + 1, 3) == "PNG");
 }
 
 TEST_CASE("the flame graph page in a real browser: the known workload's functions, drawn to scale",
