@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# What a recorded slow event costs: `perf bench sched pipe` (two tasks reading from pipes in
+# turn; every read blocks, so each takes more than 1 us at any machine speed) under the
+# daemon's syscall_latency (include: [read]) with `slow` at 1us and max_per_second 1 (all but
+# one a second refused by the kernel-side limit) and 1000 (a thousand a second recorded:
+# stack, ring record, symbolization, exemplar), rounds interleaved, medians. The workload's
+# time and the daemon's CPU time both count; their difference over the events recorded is
+# the cost of one. Root; run from the repository root after building.
+#   bash bench/slow_bench.sh [rounds]
+set -euo pipefail
+rounds=${1:-5}
+command -v perf >/dev/null || { echo "perf is not installed (install-deps.sh --with-tests)" >&2; exit 2; }
+. "$(dirname "$0")/daemon.sh"
+config() {  # config FILE MAX_PER_SECOND
+  cat >"$1" <<YAML
+web:
+  listen_address: "127.0.0.1:$port"
+tracers:
+  syscall_latency:
+    enabled: true
+    include: [read]
+    slow: {threshold: 1us, max_per_second: $2}
+YAML
+}
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
+hz=$(getconf CLK_TCK)
+loops=300000
+config "$dir/one.yaml" 1
+config "$dir/many.yaml" 1000
+: >"$dir/one"; : >"$dir/many"
+# One run: prints "seconds_of_workload_and_daemon seconds_of_wall".
+run() {
+  start_daemon "$1"
+  sleep 1
+  local c0 c1 out total
+  c0=$(cpu_ticks "$pid")
+  out=$(taskset -c 0 perf bench sched pipe -l "$loops" 2>/dev/null)
+  c1=$(cpu_ticks "$pid")
+  kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""
+  total=$(awk '/Total time:/ {print $3}' <<<"$out")
+  # Both tasks run on CPU 0 and keep it busy: the wall time is their CPU time.
+  echo "$(echo "$total + ($c1 - $c0) / $hz" | bc -l) $total"
+}
+for _ in $(seq "$rounds"); do
+  run "$dir/one.yaml" >>"$dir/one"
+  run "$dir/many.yaml" >>"$dir/many"
+done
+one=$(awk '{print $1}' "$dir/one" | median)
+many=$(awk '{print $1}' "$dir/many" | median)
+wall=$(awk '{print $2}' "$dir/many" | median)
+events=$(echo "1000 * $wall" | bc -l)
+echo "perf bench sched pipe -l $loops on CPU 0 (median of $rounds; workload plus daemon CPU seconds):"
+printf '  slow, 1 a second recorded       %.3f s\n' "$one"
+printf '  slow, 1000 a second recorded    %.3f s  (about %.0f events in %.2f s)\n' "$many" "$events" "$wall"
+printf '  a recorded slow event costs     %.1f us\n' "$(echo "($many - $one) * 1000000 / $events" | bc -l)"
