@@ -57,17 +57,6 @@ EMD_CGROUP_MAP(series_by_cgroup, struct blockio_cgroup_key, struct blockio_value
 
 EMD_DROPS_MAP(BLOCKIO_DROP__COUNT);
 
-/* With `slow`: who issued each request in flight, with its stacks (1 entry
- * when off). LRU: the entry of a request whose completion was not seen goes
- * once the map is full of newer ones. */
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 1);
-	__type(key, __u64); /* struct request * */
-	__type(value, struct emd_slow_origin);
-} slow_origins SEC(".maps");
-
-#define PF_KTHREAD 0x00200000
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -220,16 +209,8 @@ static __always_inline int on_issue(void *ctx, struct request *rq, bool raw)
 
 	if (emd_by_cgroup)
 		st.issuer = bpf_get_current_cgroup_id();
-	if (emd_slow_threshold_ns) {
-		/* The issuing task's stacks: taken now, sent if it proves slow. */
-		struct task_struct *t = (void *)bpf_get_current_task();
-		struct emd_slow_origin o = {};
-
-		emd_slow_origin_here(ctx, &o,
-				     !(BPF_CORE_READ(t, flags) & PF_KTHREAD));
-		if (bpf_map_update_elem(&slow_origins, &key, &o, BPF_ANY))
-			emd_count_drop(&drops, BLOCKIO_DROP_SLOW_ORIGIN_FULL);
-	}
+	/* with `slow`: the issuing task, sent with the request if it proves slow */
+	emd_slow_start(ctx, key, &drops, BLOCKIO_DROP_SLOW_ORIGIN_FULL);
 	if (tag < BLOCKIO_TAGS) {
 		q = queue_of(rq, raw, true, &slot);
 		if (q) {
@@ -242,26 +223,6 @@ static __always_inline int on_issue(void *ctx, struct request *rq, bool raw)
 	if (bpf_map_update_elem(&issued, &key, &st, BPF_ANY))
 		emd_count_drop(&drops, BLOCKIO_DROP_IN_FLIGHT_FULL);
 	return 0;
-}
-
-/* With `slow`: sends a slow request with its issuer's stacks. */
-static __always_inline void slow_request(__u64 rqkey, __u64 delta, __u32 op,
-					 const char *disk, __u64 cgroup)
-{
-	struct emd_slow_origin *o;
-
-	if (!emd_slow_threshold_ns)
-		return;
-	o = bpf_map_lookup_elem(&slow_origins, &rqkey);
-	if (!o)
-		return;
-	if (emd_slow(delta, o->tgid))
-		emd_slow_record_origin(bpf_ktime_get_ns(), delta,
-				       emd_seconds_slot(delta), op, disk,
-				       emd_by_cgroup ? cgroup : o->cgroup, o,
-				       &drops, BLOCKIO_DROP_SLOW_LIMITED,
-				       BLOCKIO_DROP_SLOW_RING_FULL);
-	bpf_map_delete_elem(&slow_origins, &rqkey);
 }
 
 static __always_inline int on_complete(struct request *rq,
@@ -322,14 +283,13 @@ static __always_inline int on_complete(struct request *rq,
 		v = emd_lookup_or_init(&series_by_cgroup, &ck, &zero_value, &drops,
 				       BLOCKIO_DROP_LABELS_FULL);
 	}
-	if (!v) {
-		slow_request(rqkey, 0, op, key.disk, cgroup); /* forgets the issuer */
-		return 0;
+	if (v) {
+		emd_hist_add_ns(v, delta);
+		v->bytes += nr_bytes;
 	}
-	emd_hist_add_ns(v, delta);
-	v->bytes += nr_bytes;
 	/* after the count: an exemplar is set on a bucket that holds its event */
-	slow_request(rqkey, delta, op, key.disk, cgroup);
+	emd_slow_end(rqkey, delta, v != NULL, op, key.disk, cgroup, &drops,
+		     BLOCKIO_DROP_SLOW_LIMITED, BLOCKIO_DROP_SLOW_RING_FULL);
 	return 0;
 }
 

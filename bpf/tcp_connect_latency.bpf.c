@@ -63,16 +63,6 @@ static const __u64 zero_count = 0;
 
 EMD_DROPS_MAP(TCPCONN_DROP__COUNT);
 
-/* With `slow`: the connecting task of each connect in flight, with its stack
- * (1 entry when off; LRU: a connect whose end was not seen goes in time). */
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 1);
-	__type(key, __u64); /* struct sock * */
-	__type(value, struct emd_slow_origin);
-} slow_origins SEC(".maps");
-
-#define PF_KTHREAD 0x00200000
 
 static __always_inline int on_set_state(void *ctx, struct sock *sk,
 					int oldstate, int newstate, bool raw)
@@ -99,16 +89,8 @@ static __always_inline int on_set_state(void *ctx, struct sock *sk,
 			st.cgroup = bpf_get_current_cgroup_id();
 		if (bpf_map_update_elem(&start, &key, &st, BPF_ANY))
 			emd_count_drop(&drops, TCPCONN_DROP_IN_FLIGHT_FULL);
-		if (emd_slow_threshold_ns) {
-			/* the connecting task's stack: sent if the connect proves slow */
-			struct task_struct *t = (void *)bpf_get_current_task();
-			struct emd_slow_origin o = {};
-
-			emd_slow_origin_here(ctx, &o,
-					     !(BPF_CORE_READ(t, flags) & PF_KTHREAD));
-			if (bpf_map_update_elem(&slow_origins, &key, &o, BPF_ANY))
-				emd_count_drop(&drops, TCPCONN_DROP_SLOW_ORIGIN_FULL);
-		}
+		/* with `slow`: the connecting task, sent if the connect proves slow */
+		emd_slow_start(ctx, key, &drops, TCPCONN_DROP_SLOW_ORIGIN_FULL);
 		return 0;
 	}
 	/* leaving SYN_SENT: to ESTABLISHED (done) or CLOSE (failed). A
@@ -146,18 +128,8 @@ static __always_inline int on_set_state(void *ctx, struct sock *sk,
 			*n += 1;
 	}
 	/* after the count: an exemplar is set on a bucket that holds its event */
-	if (emd_slow_threshold_ns) {
-		struct emd_slow_origin *o = bpf_map_lookup_elem(&slow_origins, &key);
-
-		if (o && h && emd_slow(now, o->tgid))
-			emd_slow_record_origin(bpf_ktime_get_ns(), now,
-					       emd_seconds_slot(now), family, "",
-					       emd_by_cgroup ? st.cgroup : o->cgroup,
-					       o, &drops, TCPCONN_DROP_SLOW_LIMITED,
-					       TCPCONN_DROP_SLOW_RING_FULL);
-		if (o)
-			bpf_map_delete_elem(&slow_origins, &key);
-	}
+	emd_slow_end(key, now, h != NULL, family, "", st.cgroup, &drops,
+		     TCPCONN_DROP_SLOW_LIMITED, TCPCONN_DROP_SLOW_RING_FULL);
 	return 0;
 }
 

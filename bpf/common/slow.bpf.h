@@ -13,10 +13,16 @@
 #ifndef EBPF_METRICSD_SLOW_BPF_H
 #define EBPF_METRICSD_SLOW_BPF_H
 
+#include <bpf/bpf_core_read.h>
 #include <bpf/bpf_helpers.h>
 
+#include "common/cgroup.bpf.h"
 #include "common/maps.bpf.h"
 #include "common/slow.h"
+
+#ifndef PF_KTHREAD
+#define PF_KTHREAD 0x00200000
+#endif
 
 const volatile __u64 emd_slow_threshold_ns = 0;
 const volatile __u32 emd_slow_per_second = 100;
@@ -56,6 +62,17 @@ struct {
 	__type(value, struct emd_slow_stack);
 } slow_scratch SEC(".maps");
 
+/* For events that end elsewhere than they start: their origins by the
+ * tracer's key (a request, a socket), from emd_slow_start to emd_slow_end.
+ * Sized by user space (1 when unused). LRU: the origin of an event whose end
+ * was not seen goes once the map is full of newer ones. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 1);
+	__type(key, __u64);
+	__type(value, struct emd_slow_origin);
+} slow_origins SEC(".maps");
+
 static __always_inline bool emd_slow_admit(__u64 now, void *drops_map,
 					   __u32 rate_reason)
 {
@@ -76,6 +93,21 @@ static __always_inline bool emd_slow_admit(__u64 now, void *drops_map,
 	}
 	__sync_fetch_and_add(&b->used, 1);
 	return true;
+}
+
+/* A record for an admitted slow event, or NULL (refused or no room: counted). */
+static __always_inline struct emd_slow_event *
+emd_slow_reserve(__u64 now, void *drops_map, __u32 rate_reason,
+		 __u32 full_reason)
+{
+	struct emd_slow_event *e;
+
+	if (!emd_slow_admit(now, drops_map, rate_reason))
+		return NULL;
+	e = bpf_ringbuf_reserve(&slow_events, sizeof(*e), 0);
+	if (!e)
+		emd_count_drop(drops_map, full_reason);
+	return e;
 }
 
 /* Whether an event of latency_ns is slow (and not the daemon's own). */
@@ -164,13 +196,9 @@ static __always_inline void emd_slow_record_origin(
 {
 	struct emd_slow_event *e;
 
-	if (!emd_slow_admit(now, drops_map, rate_reason))
+	e = emd_slow_reserve(now, drops_map, rate_reason, full_reason);
+	if (!e)
 		return;
-	e = bpf_ringbuf_reserve(&slow_events, sizeof(*e), 0);
-	if (!e) {
-		emd_count_drop(drops_map, full_reason);
-		return;
-	}
 	e->ts = now;
 	e->latency_ns = latency_ns;
 	e->cgroup = cgroup;
@@ -206,13 +234,9 @@ static __always_inline void emd_slow_record(void *ctx, __u64 now,
 	id = bpf_get_current_pid_tgid();
 	if (!emd_slow(latency_ns, id >> 32))
 		return;
-	if (!emd_slow_admit(now, drops_map, rate_reason))
+	e = emd_slow_reserve(now, drops_map, rate_reason, full_reason);
+	if (!e)
 		return;
-	e = bpf_ringbuf_reserve(&slow_events, sizeof(*e), 0);
-	if (!e) {
-		emd_count_drop(drops_map, full_reason);
-		return;
-	}
 	e->ts = now;
 	e->latency_ns = latency_ns;
 	e->cgroup = bpf_get_current_cgroup_id();
@@ -228,6 +252,53 @@ static __always_inline void emd_slow_record(void *ctx, __u64 now,
 	e->ustack_len = bpf_get_stack(ctx, e->ustack, sizeof(e->ustack),
 				      BPF_F_USER_STACK);
 	bpf_ringbuf_submit(e, 0);
+}
+
+/*
+ * The start of an event that ends elsewhere, in the task that starts it: keeps
+ * that task as its origin under `key` (drop reason `full_reason` when there is
+ * no room).
+ */
+static __always_inline void emd_slow_start(void *ctx, __u64 key,
+					   void *drops_map, __u32 full_reason)
+{
+	struct task_struct *t = (void *)bpf_get_current_task();
+	struct emd_slow_origin o = {};
+
+	if (!emd_slow_threshold_ns)
+		return;
+	emd_slow_origin_here(ctx, &o, !(BPF_CORE_READ(t, flags) & PF_KTHREAD));
+	if (bpf_map_update_elem(&slow_origins, &key, &o, BPF_ANY))
+		emd_count_drop(drops_map, full_reason);
+}
+
+/*
+ * The end of the event started under `key`, after latency_ns: sent with its
+ * origin when it was `counted` in histogram slot of latency_ns and is slow
+ * (labelled by event_key and `label`; with `cgroup: true` in the series of
+ * `series_cgroup`, else of the origin's cgroup); the origin is forgotten
+ * either way.
+ */
+static __always_inline void emd_slow_end(__u64 key, __u64 latency_ns,
+					 bool counted, __u64 event_key,
+					 const char *label, __u64 series_cgroup,
+					 void *drops_map, __u32 rate_reason,
+					 __u32 full_reason)
+{
+	struct emd_slow_origin *o;
+
+	if (!emd_slow_threshold_ns)
+		return;
+	o = bpf_map_lookup_elem(&slow_origins, &key);
+	if (!o)
+		return;
+	if (counted && emd_slow(latency_ns, o->tgid))
+		emd_slow_record_origin(bpf_ktime_get_ns(), latency_ns,
+				       emd_seconds_slot(latency_ns), event_key,
+				       label,
+				       emd_by_cgroup ? series_cgroup : o->cgroup,
+				       o, drops_map, rate_reason, full_reason);
+	bpf_map_delete_elem(&slow_origins, &key);
 }
 
 #endif

@@ -38,13 +38,21 @@ class SlowCapture {
 
   const SlowOptions& options() const { return options_; }
 
-  // Before load: the BPF side's threshold, limit and ring size.
+  // Events whose start keeps its task's stack (emd_slow_start), at most at once; and the
+  // stacks kept for them (LRU: the least recently used go first).
+  static constexpr std::uint32_t kOriginStacks = 4096;
+
+  // Before load: the BPF side's threshold, limit and ring size; `in_flight`: for a tracer
+  // whose events end elsewhere than they start, how many origins are kept at once.
   template <class Skeleton>
-  void configure(Skeleton* s) const {
+  void configure(Skeleton* s, std::uint32_t in_flight = 0) const {
     s->rodata->emd_slow_threshold_ns = options_.threshold_ns;
     s->rodata->emd_slow_per_second = options_.max_per_second;
     s->rodata->emd_slow_self_tgid = self_tgid();
-    bpf_map__set_max_entries(s->maps.slow_events, options_.on() ? options_.ring_bytes() : 4096);
+    const bool on = options_.on();
+    bpf_map__set_max_entries(s->maps.slow_events, on ? options_.ring_bytes() : 4096);
+    bpf_map__set_max_entries(s->maps.slow_origins, on && in_flight ? in_flight : 1);
+    bpf_map__set_max_entries(s->maps.slow_stacks, on && in_flight ? kOriginStacks : 1);
   }
   // After load: starts reading the ring buffer `map` (when on).
   void start(bpf_map* map);

@@ -47,6 +47,18 @@ std::variant<int, std::string> window_seconds(const HttpRequest& req, int max, i
   return n;
 }
 
+// A serialized pprof Profile as the file Go's endpoints serve: a gzipped protobuf message,
+// whatever the transfer encoding.
+HttpResponse pprof_file(const std::string& profile, const char* name) {
+  auto body = gzip(profile, 6);
+  if (!body) throw std::runtime_error("gzip failed");
+  HttpResponse r;
+  r.content_type = "application/octet-stream";
+  r.body = std::move(*body);
+  r.headers.emplace_back("Content-Disposition", std::string("attachment; filename=\"") + name + "\"");
+  return r;
+}
+
 // At most one value of parameter `name`; nullopt when absent, an error when repeated.
 std::variant<std::optional<std::string>, std::string> single(const HttpRequest& req,
                                                               const char* name) {
@@ -119,15 +131,7 @@ std::vector<Route> profile_routes(std::shared_ptr<ProfileStore> store) {
             r.body = "503 the profile tracer stopped during the window\n";
             return r;
           }
-          const ProfileWindow w = store->window(*from, Clock::now());
-          auto body = gzip(pprof_profile(w), 6);
-          if (!body) throw std::runtime_error("gzip failed");
-          HttpResponse r;
-          r.content_type = "application/octet-stream";
-          // A pprof file is a gzipped protobuf message, whatever the transfer encoding.
-          r.body = std::move(*body);
-          r.headers.emplace_back("Content-Disposition", "attachment; filename=\"profile\"");
-          return r;
+          return pprof_file(pprof_profile(store->window(*from, Clock::now())), "profile");
         }};
   };
   Route page{"/profile", [](const HttpRequest&) {
@@ -146,10 +150,10 @@ std::vector<Route> profile_routes(std::shared_ptr<ProfileStore> store) {
     const auto seconds = window_seconds(req, kMaxFlameGraphSeconds, 60);
     if (const auto* why = std::get_if<std::string>(&seconds)) return bad_request(*why);
     FlameGrouping grouping = FlameGrouping::Process;
-    const auto groups = req.params("group");
-    if (groups.size() > 1) return bad_request("group is given more than once");
-    if (!groups.empty()) {
-      const auto g = parse_flame_grouping(groups.front());
+    const auto group = single(req, "group");
+    if (const auto* why = std::get_if<std::string>(&group)) return bad_request(*why);
+    if (const auto& name = std::get<std::optional<std::string>>(group)) {
+      const auto g = parse_flame_grouping(*name);
       if (!g) return bad_request("group must be process, workload or none");
       grouping = *g;
     }
@@ -201,13 +205,7 @@ std::vector<Route> profile_routes(std::shared_ptr<ProfileStore> store) {
     if (const auto* why = std::get_if<std::string>(&query)) return bad_request(*why);
     return DeferredResponse{
         {}, std::chrono::milliseconds(0), [store, q = std::get<SlowEventStore::Query>(query)] {
-          auto body = gzip(pprof_slow(store->slow_events().query(q)), 6);
-          if (!body) throw std::runtime_error("gzip failed");
-          HttpResponse r;
-          r.content_type = "application/octet-stream";
-          r.body = std::move(*body);
-          r.headers.emplace_back("Content-Disposition", "attachment; filename=\"slow\"");
-          return r;
+          return pprof_file(pprof_slow(store->slow_events().query(q)), "slow");
         }};
   };
   return {std::move(profile), std::move(page), std::move(data), std::move(slow)};

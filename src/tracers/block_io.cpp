@@ -22,8 +22,6 @@ namespace {
 
 using Object = EBPF_METRICSD_SKELETON(block_io);
 
-// Issuers' stacks kept at once with `slow` (LRU: the least recently issued go first).
-constexpr std::uint32_t kSlowStacks = 4096;
 
 const char* op_name(std::uint32_t op) {
   switch (op) {
@@ -76,10 +74,7 @@ class BlockIoTracer final : public Tracer {
           s->rodata->emd_by_cgroup = labels_.on();
           bpf_map__set_max_entries(s->maps.series_by_cgroup,
                                    labels_.options().kernel_map_entries());
-          slow_.configure(s);
-          const bool slow = slow_.options().on();
-          bpf_map__set_max_entries(s->maps.slow_origins, slow ? BLOCKIO_MAX_IN_FLIGHT : 1);
-          bpf_map__set_max_entries(s->maps.slow_stacks, slow ? kSlowStacks : 1);
+          slow_.configure(s, BLOCKIO_MAX_IN_FLIGHT);
           auto& p = s->progs;
           const bool btf = k == HookKind::TpBtf;
           return std::vector<ProgramChoice>{

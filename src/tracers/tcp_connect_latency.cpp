@@ -19,8 +19,6 @@ namespace {
 
 using Object = EBPF_METRICSD_SKELETON(tcp_connect_latency);
 
-// Connecting tasks' stacks kept at once with `slow` (LRU: the least recently used go first).
-constexpr std::uint32_t kSlowStacks = 4096;
 
 const char* family_name(std::uint32_t family) {
   return family == TCPCONN_IPV4 ? "ipv4" : "ipv6";
@@ -59,10 +57,7 @@ class TcpConnectLatencyTracer final : public Tracer {
           s->rodata->emd_by_cgroup = labels_.on();
           for (bpf_map* m : {s->maps.latency_by_cgroup, s->maps.failures_by_cgroup})
             bpf_map__set_max_entries(m, labels_.options().kernel_map_entries());
-          slow_.configure(s);
-          const bool slow = slow_.options().on();
-          bpf_map__set_max_entries(s->maps.slow_origins, slow ? TCPCONN_MAX_IN_FLIGHT : 1);
-          bpf_map__set_max_entries(s->maps.slow_stacks, slow ? kSlowStacks : 1);
+          slow_.configure(s, TCPCONN_MAX_IN_FLIGHT);
           const bool btf = k == HookKind::TpBtf;
           return std::vector<ProgramChoice>{
               {s->progs.inet_sock_set_state_btf, btf},
