@@ -169,17 +169,10 @@ TEST_CASE("slow block requests: every write on the loop device is an event with 
 
   profiling::SlowEventStore::Query q;
   q.metric = "ebpf_block_io_latency_seconds";
-  std::vector<profiling::SlowEvent> on_loop;
-  for (int i = 0; i < 100 && on_loop.size() < requests; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    tracer->drain();
-    on_loop.clear();
-    for (const auto& e : profiles.slow_events().query(q).events) {
-      const std::vector<std::pair<std::string, std::string>> series = {{"device", loop.name()},
-                                                                      {"op", "write"}};
-      if (e.series == series) on_loop.push_back(e);
-    }
-  }
+  const std::vector<std::pair<std::string, std::string>> writes = {{"device", loop.name()},
+                                                                   {"op", "write"}};
+  const auto on_loop = test::wait_for_slow_events(
+      tracer, profiles, q.metric, requests, [&](const auto& e) { return e.series == writes; });
   REQUIRE(write(go[1], "x", 1) == 1);
   int status = 0;
   REQUIRE(waitpid(child, &status, 0) == child);

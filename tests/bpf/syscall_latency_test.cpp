@@ -169,18 +169,11 @@ TEST_CASE("slow syscalls: each at or above the threshold is an exemplar on its b
   test::SlowReader reader(kSlowReads, std::chrono::milliseconds(20));
   const pid_t child = reader.pid();
 
-  // The events arrive through the ring buffer; each drain keeps what has arrived.
+  const auto ours = test::wait_for_slow_events(tracer, profiles, kMetric, kSlowReads, [&](const auto& e) {
+    return e.pid == static_cast<std::uint32_t>(child);
+  });
   profiling::SlowEventStore::Query q;
   q.metric = kMetric;
-  std::vector<profiling::SlowEvent> ours;
-  for (int i = 0; i < 100 && ours.size() < kSlowReads; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    tracer->drain();
-    ours.clear();
-    for (const auto& e : profiles.slow_events().query(q).events) {
-      if (e.pid == static_cast<std::uint32_t>(child)) ours.push_back(e);
-    }
-  }
   CHECK(reader.finish() == 0);
 
   REQUIRE(ours.size() == kSlowReads);

@@ -156,15 +156,9 @@ TEST_CASE("slow connects: every loopback connect is an event with the connecting
   }
   profiling::SlowEventStore::Query q;
   q.metric = "ebpf_tcp_connect_latency_seconds";
-  std::vector<profiling::SlowEvent> ours;
-  for (int i = 0; i < 100 && ours.size() < kConnects; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    tracer->drain();
-    ours.clear();
-    for (const auto& e : profiles.slow_events().query(q).events) {
-      if (e.pid == static_cast<std::uint32_t>(child)) ours.push_back(e);
-    }
-  }
+  const auto ours = test::wait_for_slow_events(tracer, profiles, q.metric, kConnects, [&](const auto& e) {
+    return e.pid == static_cast<std::uint32_t>(child);
+  });
   REQUIRE(write(go[1], "x", 1) == 1);
   int status = 0;
   REQUIRE(waitpid(child, &status, 0) == child);

@@ -3,13 +3,18 @@
 
 #include <bpf/libbpf.h>
 
+#include <chrono>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "ebpf_metricsd/host_safety.h"
 #include "ebpf_metricsd/config.h"
 #include "ebpf_metricsd/hook_probe.h"
+#include "ebpf_metricsd/profile/profile_store.h"
 #include "ebpf_metricsd/tracer.h"
 
 namespace ebpf_metricsd::test {
@@ -50,6 +55,26 @@ inline StartedTracer start_tracer(MetricStore& store, const std::string& name,
     return t;
   }
   throw std::runtime_error("tracer " + name + " is not registered");
+}
+
+// The slow events of histogram `metric` kept in `profiles` that `wanted` picks, once there
+// are `n` of them: they come through a ring buffer, so the tracer is drained every 100 ms
+// until they are in, for at most 10 s (fewer are returned then).
+inline std::vector<profiling::SlowEvent> wait_for_slow_events(
+    const StartedTracer& tracer, profiling::ProfileStore& profiles, const std::string& metric,
+    std::size_t n, const std::function<bool(const profiling::SlowEvent&)>& wanted) {
+  profiling::SlowEventStore::Query q;
+  q.metric = metric;
+  std::vector<profiling::SlowEvent> found;
+  for (int i = 0; i < 100 && found.size() < n; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    tracer->drain();
+    found.clear();
+    for (const auto& e : profiles.slow_events().query(q).events) {
+      if (wanted(e)) found.push_back(e);
+    }
+  }
+  return found;
 }
 
 }  // namespace ebpf_metricsd::test

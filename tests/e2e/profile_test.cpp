@@ -88,6 +88,19 @@ struct ProfileDaemon {
   }
 };
 
+// A screenshot of the page at `url` by `chromium` (its command line so far), kept with the
+// build as test-artifacts/`name` for a person to look at.
+void keep_screenshot(const std::string& chromium, const std::string& url, const std::string& name) {
+  const std::string shot = BINARY_DIR "/test-artifacts/" + name;
+  run_command("mkdir -p " BINARY_DIR "/test-artifacts");
+  run_command(chromium + "--window-size=1400,900 --screenshot=" + shot + " '" + url +
+              "' >/dev/null 2>&1");
+  std::ifstream png(shot, std::ios::binary);
+  char magic[4] = {};
+  png.read(magic, 4);
+  CHECK(std::string(magic + 1, 3) == "PNG");
+}
+
 }  // namespace
 
 TEST_CASE("pprof over HTTPS with basic auth: go tool pprof reads the known workload's profile",
@@ -204,14 +217,7 @@ TEST_CASE("slow events on the flame graph page in a real browser: the function t
   REQUIRE_THAT(dom, Contains("data-loaded=\"1\""));
   CHECK_THAT(dom, Contains("slow events (metric ebpf_syscall_latency_seconds)"));
   CHECK(std::regex_search(dom, std::regex(R"re(<div class="f[^"]*"[^>]*data-name="[^"]*slow_read_in_known_function)re")));
-  const std::string shot = BINARY_DIR "/test-artifacts/slow-events-flame-graph.png";
-  run_command("mkdir -p " BINARY_DIR "/test-artifacts");
-  run_command(chromium + "--window-size=1400,900 --screenshot=" + shot + " '" + url +
-              "' >/dev/null 2>&1");
-  std::ifstream png(shot, std::ios::binary);
-  char magic[4] = {};
-  png.read(magic, 4);
-  CHECK(std::string(magic + 1, 3) == "PNG");
+  keep_screenshot(chromium, url, "slow-events-flame-graph.png");
 }
 
 TEST_CASE("the flame graph page in a real browser: the known workload's functions, drawn to scale",
@@ -260,15 +266,7 @@ TEST_CASE("the flame graph page in a real browser: the known workload's function
   CHECK(share > 0.70);
   CHECK(share < 0.80);
   CHECK(wait > 0);
-  // A screenshot, kept with the build for a person to look at.
-  const std::string shot = BINARY_DIR "/test-artifacts/profile-flame-graph.png";
-  run_command("mkdir -p " BINARY_DIR "/test-artifacts");
-  run_command(chromium + "--window-size=1400,900 --screenshot=" + shot + " '" + url +
-              "' >/dev/null 2>&1");
-  std::ifstream png(shot, std::ios::binary);
-  char magic[4] = {};
-  png.read(magic, 4);
-  CHECK(std::string(magic + 1, 3) == "PNG");
+  keep_screenshot(chromium, url, "profile-flame-graph.png");
 }
 
 namespace {
