@@ -104,7 +104,13 @@ int SlowCapture::on_event(void* self_ptr, void* data, std::size_t size) {
   auto* self = static_cast<SlowCapture*>(self_ptr);
   if (size < sizeof(emd_slow_event)) return 0;
   const auto* e = static_cast<const emd_slow_event*>(data);
-  const bool lost = e->kstack_len == EMD_SLOW_STACK_LOST || e->ustack_len == EMD_SLOW_STACK_LOST;
+  if (e->kstack_len == EMD_SLOW_STACK_LOST || e->ustack_len == EMD_SLOW_STACK_LOST) {
+    // Its stack was evicted between the event's start and end: not kept (all such events
+    // would share the id of an empty stack), counted.
+    std::lock_guard lock(self->mutex_);
+    ++self->stack_lost_;
+    return 0;
+  }
   auto frames_of = [](const __u64* ips, __s32 len) {
     const std::size_t n = len > 0 ? std::min<std::size_t>(static_cast<std::size_t>(len) / 8,
                                                           EMD_SLOW_MAX_DEPTH)
@@ -117,12 +123,6 @@ int SlowCapture::on_event(void* self_ptr, void* data, std::size_t size) {
   p.frames = self->store_->symbolize(e->tgid, frames_of(e->kstack, e->kstack_len),
                                      frames_of(e->ustack, e->ustack_len));
   std::lock_guard lock(self->mutex_);
-  if (lost) {
-    // Its stack was evicted between the event's start and end: not kept (all such events
-    // would share the id of an empty stack), counted.
-    ++self->stack_lost_;
-    return 0;
-  }
   if (self->pending_.size() >= kMaxPending ||
       self->pending_frames_ + p.frames.size() > kMaxPendingFrames) {
     ++self->pending_dropped_;
