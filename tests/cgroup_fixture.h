@@ -74,7 +74,15 @@ class TestCgroup {
   // in the read (wait_blocked), so each read blocks at any machine speed; a sleep, whose
   // timer may fire before the task reaches the scheduler, guarantees nothing. Returns what
   // the kernel accounted to the child.
-  rusage run_blocking_reads(int n) {
+  //
+  // The child's voluntary switch count is the kernel's bookkeeping, not the sched_switch
+  // tracepoint: once in a few thousand reads it moves for a switch the tracepoint shows as
+  // runnable. A test that must know the child blocked `n` times as a tracer sees it passes
+  // `blocked_switch_outs` (SchedOracle's count at the same tracepoint): each write then also
+  // waits for one more blocked switch-out since the previous write, so there are at least
+  // `n`, each in its own window, and each one returned (the child acknowledged a later write).
+  rusage run_blocking_reads(int n,
+                            const std::function<std::uint64_t()>& blocked_switch_outs = {}) {
     int data[2], ack[2];
     if (pipe2(data, O_CLOEXEC) != 0 || pipe2(ack, O_CLOEXEC) != 0)
       throw std::runtime_error("pipe2");
@@ -100,8 +108,13 @@ class TestCgroup {
     // A child that died early must not kill the test with SIGPIPE.
     const auto old_sigpipe = signal(SIGPIPE, SIG_IGN);
     bool ok = true;
+    std::uint64_t seen = blocked_switch_outs ? blocked_switch_outs() : 0;
     for (int i = 0; ok && i < n; ++i) {
       ok = wait_blocked(status_file, before);
+      if (blocked_switch_outs) {
+        ok = ok && wait_above(blocked_switch_outs, seen);
+        seen = blocked_switch_outs();  // before the write: the child's next block is after it
+      }
       char c = 'x';
       ok = ok && write(data[1], &c, 1) == 1 && read(ack[0], &c, 1) == 1;
     }
@@ -172,6 +185,15 @@ class TestCgroup {
       if (state == 'Z' || state == 'X') return false;
       const long mark = *before;
       if (state == 'S' && mark >= 0 && switches > mark) return true;
+      usleep(100);
+    }
+    return false;
+  }
+
+  // Waits until `count()` is above `floor`; false after a minute.
+  static bool wait_above(const std::function<std::uint64_t()>& count, std::uint64_t floor) {
+    for (int i = 0; i < 600000; ++i) {
+      if (count() > floor) return true;
       usleep(100);
     }
     return false;

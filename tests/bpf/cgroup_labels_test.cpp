@@ -259,14 +259,14 @@ TEST_CASE("runqueue_latency and offcpu_time by cgroup: a process that sleeps and
   MetricStore store;
   auto runq = test::start_tracer(store, "runqueue_latency", "    cgroup: true\n");
   auto offcpu = test::start_tracer(store, "offcpu_time", "    cgroup: true\n");
-  // The oracle counts the cgroup's returns to a CPU at the same tracepoints. Each of the
-  // child's reads blocks (the test writes only once it is asleep), so there are at least
-  // kSleeps returns from blocking, and as many from the run queue (each wakeup); the
+  // The oracle counts the cgroup's returns to a CPU at the same tracepoints. The test writes
+  // each byte only once the oracle has seen the child switch out blocked, so there are at
+  // least kSleeps returns from blocking, and as many from the run queue (each wakeup); the
   // tracers must count exactly what the oracle counts.
   test::SchedOracle oracle;
   oracle.target_cgroup(cg.id());
   constexpr int kSleeps = 200;
-  const rusage ru = cg.run_blocking_reads(kSleeps);
+  const rusage ru = cg.run_blocking_reads(kSleeps, [&] { return oracle.blocked_switch_outs(); });
   runq->drain();
   offcpu->drain();
   const auto labels = in_cgroup(cg);
@@ -355,7 +355,7 @@ TEST_CASE("runqueue_latency and offcpu_time: label_map_entries sizes each one's 
     cgroups.push_back(std::make_unique<test::TestCgroup>(tag));
     const std::uint64_t blocked0 = oracle.returns_from_blocking();
     oracle.target_cgroup(cgroups.back()->id());
-    cgroups.back()->run_blocking_reads(kSleeps);
+    cgroups.back()->run_blocking_reads(kSleeps, [&] { return oracle.blocked_switch_outs(); });
     if (drain) {
       runq->drain();
       offcpu->drain();
@@ -417,7 +417,7 @@ TEST_CASE("runqueue_latency and offcpu_time: label_map_entries sizes each one's 
   auto& a = *cgroups.front();
   const std::uint64_t blocked0 = oracle.returns_from_blocking();
   oracle.target_cgroup(a.id());
-  a.run_blocking_reads(kSleeps);
+  a.run_blocking_reads(kSleeps, [&] { return oracle.blocked_switch_outs(); });
   offcpu->drain();
   CHECK(test::histogram_count(store, "ebpf_offcpu_seconds", in_cgroup(a)) ==
         expected_off.front() + (oracle.returns_from_blocking() - blocked0));

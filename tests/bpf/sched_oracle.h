@@ -40,6 +40,10 @@ class SchedOracle {
   std::uint64_t returns_from_queue() const {
     return __atomic_load_n(&skel_->bss->returns_from_queue, __ATOMIC_SEQ_CST);
   }
+  // Switch-outs of the target in which it was not runnable, as the tracepoint saw them.
+  std::uint64_t blocked_switch_outs() const {
+    return __atomic_load_n(&skel_->bss->blocked_switch_outs, __ATOMIC_SEQ_CST);
+  }
 
  private:
   void clear_state() {

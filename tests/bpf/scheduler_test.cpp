@@ -6,6 +6,7 @@
 #include <sys/syscall.h>
 
 #include <atomic>
+#include <bpf/libbpf.h>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
@@ -62,10 +63,12 @@ TEST_CASE("run-queue latency sees every wakeup of a pipe ping-pong", "[scheduler
   CHECK(runq_delta >= static_cast<std::uint64_t>(kRounds));
   // Every sample ends at a switch-in, so there are no more samples than switches.
   CHECK(runq_delta <= sw_delta);
-  // sched_switch fires exactly where the kernel counts nr_switches (/proc/stat ctxt). The
-  // ctxt window encloses ours; only the switches in the microseconds between a ctxt read and
-  // a drain may differ.
-  CHECK(sw_delta <= ctxt1 - ctxt0);
+  // sched_switch fires for exactly the switches the kernel counts in nr_switches (/proc/stat
+  // ctxt), and the ctxt window encloses ours, except at its start: __schedule() counts a
+  // switch before its tracepoint fires, so a switch in flight on a CPU as ctxt0 is read may
+  // reach the tracepoint only after the first drain read that CPU. At most one per CPU.
+  const auto cpus = static_cast<std::uint64_t>(libbpf_num_possible_cpus());
+  CHECK(sw_delta <= ctxt1 - ctxt0 + cpus);
   CHECK(sw_delta + (ctxt1 - ctxt0) / 100 + 50 >= ctxt1 - ctxt0);
 }
 

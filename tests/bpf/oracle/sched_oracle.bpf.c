@@ -5,7 +5,9 @@
  *  - returns_from_blocking: switch-ins that follow a switch-out in which the
  *    task was not runnable;
  *  - returns_from_queue: switch-ins that follow a wakeup, the wakeup of a new
- *    task, or a switch-out in which it stayed runnable.
+ *    task, or a switch-out in which it stayed runnable;
+ *  - blocked_switch_outs: switch-outs in which the task was not runnable (a test
+ *    waits on it to know that its workload really blocked).
  * One task of the target at a time: the state is kept once, not per task (and
  * cleared by user space with a new target: a task's last switch-out, at its exit,
  * leaves it set).
@@ -19,6 +21,7 @@ volatile int target_tid = 0;
 volatile __u64 target_cgroup = 0;
 __u64 returns_from_blocking = 0;
 __u64 returns_from_queue = 0;
+__u64 blocked_switch_outs = 0;
 bool blocked_out = false;
 bool queued = false;
 
@@ -38,10 +41,12 @@ static __always_inline void on_switch(struct task_struct *prev,
 				      struct task_struct *next, bool blocked)
 {
 	if (is_target(prev)) {
-		if (blocked)
+		if (blocked) {
 			blocked_out = true;
-		else
+			__sync_fetch_and_add(&blocked_switch_outs, 1);
+		} else {
 			queued = true;
+		}
 	}
 	if (is_target(next)) {
 		if (blocked_out)
