@@ -92,6 +92,8 @@ class TestCgroup {
                         MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (shared == MAP_FAILED) throw std::runtime_error("mmap");
     auto* before = new (shared) std::atomic<long>(-1);
+    // Counted before the child exists: its first read may block before this process looks.
+    std::uint64_t seen = blocked_switch_outs ? blocked_switch_outs() : 0;
     const pid_t pid = spawn([&] {
       close(data[1]);  // so that the test closing its end is an EOF here
       close(ack[0]);
@@ -107,26 +109,32 @@ class TestCgroup {
     const std::string status_file = "/proc/" + std::to_string(pid) + "/status";
     // A child that died early must not kill the test with SIGPIPE.
     const auto old_sigpipe = signal(SIGPIPE, SIG_IGN);
-    bool ok = true;
-    std::uint64_t seen = blocked_switch_outs ? blocked_switch_outs() : 0;
-    for (int i = 0; ok && i < n; ++i) {
-      ok = wait_blocked(status_file, before);
-      if (blocked_switch_outs) {
-        ok = ok && wait_above(blocked_switch_outs, seen);
-        seen = blocked_switch_outs();  // before the write: the child's next block is after it
+    std::string failed;  // what went wrong, empty while all goes well
+    for (int i = 0; failed.empty() && i < n; ++i) {
+      const std::string read_i = "read " + std::to_string(i + 1) + " of " + std::to_string(n);
+      if (!wait_blocked(status_file, before)) {
+        failed = "the child never slept in " + read_i;
+      } else if (blocked_switch_outs && !wait_above(blocked_switch_outs, seen)) {
+        failed = "no blocked switch-out before " + read_i + " (" + std::to_string(seen) +
+                 " seen before the previous write)";
+      } else {
+        if (blocked_switch_outs) seen = blocked_switch_outs();  // the child's next block is later
+        char c = 'x';
+        if (write(data[1], &c, 1) != 1 || read(ack[0], &c, 1) != 1)
+          failed = "the pipes broke at " + read_i;
       }
-      char c = 'x';
-      ok = ok && write(data[1], &c, 1) == 1 && read(ack[0], &c, 1) == 1;
     }
     signal(SIGPIPE, old_sigpipe);
-    if (!ok) kill(pid, SIGKILL);
+    if (!failed.empty()) kill(pid, SIGKILL);
     close(data[1]);
     close(ack[0]);
     munmap(shared, sizeof(std::atomic<long>));
     rusage ru{};
     const int status = wait_for(pid, &ru);
-    if (!ok || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
-      throw std::runtime_error("the blocking reads in " + path_ + " failed");
+    if (failed.empty() && (!WIFEXITED(status) || WEXITSTATUS(status) != 0))
+      failed = "the child failed";
+    if (!failed.empty())
+      throw std::runtime_error("the blocking reads in " + path_ + ": " + failed);
     return ru;
   }
   // A child born in this cgroup that runs `fn` and exits (1 when it throws).
