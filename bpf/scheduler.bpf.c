@@ -6,7 +6,9 @@
  *    being switched in;
  *  - off-CPU time: from a task switching out blocked to it switching in again;
  *  - context switches, voluntary or involuntary, exactly as the kernel counts
- *    nvcsw/nivcsw (voluntary = not preempted and not runnable).
+ *    nvcsw/nivcsw (voluntary = not preempted and not runnable);
+ *  - off-CPU waits at or above offcpu_time's `slow` threshold, sent with the
+ *    stacks where the task blocked (common/slow.bpf.h).
  * Each hook exists as tp_btf (per-task state in task storage) and raw_tp
  * (per-task state in a pid hash, removed at sched_process_free), the raw_tp
  * kind also serving kernels whose tracing programs have no task storage.
@@ -19,6 +21,7 @@
 #include "common/maps.bpf.h"
 #include "common/read.bpf.h"
 #include "common/sched_switch.bpf.h"
+#include "common/slow.bpf.h"
 #include "scheduler.h"
 
 struct sched_config sched_cfg = {};
@@ -28,6 +31,8 @@ static const struct sched_hist zero_hist = {};
 struct task_sched {
 	__u64 enqueued; /* ns when it became runnable, 0 = not waiting */
 	__u64 blocked;  /* ns when it switched out blocked, 0 = not blocked */
+	__u64 kstack;	/* slow capture: stacks where it blocked (slow_stacks) */
+	__u64 ustack;
 };
 
 struct {
@@ -141,7 +146,65 @@ static __always_inline int on_wakeup(struct task_struct *p, bool raw)
 	return 0;
 }
 
-static __always_inline int on_switch(bool preempt, struct task_struct *prev,
+/*
+ * offcpu_time's slow capture, for prev (the current task), which blocks: the
+ * stacks of where it waits. Its user stack can only be taken now, while it is
+ * current, so it is taken at every blocking switch. Its kernel stack stays as
+ * it is until it runs again: with a BTF task pointer (tp_btf) it is taken then,
+ * and only for a slow wait; raw_tp has no task pointer the helper accepts, so
+ * it takes it now too.
+ */
+static __always_inline void keep_blocked_stacks(void *ctx,
+						struct task_sched *s,
+						struct task_struct *prev,
+						bool raw)
+{
+	__u32 flags = EMD_READ(raw, prev, flags);
+
+	s->kstack = 0;
+	s->ustack = 0;
+	/* A task that exits switches out for good; the daemon is not asked about. */
+	if ((flags & PF_EXITING) ||
+	    EMD_READ(raw, prev, tgid) == emd_slow_self_tgid)
+		return;
+	if (raw)
+		s->kstack = emd_slow_keep_stack(ctx, 0, 0);
+	if (!(flags & PF_KTHREAD))
+		s->ustack = emd_slow_keep_stack(ctx, 1, BPF_F_USER_STACK);
+}
+
+/* next's wait of `waited` ns, counted in its histogram, is slow: send it. */
+static __always_inline void send_slow_wait(struct task_struct *next,
+					   struct task_sched *s, __u64 now,
+					   __u64 waited, bool raw)
+{
+	struct emd_slow_event *e;
+
+	e = emd_slow_reserve(now, &drops, SCHED_DROP_SLOW_LIMITED,
+			     SCHED_DROP_SLOW_RING_FULL);
+	if (!e)
+		return;
+	e->ts = now;
+	e->latency_ns = waited;
+	e->cgroup = EMD_READ(raw, next, cgroups, dfl_cgrp, kn, id);
+	e->key = 0;
+	e->tgid = EMD_READ(raw, next, tgid);
+	e->tid = EMD_READ(raw, next, pid);
+	e->slot = emd_seconds_slot(waited);
+	e->pad = 0;
+	BPF_CORE_READ_STR_INTO(&e->comm, next, comm);
+	/* The label text is the comm: the `comm` label of the series, if on. */
+	__builtin_memcpy(e->label, e->comm, sizeof(e->comm));
+	e->label[sizeof(e->comm)] = 0;
+	e->kstack_len = raw ? emd_slow_copy_stack(s->kstack, e->kstack) :
+			      bpf_get_task_stack(next, e->kstack,
+						 sizeof(e->kstack), 0);
+	e->ustack_len = emd_slow_copy_stack(s->ustack, e->ustack);
+	bpf_ringbuf_submit(e, 0);
+}
+
+static __always_inline int on_switch(void *ctx, bool preempt,
+				     struct task_struct *prev,
 				     struct task_struct *next,
 				     unsigned int prev_state, bool raw)
 {
@@ -169,10 +232,13 @@ static __always_inline int on_switch(bool preempt, struct task_struct *prev,
 	if (runnable ? sched_cfg.runq_on : sched_cfg.offcpu_on) {
 		s = task_state(prev, true, raw);
 		if (s) {
-			if (runnable)
+			if (runnable) {
 				s->enqueued = now;
-			else
+			} else {
 				s->blocked = now;
+				if (emd_slow_threshold_ns)
+					keep_blocked_stacks(ctx, s, prev, raw);
+			}
 		}
 	}
 
@@ -196,8 +262,13 @@ static __always_inline int on_switch(bool preempt, struct task_struct *prev,
 		h = hist_for(next, &offcpu_hist, &offcpu_hist_labelled,
 			     sched_cfg.offcpu_by_cgroup, sched_cfg.offcpu_by_comm,
 			     SCHED_DROP_OFFCPU_LABELS, raw);
-		if (h)
-			emd_hist_add_ns(h, now - s->blocked);
+		if (h) {
+			__u64 waited = now - s->blocked;
+
+			emd_hist_add_ns(h, waited);
+			if (emd_slow(waited, EMD_READ(raw, next, tgid)))
+				send_slow_wait(next, s, now, waited, raw);
+		}
 	}
 	s->blocked = 0;
 	return 0;
@@ -207,7 +278,10 @@ static __always_inline int on_switch(bool preempt, struct task_struct *prev,
 
 EMD_TP_PROGS(sched_wakeup, sched_wakeup, WAKEUP, struct task_struct *p)
 EMD_TP_PROGS(sched_wakeup_new, sched_wakeup_new, WAKEUP, struct task_struct *p)
-EMD_SCHED_SWITCH_PROGS(sched_switch, on_switch)
+#define SWITCH(preempt, prev, next, prev_state, raw)                          \
+	on_switch(ctx, preempt, prev, next, prev_state, raw)
+
+EMD_SCHED_SWITCH_PROGS(sched_switch, SWITCH)
 
 /* raw_tp keeps per-task state in a pid map: drop it with the task. */
 SEC("raw_tp/sched_process_free")

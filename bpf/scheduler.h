@@ -36,6 +36,8 @@ enum sched_drop_reason {
 	SCHED_DROP_TASK_STATE = 0, /* task storage / pid map could not hold a task */
 	SCHED_DROP_RUNQ_LABELS = 1, /* runq labelled histogram map full */
 	SCHED_DROP_OFFCPU_LABELS = 2, /* offcpu labelled histogram map full */
+	SCHED_DROP_SLOW_LIMITED = 3, /* offcpu slow waits over max_per_second */
+	SCHED_DROP_SLOW_RING_FULL = 4, /* offcpu slow waits finding the ring full */
 	SCHED_DROP__COUNT,
 };
 

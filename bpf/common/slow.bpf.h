@@ -20,6 +20,9 @@
 #include "common/maps.bpf.h"
 #include "common/slow.h"
 
+#ifndef PF_EXITING
+#define PF_EXITING 0x00000004
+#endif
 #ifndef PF_KTHREAD
 #define PF_KTHREAD 0x00200000
 #endif

@@ -38,23 +38,32 @@ class SlowCapture {
 
   const SlowOptions& options() const { return options_; }
 
-  // Events whose start keeps its task's stack (emd_slow_start), at most at once; and the
-  // stacks kept for them (LRU: the least recently used go first).
-  static constexpr std::uint32_t kOriginStacks = 4096;
+  // Stacks kept by hash from an event's start to its end, at most (LRU: the least recently
+  // used go first).
+  static constexpr std::uint32_t kKeptStacks = 4096;
 
-  // Before load: the BPF side's threshold, limit and ring size; `in_flight`: for a tracer
-  // whose events end elsewhere than they start, how many origins are kept at once.
+  // Before load: the BPF side's threshold, limit and ring size. `origins`: for a tracer whose
+  // events end elsewhere than they start (emd_slow_start), how many are kept at once;
+  // `keeps_stacks`: whether its events keep stacks from start to end (slow_stacks) without
+  // origins.
   template <class Skeleton>
-  void configure(Skeleton* s, std::uint32_t in_flight = 0) const {
-    s->rodata->emd_slow_threshold_ns = options_.threshold_ns;
-    s->rodata->emd_slow_per_second = options_.max_per_second;
+  static void configure(Skeleton* s, const SlowOptions& options, std::uint32_t origins = 0,
+                        bool keeps_stacks = false) {
+    s->rodata->emd_slow_threshold_ns = options.threshold_ns;
+    s->rodata->emd_slow_per_second = options.max_per_second;
     s->rodata->emd_slow_self_tgid = self_tgid();
-    const bool on = options_.on();
-    bpf_map__set_max_entries(s->maps.slow_events, on ? options_.ring_bytes() : 4096);
-    bpf_map__set_max_entries(s->maps.slow_origins, on && in_flight ? in_flight : 1);
-    bpf_map__set_max_entries(s->maps.slow_stacks, on && in_flight ? kOriginStacks : 1);
+    const bool on = options.on();
+    bpf_map__set_max_entries(s->maps.slow_events, on ? options.ring_bytes() : 4096);
+    bpf_map__set_max_entries(s->maps.slow_origins, on && origins ? origins : 1);
+    bpf_map__set_max_entries(s->maps.slow_stacks,
+                             on && (origins || keeps_stacks) ? kKeptStacks : 1);
   }
-  // After load: starts reading the ring buffer `map` (when on).
+  template <class Skeleton>
+  void configure(Skeleton* s, std::uint32_t origins = 0) const {
+    configure(s, options_, origins);
+  }
+  // After load: starts reading the ring buffer `map` (when on). Again with another map (the
+  // object was replaced): what the old one still holds is taken first.
   void start(bpf_map* map);
   // On the drain thread, before the tracer reads its histograms: takes what has arrived, so
   // that every event drain() then applies is already counted in the histogram it reads (the

@@ -1,4 +1,6 @@
-// offcpu_time: time tasks spend switched out while blocked, and context switches by kind.
+// offcpu_time: time tasks spend switched out while blocked, and context switches by kind;
+// waits at or above its `slow` threshold with the stacks where the task blocked.
+#include "ebpf_metricsd/slow_capture.h"
 #include "sched_object.h"
 
 namespace ebpf_metricsd {
@@ -13,10 +15,18 @@ class OffcpuTimeTracer final : public SchedHistTracer {
                                         "Context switches: voluntary (the task blocked) or "
                                         "involuntary (it was preempted while runnable).",
                                         MetricType::Counter,
-                                        {"kind"}})) {}
+                                        {"kind"}})),
+        slow_(scope, metric(), "ebpf_offcpu_seconds", options().slow, cgroups()) {}
 
   void drain() override {
+    slow_.begin_drain();
     SchedHistTracer::drain();
+    slow_.drain(
+        [&](std::uint64_t, std::string_view comm) {
+          return options().comm ? MetricStore::LabelValues{std::string(comm)}
+                                : MetricStore::LabelValues{};
+        },
+        options().names());
     switches_.drain_array(
         bpf_map__fd(skel()->maps.switches), SCHED_SWITCH__COUNT, [](const void* key) {
           const auto k = *static_cast<const std::uint32_t*>(key);
@@ -34,9 +44,11 @@ class OffcpuTimeTracer final : public SchedHistTracer {
     SchedHistTracer::forget_counts();
     switches_.forget();
   }
+  void switched_on() override { slow_.start(skel()->maps.slow_events); }
 
  private:
   CounterDrain switches_;
+  SlowCapture slow_;  // after what it reads: its thread stops first
 };
 
 }  // namespace
@@ -47,7 +59,7 @@ TracerDescriptor offcpu_time_descriptor() {
       "Off-CPU time while blocked, and context switches",
       [](YamlMapReader& options) -> std::any {
         // 1us .. 64s: from a short lock wait to an idle worker.
-        return SchedLabelOptions::read(options, Log2Layout::seconds(-20, 6));
+        return SchedLabelOptions::read(options, Log2Layout::seconds(-20, 6), /*slow_capture=*/true);
       },
       [](MetricScope& scope, const std::any& options) -> std::unique_ptr<Tracer> {
         SchedHistKind kind{
@@ -57,13 +69,14 @@ TracerDescriptor offcpu_time_descriptor() {
              {},
              {}},  // buckets from the options
             /*wants_wakeups=*/false,
+            /*slow_capture=*/true,
             &sched_config::offcpu_on,
             &sched_config::offcpu_by_cgroup,
             &sched_config::offcpu_by_comm,
             [](scheduler* s) { return s->maps.offcpu_hist; },
             [](scheduler* s) { return s->maps.offcpu_hist_labelled; },
             SchedObject::kOffcpuMap,
-            drop_reasons<SCHED_DROP__COUNT>({"task_state", "", "map_full"}),
+            drop_reasons<SCHED_DROP__COUNT>({"task_state", "", "map_full", "slow_limited", "slow_ring_full"}),
         };
         return std::make_unique<OffcpuTimeTracer>(scope, std::move(kind),
                                                   std::any_cast<SchedLabelOptions>(options));

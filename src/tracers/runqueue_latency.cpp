@@ -9,7 +9,7 @@ TracerDescriptor runqueue_latency_descriptor() {
       "Run-queue latency (runnable to running)",
       [](YamlMapReader& options) -> std::any {
         // 1us .. 1s: a second's wait for a CPU is already an outage.
-        return SchedLabelOptions::read(options, Log2Layout::seconds(-20, 0));
+        return SchedLabelOptions::read(options, Log2Layout::seconds(-20, 0), /*slow_capture=*/false);
       },
       [](MetricScope& scope, const std::any& options) -> std::unique_ptr<Tracer> {
         SchedHistKind kind{
@@ -19,13 +19,14 @@ TracerDescriptor runqueue_latency_descriptor() {
              {},
              {}},  // buckets from the options
             /*wants_wakeups=*/true,
+            /*slow_capture=*/false,
             &sched_config::runq_on,
             &sched_config::runq_by_cgroup,
             &sched_config::runq_by_comm,
             [](scheduler* s) { return s->maps.runq_hist; },
             [](scheduler* s) { return s->maps.runq_hist_labelled; },
             SchedObject::kRunqMap,
-            drop_reasons<SCHED_DROP__COUNT>({"task_state", "map_full", ""}),
+            drop_reasons<SCHED_DROP__COUNT>({"task_state", "map_full", "", "", ""}),
         };
         return std::make_unique<SchedHistTracer>(scope, std::move(kind),
                                                  std::any_cast<SchedLabelOptions>(options));

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ebpf_metricsd/host_safety.h"
+#include "ebpf_metricsd/slow_capture.h"
 
 #include <array>
 #include <cstring>
@@ -23,7 +24,8 @@ std::shared_ptr<SchedObject> SchedObject::acquire(HookProber& prober, HookPrefer
   const std::optional<std::uint32_t> wanted = user.label_sets();
   std::shared_ptr<SchedObject> live = g_live.lock();
   fresh = false;
-  if (live && (!wanted || live->entries_[map] == *wanted)) {
+  const std::optional<SlowOptions> slow = user.slow_capture();
+  if (live && (!wanted || live->entries_[map] == *wanted) && (!slow || live->slow_ == *slow)) {
     live->users_.push_back(&user);
     return live;
   }
@@ -38,11 +40,15 @@ std::shared_ptr<SchedObject> SchedObject::acquire(HookProber& prober, HookPrefer
       kernel_allocators().hash_elements ? SCHED_MAX_LABEL_SETS : 1;
   obj->entries_ = live ? live->entries_ : MapEntries{unlabelled, unlabelled};
   if (wanted) obj->entries_[map] = *wanted;
+  obj->slow_ = slow ? *slow : live ? live->slow_ : SlowOptions{};
   // sched_switch gained prev_state in 5.18: the 3-argument programs read it from the task.
   obj->switch_3arg_ = tracepoint_arg_count("sched_switch").value_or(4) == 3;
   if (live) {
-    spdlog::info("scheduler: reloading its BPF object for labelled maps of {} and {} label sets",
-                 obj->entries_[kRunqMap], obj->entries_[kOffcpuMap]);
+    spdlog::info(
+        "scheduler: reloading its BPF object for labelled maps of {} and {} label sets, slow "
+        "off-CPU waits {}",
+        obj->entries_[kRunqMap], obj->entries_[kOffcpuMap],
+        obj->slow_.on() ? "from " + std::to_string(obj->slow_.threshold_ns) + " ns" : "off");
     obj->load(live->kind_);  // on failure the live object stays as it was
     // The other users' programs are attached to the new object before any of them moves, so
     // that a failure there leaves everything as it was.
@@ -95,6 +101,7 @@ void SchedObject::load(HookKind kind) {
   bpf_map__set_max_entries(s->maps.tstate_by_pid, btf ? 1 : kPidMapEntries);
   bpf_map__set_max_entries(s->maps.runq_hist_labelled, entries_[kRunqMap]);
   bpf_map__set_max_entries(s->maps.offcpu_hist_labelled, entries_[kOffcpuMap]);
+  SlowCapture::configure(s, slow_, /*origins=*/0, /*keeps_stacks=*/true);
   make_host_safe(s->obj, "scheduler");
   if (int err = scheduler__load(s)) throw BpfError(bpf_error_text("load scheduler", err));
   if (!btf) links_.push_back(attach_program(s->progs.sched_free_raw));
@@ -116,26 +123,28 @@ bpf_program* SchedObject::wakeup_new_program() const {
 }
 
 SchedLabelOptions SchedLabelOptions::read(YamlMapReader& options,
-                                          const Log2Layout& default_buckets) {
+                                          const Log2Layout& default_buckets, bool slow_capture) {
   SchedLabelOptions o;
   o.cgroup = CgroupLabelOptions::read(options);
   o.comm = options.get_bool("comm", false);
   o.buckets = read_buckets(options, default_buckets);
+  if (slow_capture) o.slow = SlowOptions::read(options);
   return o;
 }
 
+// The workload labels last, as slow events' exemplars name them (SlowCapture::drain).
 std::vector<std::string> SchedLabelOptions::names() const {
   std::vector<std::string> n;
-  if (cgroup.on) n.insert(n.end(), {"cgroup", "pod", "container"});
   if (comm) n.push_back("comm");
+  if (cgroup.on) n.insert(n.end(), {"cgroup", "pod", "container"});
   return n;
 }
 
 MetricStore::LabelValues SchedLabelOptions::values(const sched_key& key,
                                                    CgroupLabels& cgroups) const {
   MetricStore::LabelValues v;
-  cgroups.append(v, key.cgroup_id);
   if (comm) v.push_back(fixed_name(key.comm));
+  cgroups.append(v, key.cgroup_id);
   return v;
 }
 
@@ -150,7 +159,8 @@ MetricSpec with_labels(MetricSpec spec, const SchedLabelOptions& labels) {
 SchedHistTracer::SchedHistTracer(MetricScope& scope, SchedHistKind kind, SchedLabelOptions labels)
     : kind_(std::move(kind)),
       labels_(labels),
-      hist_(scope, scope.declare(with_labels(kind_.spec, labels_)), SCHED_SLOTS),
+      metric_(scope.declare(with_labels(kind_.spec, labels_))),
+      hist_(scope, metric_, SCHED_SLOTS),
       drops_(scope, kind_.drop_reasons),
       cgroups_(labels_.cgroup) {}
 
@@ -163,6 +173,11 @@ SchedHistTracer::~SchedHistTracer() {
 std::optional<std::uint32_t> SchedHistTracer::label_sets() const {
   if (!labels_.labelled()) return std::nullopt;
   return labels_.cgroup.map_entries;
+}
+
+std::optional<SlowOptions> SchedHistTracer::slow_capture() const {
+  if (!kind_.slow_capture) return std::nullopt;
+  return labels_.slow;
 }
 
 void SchedHistTracer::rebase_next() {
@@ -180,6 +195,7 @@ void SchedHistTracer::start(HookProber& prober, HookPreference preference) {
   obj_ = SchedObject::acquire(prober, preference, *this, fresh);
   links_ = link(*obj_);
   switch_on(fresh);
+  switched_on();
 }
 
 std::vector<BpfLink> SchedHistTracer::link(const SchedObject& obj) const {
@@ -209,6 +225,11 @@ void SchedHistTracer::finish_move(std::shared_ptr<SchedObject> obj,
     spdlog::error("{}: taking the new scheduler object's counts as baseline failed: {}",
                   kind_.spec.name, e.what());
     skel()->bss->sched_cfg.*kind_.on = 1;
+  }
+  try {
+    switched_on();
+  } catch (const std::exception& e) {
+    spdlog::error("{}: on the new scheduler object: {}", kind_.spec.name, e.what());
   }
 }
 

@@ -14,6 +14,7 @@
 #include "ebpf_metricsd/hook_probe.h"
 #include "ebpf_metricsd/map_deltas.h"
 #include "ebpf_metricsd/metric_scope.h"
+#include "ebpf_metricsd/slow_options.h"
 #include "ebpf_metricsd/tracer.h"
 #include "ebpf_metricsd/yaml_reader.h"
 
@@ -35,8 +36,9 @@ class SchedObject {
 
   // The live object with `user` among its users, or a newly loaded one with sched_switch
   // attached; the hook kind is chosen by whoever loads it first. A user whose labelled map
-  // must hold another number of label sets than the live object's gets a new object, loaded
-  // with that size and the live one's hook kind, and the other users are moved onto it
+  // must hold another number of label sets than the live object's, or whose slow capture
+  // differs from it, gets a new object, loaded with that size or capture and the live one's
+  // hook kind, and the other users are moved onto it
   // (SchedHistTracer::link, then finish_move); the old one goes with its last user. `fresh`
   // tells whether nothing in the object counted yet (loaded now, no user moved onto it).
   static std::shared_ptr<SchedObject> acquire(HookProber& prober, HookPreference preference,
@@ -45,6 +47,8 @@ class SchedObject {
   void leave(SchedHistTracer& user);
   ~SchedObject();
   std::uint32_t label_sets(LabelledMap map) const { return entries_[map]; }
+  // offcpu_time's slow capture, as loaded.
+  const SlowOptions& slow() const { return slow_; }
 
   scheduler* skel() const { return skel_.get(); }
   bool raw() const { return kind_ == HookKind::RawTp; }
@@ -62,16 +66,19 @@ class SchedObject {
   HookKind kind_ = HookKind::TpBtf;
   bool switch_3arg_ = false;  // sched_switch without prev_state (before 5.18)
   MapEntries entries_{};
+  SlowOptions slow_;
   std::vector<SchedHistTracer*> users_;
   std::vector<BpfLink> links_;  // declared after skel_: detached first
 };
 
-// The optional labels of the scheduler histograms.
+// The options of the scheduler histograms: labels, buckets and (offcpu_time) slow capture.
 struct SchedLabelOptions {
   CgroupLabelOptions cgroup;  // `cgroup`, and `label_map_entries` for either label
   bool comm = false;
   Log2Layout buckets;
-  static SchedLabelOptions read(YamlMapReader& options, const Log2Layout& default_buckets);
+  SlowOptions slow;
+  static SchedLabelOptions read(YamlMapReader& options, const Log2Layout& default_buckets,
+                                bool slow_capture);
   std::vector<std::string> names() const;
   MetricStore::LabelValues values(const sched_key& key, CgroupLabels& cgroups) const;
   bool labelled() const { return cgroup.on || comm; }
@@ -82,6 +89,7 @@ struct SchedLabelOptions {
 struct SchedHistKind {
   MetricSpec spec;     // labels are appended per the options
   bool wants_wakeups;  // attach sched_wakeup/_new as well
+  bool slow_capture;   // its `slow` option captures slow events
   std::uint8_t sched_config::*on;
   std::uint8_t sched_config::*by_cgroup;
   std::uint8_t sched_config::*by_comm;
@@ -102,6 +110,8 @@ class SchedHistTracer : public Tracer {
   SchedObject::LabelledMap labelled_map() const { return kind_.map; }
   // Label sets its labelled map must hold; nullopt when it has no labels (any size does).
   std::optional<std::uint32_t> label_sets() const;
+  // The slow capture the object must be loaded with; nullopt when this kind has none.
+  std::optional<SlowOptions> slow_capture() const;
   // Links of this kind's own programs (its wakeup hooks) in `obj`; may throw.
   std::vector<BpfLink> link(const SchedObject& obj) const;
   // Goes on with `obj`, a new object replacing the one it uses, whose programs `links`
@@ -117,10 +127,16 @@ class SchedHistTracer : public Tracer {
   virtual void rebase_next();
   // The maps were replaced by empty ones: the next drain counts from zero.
   virtual void forget_counts();
+  // This kind was switched on in the object it now uses (at start, and after a move).
+  virtual void switched_on() {}
+  MetricScope::Metric metric() const { return metric_; }
+  const SchedLabelOptions& options() const { return labels_; }
+  CgroupLabels& cgroups() { return cgroups_; }
 
  private:
   SchedHistKind kind_;
   SchedLabelOptions labels_;
+  MetricScope::Metric metric_;
   Log2HistDrain hist_;
   DropAccounting drops_;
   CgroupLabels cgroups_;

@@ -9,6 +9,7 @@
 #include <bpf/libbpf.h>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <thread>
@@ -16,7 +17,10 @@
 #include "../cgroup_fixture.h"
 #include "../kernel_counters.h"
 #include "../metrics_lookup.h"
+#include "../slow_reads.h"
 #include "../workloads.h"
+#include "ebpf_metricsd/exposition_format.h"
+#include "ebpf_metricsd/profile/profile_store.h"
 #include "oracle_tool.h"
 #include "sched_oracle.h"
 #include "tracer_fixture.h"
@@ -169,4 +173,107 @@ TEST_CASE("off-CPU time of a sleeping thread matches its sleeps", "[scheduler]")
   CHECK(test::counter_value(store, "ebpf_context_switches_total", {{"kind", "voluntary"}}) -
             static_cast<double>(vol0) >=
         kSleeps);
+}
+
+TEST_CASE("slow off-CPU waits: each blocked read at or above the threshold is an event with the "
+          "stacks where it blocked, and the exemplar of its bucket",
+          "[scheduler][slow]") {
+  // tp_btf takes the kernel stack when the wait ends, raw_tp when it begins.
+  const std::string hook = GENERATE(std::string("auto"), std::string("raw_tp"));
+  INFO("hook " << hook);
+  constexpr int kSlowReads = 5;
+  const std::string metric = "ebpf_offcpu_seconds";
+  MetricStore store;
+  profiling::ProfileStore profiles;
+  // runqueue_latency loaded the shared object without slow capture: offcpu_time's reloads it,
+  // and runqueue_latency moves onto the new one.
+  auto runq = test::start_tracer(store, "runqueue_latency", "    hook: " + hook + "\n");
+  // Every thread's wait of 100 ms or more is sent (idle threads wake after long sleeps): the
+  // highest limit leaves room for the machine's own.
+  auto offcpu = test::start_tracer(store, "offcpu_time",
+                                   "    hook: " + hook +
+                                       "\n    comm: true\n    slow:\n      threshold: 100ms\n"
+                                       "      max_per_second: 1000\n",
+                                   &profiles);
+  // A child blocks in slow_read_in_known_function's read, each time for at least 150 ms.
+  test::SlowReader reader(kSlowReads, std::chrono::milliseconds(150));
+  const pid_t child = reader.pid();
+  const auto ours = test::wait_for_slow_events(offcpu, profiles, metric, kSlowReads,
+                                               [&](const profiling::SlowEvent& e) {
+                                                 return e.pid ==
+                                                        static_cast<std::uint32_t>(child);
+                                               });
+  CHECK(reader.finish() == 0);
+  const auto fams = test::collect(store);
+  for (const char* reason :
+       {"slow_limited", "slow_ring_full", "slow_queue_full", "slow_stack_lost"}) {
+    const auto* d = test::find_series(fams, "ebpf_metricsd_dropped_events_total",
+                                      {{"tracer", "offcpu_time"}, {"reason", reason}});
+    INFO(reason << " " << (d ? d->counter.value : 0));
+    CHECK((d == nullptr || d->counter.value == 0));
+  }
+  REQUIRE(ours.size() == kSlowReads);
+
+  profiling::SlowEventStore::Query q;
+  q.metric = metric;
+  const auto window = profiles.slow_events().query(q);
+  for (const auto& e : ours) {
+    INFO("stack " << profiling::stack_id_text(e.stack_id));
+    CHECK(e.latency_ns >= 150'000'000);
+    CHECK(e.series == std::vector<std::pair<std::string, std::string>>{{"comm", e.comm}});
+    REQUIRE(window.stacks.count(e.stack_id) == 1);
+    bool user = false, kernel = false;
+    std::string frames;
+    for (const auto& f : window.stacks.at(e.stack_id)) {
+      frames += f.function + (f.kernel ? " [k]\n" : "\n");
+      user = user || (!f.kernel && f.function.find("slow_read_in_known_function") !=
+                                       std::string::npos);
+      // pipe_read, or anon_pipe_read since 6.14.
+      kernel = kernel || (f.kernel && f.function.find("pipe_read") != std::string::npos);
+    }
+    INFO(frames);
+    CHECK(user);
+    CHECK(kernel);
+  }
+  // The bucket of the child's last wait carries the newest event kept in it (that wait, or
+  // a later one of the same comm) as its exemplar.
+  const auto le_of = [](std::uint64_t ns) {
+    return format_double(std::exp2(std::ceil(std::log2(static_cast<double>(ns) * 1e-9))));
+  };
+  const std::string le = le_of(ours.back().latency_ns);
+  const profiling::SlowEvent* newest = nullptr;
+  for (const auto& e : window.events) {
+    if (e.series == ours.back().series && le_of(e.latency_ns) == le &&
+        (!newest || e.when >= newest->when)) {
+      newest = &e;
+    }
+  }
+  REQUIRE(newest != nullptr);
+  runq->drain();
+  CHECK(histogram_count(store, kRunq, {}) > 0);
+  const std::string om = render_openmetrics(store);
+  const std::string line =
+      "ebpf_offcpu_seconds_bucket{comm=\"" + ours.back().comm + "\",le=\"" + le + "\"} ";
+  const auto at = om.find(line);
+  INFO(line);
+  REQUIRE(at != std::string::npos);
+  const std::string bucket = om.substr(at, om.find('\n', at) - at);
+  CHECK_THAT(bucket, Catch::Matchers::Contains("# {stack_id=\"" +
+                                               profiling::stack_id_text(newest->stack_id) +
+                                               "\",pid=\"" + std::to_string(newest->pid) +
+                                               "\",comm=\""));
+
+  // runqueue_latency restarts with labelled maps of another size: a new object, offcpu_time
+  // moved onto it, its slow events read from the new ring.
+  runq = {};
+  MetricStore labelled;  // the same metric with a label more: another store
+  runq = test::start_tracer(labelled, "runqueue_latency",
+                            "    hook: " + hook + "\n    comm: true\n    label_map_entries: 512\n");
+  test::SlowReader again(2, std::chrono::milliseconds(150));
+  const auto after_move = test::wait_for_slow_events(
+      offcpu, profiles, metric, 2, [&](const profiling::SlowEvent& e) {
+        return e.pid == static_cast<std::uint32_t>(again.pid());
+      });
+  CHECK(again.finish() == 0);
+  CHECK(after_move.size() == 2);
 }
