@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
-# What a recorded slow event costs: `perf bench sched pipe` (two tasks reading from pipes in
-# turn; every read blocks, so each takes more than 1 us at any machine speed) under the
-# daemon's syscall_latency (include: [read]) with `slow` at 1us and max_per_second 1 (all but
-# one a second refused by the kernel-side limit) and 1000 (a thousand a second recorded:
-# stack, ring record, symbolization, exemplar), rounds interleaved, medians. The workload's
-# time and the daemon's CPU time both count; their difference over the events recorded is
-# the cost of one. Root; run from the repository root after building.
+# What slow-event capture costs, with `perf bench sched pipe` (two tasks reading from pipes in
+# turn on CPU 0; every read blocks, so each takes more than 1 us and each round trip is two
+# blocking context switches at any machine speed); rounds interleaved, medians. Root; run
+# from the repository root after building.
+#  1. A recorded slow event: the daemon's syscall_latency (include: [read]) with `slow` at
+#     1us and max_per_second 1 (all but one a second refused by the kernel-side limit) and
+#     1000 (a thousand a second recorded: stack, ring record, symbolization, exemplar). The
+#     workload's time and the daemon's CPU time both count; their difference over the events
+#     recorded is the cost of one.
+#  2. offcpu_time below the threshold: the same workload under offcpu_time without `slow`
+#     and with `slow: {threshold: 1h}` (every wait below it: the user stack taken at each
+#     blocking switch, one comparison when the wait ends), per blocking switch.
 #   bash bench/slow_bench.sh [rounds]
 set -euo pipefail
 rounds=${1:-5}
 command -v perf >/dev/null || { echo "perf is not installed (install-deps.sh --with-tests)" >&2; exit 2; }
 . "$(dirname "$0")/daemon.sh"
-config() {  # config FILE MAX_PER_SECOND
+config() {  # config FILE MAX_PER_SECOND (syscall_latency)
   cat >"$1" <<YAML
 web:
   listen_address: "127.0.0.1:$port"
@@ -54,3 +59,31 @@ echo "perf bench sched pipe -l $loops on CPU 0 (median of $rounds; workload plus
 printf '  slow, 1 a second recorded       %.3f s\n' "$one"
 printf '  slow, 1000 a second recorded    %.3f s  (about %.0f events in %.2f s)\n' "$many" "$events" "$wall"
 printf '  a recorded slow event costs     %.1f us\n' "$(echo "($many - $one) * 1000000 / $events" | bc -l)"
+
+# 2. offcpu_time below the threshold, per blocking switch.
+offcpu_config() {  # offcpu_config FILE [SLOW]
+  cat >"$1" <<YAML
+web:
+  listen_address: "127.0.0.1:$port"
+tracers:
+  offcpu_time:
+    enabled: true
+${2:+    slow: $2}
+YAML
+}
+pipe_usecs() {  # usecs per round trip, both tasks on CPU 0
+  taskset -c 0 perf bench sched pipe -l "$loops" 2>/dev/null | awk '/usecs\/op/ {print $1}'
+}
+offcpu_config "$dir/off.yaml"
+offcpu_config "$dir/off_slow.yaml" "{threshold: 1h}"
+: >"$dir/base"; : >"$dir/plain"; : >"$dir/slow"
+for _ in $(seq "$rounds"); do
+  pipe_usecs >>"$dir/base"
+  start_daemon "$dir/off.yaml"; pipe_usecs >>"$dir/plain"; kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""
+  start_daemon "$dir/off_slow.yaml"; pipe_usecs >>"$dir/slow"; kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""
+done
+base=$(median <"$dir/base"); plain=$(median <"$dir/plain"); slow=$(median <"$dir/slow")
+echo "offcpu_time, perf bench sched pipe -l $loops (median of $rounds; two blocking switches a round trip):"
+printf '  no daemon                       %.3f us a round trip\n' "$base"
+printf '  offcpu_time                     %.3f us  (%+.0f ns a switch)\n' "$plain" "$(echo "($plain - $base) * 1000 / 2" | bc -l)"
+printf '  offcpu_time, slow below it      %.3f us  (%+.0f ns a switch)\n' "$slow" "$(echo "($slow - $base) * 1000 / 2" | bc -l)"

@@ -4,8 +4,10 @@
 // taken at sys_exit begins there whatever the C library was built with). Each read is written
 // to only once the child sleeps in it (TestCgroup::wait_blocked), and `delay` later: every
 // read takes at least `delay`, at any machine speed. The child stays until the object goes,
-// so that its mappings are there when its events are symbolized.
+// so that its mappings are there when its events are symbolized. Each read is also one
+// off-CPU wait of at least `delay`, in the same function.
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -69,6 +71,7 @@ __attribute__((noinline)) inline long connect_in_known_function(int fd, const vo
 
 class SlowReader {
  public:
+  static constexpr const char* kComm = "emd-slowreader";
   SlowReader(int reads, std::chrono::milliseconds delay) {
     if (pipe(data_) != 0 || pipe(done_) != 0 || pipe(go_) != 0) throw std::runtime_error("pipe");
     void* shared = mmap(nullptr, sizeof(std::atomic<long>), PROT_READ | PROT_WRITE,
@@ -78,6 +81,8 @@ class SlowReader {
     pid_ = fork();
     if (pid_ < 0) throw std::runtime_error("fork");
     if (pid_ == 0) {
+      // A name of its own: the series of comm-labelled histograms it lands in are its alone.
+      prctl(PR_SET_NAME, kComm);
       char c;
       for (int i = 0; i < reads; ++i) {
         *before_ = TestCgroup::voluntary_switches_of_this_thread();

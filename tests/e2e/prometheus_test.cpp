@@ -168,7 +168,8 @@ TEST_CASE(
     REQUIRE(wait_until(
         [&] {
           return http_get(s.port, "/metrics")
-                     .body.find("ebpf_metricsd_tracer_up{tracer=\"oom_kills\",hook=\"tp_btf\"} 1") !=
+                     .body.find(
+                         "ebpf_metricsd_tracer_up{tracer=\"oom_kills\",hook=\"tp_btf\"} 1") !=
                  std::string::npos;
         },
         30s));
@@ -310,10 +311,10 @@ TEST_CASE(
   const std::string loop_device = loop.dev().substr(loop.dev().rfind('/') + 1);
   const auto stored_count = [&](PrometheusServer& server) {
     const std::string sel = "{device=\"" + loop_device + "\"}";
-    const json r = server.native
-                       ? server.api.result("histogram_count(sum(ebpf_block_io_latency_seconds" +
-                                           sel + "))")
-                       : server.api.result("sum(ebpf_block_io_latency_seconds_count" + sel + ")");
+    const json r =
+        server.native
+            ? server.api.result("histogram_count(sum(ebpf_block_io_latency_seconds" + sel + "))")
+            : server.api.result("sum(ebpf_block_io_latency_seconds_count" + sel + ")");
     return r.size() == 1 ? r[0]["value"][1].get<std::string>() : std::string("none");
   };
   std::string settled;
@@ -412,86 +413,94 @@ TEST_CASE(
   CHECK(daemon.wait_exit(5s) == 0);
 }
 
-TEST_CASE("Prometheus with exemplar storage: slow reads in a known function are exemplars on "
-          "its bucket, and its stack_id leads through the daemon to that function",
-          "[slow]") {
+TEST_CASE(
+    "Prometheus with exemplar storage: slow reads in a known function are exemplars on "
+    "their buckets (as syscalls and as off-CPU waits), and their stack_id leads through "
+    "the daemon to that function",
+    "[slow]") {
   if (run_command("command -v prometheus >/dev/null") != 0) {
     FAIL("prometheus is not installed (packaging/install-deps.sh --with-tests)");
   }
   Setup s(
       "  syscall_latency:\n    enabled: true\n    include: [read]\n"
-      "    slow: {threshold: 10ms, max_per_second: 1000}\n");
+      "    slow: {threshold: 10ms, max_per_second: 1000}\n"
+      "  offcpu_time:\n    enabled: true\n    comm: true\n"
+      "    slow: {threshold: 100ms, max_per_second: 1000}\n");
   DaemonProcess daemon(DAEMON_PATH, s.log, {s.args(), false, {}, {}});
   const std::string instance = "127.0.0.1:" + std::to_string(s.port);
-  REQUIRE(wait_until([&] { return !run_capture("curl -sf http://" + instance + "/metrics").empty(); },
-                     20s));
+  REQUIRE(wait_until(
+      [&] { return !run_capture("curl -sf http://" + instance + "/metrics").empty(); }, 20s));
   PrometheusServer prometheus(s, instance, false, {"exemplar-storage"});
   REQUIRE(wait_until([&] { return prometheus.api.query("up == 1").second == 1; }, 60s));
 
-  const double start = std::chrono::duration<double>(
-                           std::chrono::system_clock::now().time_since_epoch())
-                           .count();
+  const double start =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   // 300 ms: longer than any read this test's own harness makes (its curl pipes), so no
-  // other event takes the bucket's exemplar between two scrapes.
+  // other event takes the read bucket's exemplar between two scrapes; the off-CPU series
+  // of the reader's comm are its alone.
   SlowReader reader(5, std::chrono::milliseconds(300));
-  // Exemplars of the read histogram from the reader's process, once Prometheus has them.
-  json found = json::array();
-  const bool seen = wait_until(
-      [&] {
-        const json r = prometheus.api.get(
-            "query_exemplars",
-            {{"query", "ebpf_syscall_latency_seconds_bucket{syscall=\"read\"}"},
-             {"start", std::to_string(start - 1)},
-             {"end", std::to_string(start + 600)}});
-        found = json::array();
-        if (r.is_discarded() || r.value("status", "") != "success") return false;
-        for (const auto& series : r["data"]) {
-          for (const auto& e : series["exemplars"]) {
-            if (e["labels"].value("pid", "") == std::to_string(reader.pid())) {
-              found.push_back({{"le", series["seriesLabels"].value("le", "")},
-                               {"value", e["value"]},
-                               {"stack_id", e["labels"].value("stack_id", "")}});
+  for (const std::string& query :
+       {std::string("ebpf_syscall_latency_seconds_bucket{syscall=\"read\"}"),
+        "ebpf_offcpu_seconds_bucket{comm=\"" + std::string(SlowReader::kComm) + "\"}"}) {
+    INFO(query);
+    // Exemplars of the histogram from the reader's process, once Prometheus has them.
+    json found = json::array();
+    const bool seen = wait_until(
+        [&] {
+          const json r =
+              prometheus.api.get("query_exemplars", {{"query", query},
+                                                     {"start", std::to_string(start - 1)},
+                                                     {"end", std::to_string(start + 600)}});
+          found = json::array();
+          if (r.is_discarded() || r.value("status", "") != "success") return false;
+          for (const auto& series : r["data"]) {
+            for (const auto& e : series["exemplars"]) {
+              if (e["labels"].value("pid", "") == std::to_string(reader.pid())) {
+                found.push_back({{"le", series["seriesLabels"].value("le", "")},
+                                 {"value", e["value"]},
+                                 {"stack_id", e["labels"].value("stack_id", "")}});
+              }
             }
           }
-        }
-        return !found.empty();
-      },
-      60s);
-  INFO(prometheus.process->log() << daemon.log());
-  REQUIRE(seen);
-  INFO(found.dump());
-  for (const auto& e : found) {
-    // In the right bucket: at most its bound, more than half of it; and 300 ms or more.
-    const double value = std::stod(e["value"].get<std::string>());
-    const double le = std::stod(e["le"].get<std::string>());
-    CHECK(value >= 0.3);
-    CHECK(value <= le);
-    CHECK(value > le / 2);
-    // The stack behind it, from the daemon, names the function that made the read.
-    const std::string file = s.dir + "/slow.pb.gz";
-    REQUIRE(run_capture("curl -s -o " + file + " -w '%{http_code}' 'http://" + instance +
-                        "/debug/pprof/slow?stack_id=" + e["stack_id"].get<std::string>() +
-                        "'") == "200");
-    const std::string raw =
-        run_capture("HOME=" + s.dir + " go tool pprof -raw -symbolize=none " + file + " 2>&1");
-    INFO(raw.substr(0, 3000));
-    CHECK_THAT(raw, Catch::Matchers::Contains("events/count latency/nanoseconds[dflt]"));
-    CHECK_THAT(raw, Catch::Matchers::Contains("slow_read_in_known_function"));
-    CHECK_THAT(raw, Catch::Matchers::Contains("pid:[" + std::to_string(reader.pid()) + "]"));
-    // The shipped Grafana data source's exemplar link, filled in as Grafana does, opens the
-    // flame graph page; the page's data for it draws that stack.
-    const YAML::Node ds = YAML::LoadFile(SOURCE_DIR "/packaging/grafana/datasource.yml");
-    std::string link =
-        ds["datasources"][0]["jsonData"]["exemplarTraceIdDestinations"][0]["url"].as<std::string>();
-    link = replace_all(link, "${__data.fields.instance}", instance);
-    link = replace_all(link, "${__value.raw}", e["stack_id"].get<std::string>());
-    CHECK(run_capture("curl -s -o /dev/null -w '%{http_code}' '" + link + "'") == "200");
-    const std::string data_url = replace_all(link, "/profile?", "/profile/data?");
-    REQUIRE(data_url != link);
-    const json graph = json::parse(run_capture("curl -s '" + data_url + "'"), nullptr, false);
-    REQUIRE(graph.is_object());
-    CHECK(graph.value("slow", 0) >= 1);
-    CHECK_THAT(graph.dump(), Catch::Matchers::Contains("slow_read_in_known_function"));
+          return !found.empty();
+        },
+        60s);
+    INFO(prometheus.process->log() << daemon.log());
+    REQUIRE(seen);
+    INFO(found.dump());
+    for (const auto& e : found) {
+      // In the right bucket: at most its bound, more than half of it; and 300 ms or more.
+      const double value = std::stod(e["value"].get<std::string>());
+      const double le = std::stod(e["le"].get<std::string>());
+      CHECK(value >= 0.3);
+      CHECK(value <= le);
+      CHECK(value > le / 2);
+      // The stack behind it, from the daemon, names the function that made the read.
+      const std::string file = s.dir + "/slow.pb.gz";
+      REQUIRE(run_capture("curl -s -o " + file + " -w '%{http_code}' 'http://" + instance +
+                          "/debug/pprof/slow?stack_id=" + e["stack_id"].get<std::string>() + "'") ==
+              "200");
+      const std::string raw =
+          run_capture("HOME=" + s.dir + " go tool pprof -raw -symbolize=none " + file + " 2>&1");
+      INFO(raw.substr(0, 3000));
+      CHECK_THAT(raw, Catch::Matchers::Contains("events/count latency/nanoseconds[dflt]"));
+      CHECK_THAT(raw, Catch::Matchers::Contains("slow_read_in_known_function"));
+      CHECK_THAT(raw, Catch::Matchers::Contains("pid:[" + std::to_string(reader.pid()) + "]"));
+      // The shipped Grafana data source's exemplar link, filled in as Grafana does, opens the
+      // flame graph page; the page's data for it draws that stack.
+      const YAML::Node ds = YAML::LoadFile(SOURCE_DIR "/packaging/grafana/datasource.yml");
+      std::string link = ds["datasources"][0]["jsonData"]["exemplarTraceIdDestinations"][0]["url"]
+                             .as<std::string>();
+      link = replace_all(link, "${__data.fields.instance}", instance);
+      link = replace_all(link, "${__value.raw}", e["stack_id"].get<std::string>());
+      CHECK(run_capture("curl -s -o /dev/null -w '%{http_code}' '" + link + "'") == "200");
+      const std::string data_url = replace_all(link, "/profile?", "/profile/data?");
+      REQUIRE(data_url != link);
+      const json graph = json::parse(run_capture("curl -s '" + data_url + "'"), nullptr, false);
+      REQUIRE(graph.is_object());
+      CHECK(graph.value("slow", 0) >= 1);
+      CHECK_THAT(graph.dump(), Catch::Matchers::Contains("slow_read_in_known_function"));
+    }
   }
   CHECK(reader.finish() == 0);
 }
