@@ -10,7 +10,8 @@
 #     recorded is the cost of one.
 #  2. offcpu_time below the threshold: the same workload under offcpu_time without `slow`
 #     and with `slow: {threshold: 1h}` (every wait below it: the user stack taken at each
-#     blocking switch, one comparison when the wait ends), per blocking switch.
+#     blocking switch, with raw_tp the kernel stack too; one comparison when the wait ends),
+#     per blocking switch, with hook auto (tp_btf here) and raw_tp.
 #   bash bench/slow_bench.sh [rounds]
 set -euo pipefail
 rounds=${1:-5}
@@ -60,30 +61,40 @@ printf '  slow, 1 a second recorded       %.3f s\n' "$one"
 printf '  slow, 1000 a second recorded    %.3f s  (about %.0f events in %.2f s)\n' "$many" "$events" "$wall"
 printf '  a recorded slow event costs     %.1f us\n' "$(echo "($many - $one) * 1000000 / $events" | bc -l)"
 
-# 2. offcpu_time below the threshold, per blocking switch.
-offcpu_config() {  # offcpu_config FILE [SLOW]
+# 2. offcpu_time below the threshold, per blocking switch, with each hook kind.
+offcpu_config() {  # offcpu_config FILE HOOK [SLOW]
   cat >"$1" <<YAML
 web:
   listen_address: "127.0.0.1:$port"
 tracers:
   offcpu_time:
     enabled: true
-${2:+    slow: $2}
+    hook: $2
+${3:+    slow: $3}
 YAML
 }
 pipe_usecs() {  # usecs per round trip, both tasks on CPU 0
   taskset -c 0 perf bench sched pipe -l "$loops" 2>/dev/null | awk '/usecs\/op/ {print $1}'
 }
-offcpu_config "$dir/off.yaml"
-offcpu_config "$dir/off_slow.yaml" "{threshold: 1h}"
-: >"$dir/base"; : >"$dir/plain"; : >"$dir/slow"
+modes="auto auto_slow raw_tp raw_tp_slow"
+for m in $modes; do
+  offcpu_config "$dir/$m.yaml" "${m%_slow}" "$([[ $m == *_slow ]] && echo '{threshold: 1h}')"
+  : >"$dir/$m"
+done
+: >"$dir/base"
 for _ in $(seq "$rounds"); do
   pipe_usecs >>"$dir/base"
-  start_daemon "$dir/off.yaml"; pipe_usecs >>"$dir/plain"; kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""
-  start_daemon "$dir/off_slow.yaml"; pipe_usecs >>"$dir/slow"; kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""
+  for m in $modes; do
+    start_daemon "$dir/$m.yaml"; pipe_usecs >>"$dir/$m"
+    kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""
+  done
 done
-base=$(median <"$dir/base"); plain=$(median <"$dir/plain"); slow=$(median <"$dir/slow")
+base=$(median <"$dir/base")
 echo "offcpu_time, perf bench sched pipe -l $loops (median of $rounds; two blocking switches a round trip):"
-printf '  no daemon                       %.3f us a round trip\n' "$base"
-printf '  offcpu_time                     %.3f us  (%+.0f ns a switch)\n' "$plain" "$(echo "($plain - $base) * 1000 / 2" | bc -l)"
-printf '  offcpu_time, slow below it      %.3f us  (%+.0f ns a switch)\n' "$slow" "$(echo "($slow - $base) * 1000 / 2" | bc -l)"
+printf '  no daemon                           %.3f us a round trip\n' "$base"
+for m in $modes; do
+  v=$(median <"$dir/$m")
+  label="hook ${m%_slow}"
+  [[ $m == *_slow ]] && label+=", slow below it"
+  printf '  %-35s %.3f us  (%+.0f ns a switch)\n' "$label" "$v" "$(echo "($v - $base) * 1000 / 2" | bc -l)"
+done

@@ -33,6 +33,8 @@ struct task_sched {
 	__u64 blocked;  /* ns when it switched out blocked, 0 = not blocked */
 	__u64 kstack;	/* slow capture: stacks where it blocked (slow_stacks) */
 	__u64 ustack;
+	__u32 not_slow; /* slow capture: this wait is not sent, however long */
+	__u32 pad;
 };
 
 struct {
@@ -163,9 +165,11 @@ static __always_inline void keep_blocked_stacks(void *ctx,
 
 	s->kstack = 0;
 	s->ustack = 0;
-	/* A task that exits switches out for good; the daemon is not asked about. */
-	if ((flags & PF_EXITING) ||
-	    EMD_READ(raw, prev, tgid) == emd_slow_self_tgid)
+	/* Not the waits of an exiting task (its user stack is gone) or of the
+	 * daemon itself (not what anyone asks about). */
+	s->not_slow = (flags & PF_EXITING) ||
+		      EMD_READ(raw, prev, tgid) == emd_slow_self_tgid;
+	if (s->not_slow)
 		return;
 	if (raw)
 		s->kstack = emd_slow_keep_stack(ctx, 0, 0);
@@ -266,7 +270,8 @@ static __always_inline int on_switch(void *ctx, bool preempt,
 			__u64 waited = now - s->blocked;
 
 			emd_hist_add_ns(h, waited);
-			if (emd_slow(waited, EMD_READ(raw, next, tgid)))
+			if (!s->not_slow &&
+			    emd_slow(waited, EMD_READ(raw, next, tgid)))
 				send_slow_wait(next, s, now, waited, raw);
 		}
 	}

@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "ebpf_metricsd/exposition_format.h"
+#include "ebpf_metricsd/http/request_grammar.h"
 #include "ebpf_metricsd/metric_store.h"
 #include "metrics.pb.h"
 
@@ -124,19 +125,6 @@ class ProtobufWriter final : public MetricVisitor {
   std::vector<std::uint64_t> cumulative_;
 };
 
-std::string lower(std::string_view s) {
-  std::string out(s);
-  std::transform(out.begin(), out.end(), out.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return out;
-}
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
-}
-
 }  // namespace
 
 std::string render_protobuf(const MetricStore& store) {
@@ -153,61 +141,20 @@ ExpositionFormat negotiate_format(std::string_view accept) {
   double protobuf_q = 0;
   double openmetrics_q = 0;
   double text_q = 0;
-  std::size_t start = 0;
-  while (start <= accept.size()) {
-    std::size_t end = accept.find(',', start);
-    if (end == std::string_view::npos) end = accept.size();
-    std::string_view range = accept.substr(start, end - start);
-    start = end + 1;
-    // type/subtype;param=value;...;q=0.5
-    std::string type;
-    std::string proto;
-    std::string encoding;
-    std::string version;
-    double q = 1;
-    bool first = true;
-    while (true) {
-      const std::size_t semi = range.find(';');
-      const std::string_view part = trim(range.substr(0, semi));
-      if (first) {
-        type = lower(part);
-        first = false;
-      } else if (const auto eq = part.find('='); eq != std::string_view::npos) {
-        const std::string key = lower(trim(part.substr(0, eq)));
-        std::string_view value = trim(part.substr(eq + 1));
-        if (value.size() >= 2 && value.front() == '"' && value.back() == '"') {
-          value = value.substr(1, value.size() - 2);
-        }
-        if (key == "q") {
-          double parsed = 0;
-          const auto res = std::from_chars(value.data(), value.data() + value.size(), parsed);
-          q = res.ec == std::errc() && res.ptr == value.data() + value.size() && parsed >= 0 &&
-                      parsed <= 1
-                  ? parsed
-                  : 0;
-        } else if (key == "proto") {
-          proto = std::string(value);
-        } else if (key == "encoding") {
-          encoding = lower(value);
-        } else if (key == "version") {
-          version = std::string(value);
-        }
+  for (const HeaderListElement& e : parse_header_list(accept)) {
+    if (e.token == "application/vnd.google.protobuf") {
+      if (e.param("proto") == "io.prometheus.client.MetricFamily" &&
+          ascii_lower(e.param("encoding")) == "delimited") {
+        protobuf_q = std::max(protobuf_q, e.q);
       }
-      if (semi == std::string_view::npos) break;
-      range.remove_prefix(semi + 1);
-    }
-    if (type == "application/vnd.google.protobuf") {
-      if (proto == "io.prometheus.client.MetricFamily" && encoding == "delimited") {
-        protobuf_q = std::max(protobuf_q, q);
-      }
-    } else if (type == "application/openmetrics-text") {
+    } else if (e.token == "application/openmetrics-text") {
+      const std::string_view version = e.param("version");
       if (version.empty() || version == "1.0.0" || version == "0.0.1") {
-        openmetrics_q = std::max(openmetrics_q, q);
+        openmetrics_q = std::max(openmetrics_q, e.q);
       }
-    } else if (type == "text/plain" || type == "text/*" || type == "*/*") {
-      text_q = std::max(text_q, q);
+    } else if (e.token == "text/plain" || e.token == "text/*" || e.token == "*/*") {
+      text_q = std::max(text_q, e.q);
     }
-    if (end == accept.size()) break;
   }
   if (protobuf_q > 0 && protobuf_q >= openmetrics_q && protobuf_q >= text_q) {
     return ExpositionFormat::Protobuf;

@@ -147,11 +147,6 @@ Log2Layout read_buckets(YamlMapReader& options, const Log2Layout& defaults) {
   return out;
 }
 
-std::string describe_range(const Log2Layout& layout) {
-  return format_power(layout.min_exp, layout.is_seconds()) + " .. " +
-         format_power(layout.max_exp, layout.is_seconds());
-}
-
 const Exemplar* classic_exemplar(const Log2Layout& layout, const Log2HistogramState& state,
                                  std::size_t bucket) {
   const Exemplar* latest = nullptr;

@@ -73,6 +73,11 @@ struct SlowCapture::Pending {
 
 std::uint32_t SlowCapture::self_tgid() { return static_cast<std::uint32_t>(getpid()); }
 
+std::uint32_t SlowCapture::kept_stacks() {
+  const int cpus = libbpf_num_possible_cpus();
+  return std::max<std::uint32_t>(4096, 256 * static_cast<std::uint32_t>(std::max(cpus, 1)));
+}
+
 SlowCapture::SlowCapture(MetricScope& scope, MetricScope::Metric metric, std::string metric_name,
                          SlowOptions options, CgroupLabels& labels)
     : scope_(scope),

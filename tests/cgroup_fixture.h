@@ -175,7 +175,8 @@ class TestCgroup {
   // its state is S and its voluntary switches have gone past `*before` (its count just before
   // it began to wait, -1 until it has set it). State S alone is not enough: a task shows S
   // from the moment it prepares to wait, before schedule() switches it out, and a wakeup in
-  // that window means no switch at all. False after a minute, or when the task has exited.
+  // that window means no switch at all. False after 600,000 looks (a minute or more), or when
+  // the task has exited.
   static bool wait_blocked(const std::string& status_file, const std::atomic<long>* before) {
     for (int i = 0; i < 600000; ++i) {
       std::ifstream in(status_file);
@@ -198,7 +199,7 @@ class TestCgroup {
     return false;
   }
 
-  // Waits until `count()` is above `floor`; false after a minute.
+  // Waits until `count()` is above `floor`; false after 600,000 looks (a minute or more).
   static bool wait_above(const std::function<std::uint64_t()>& count, std::uint64_t floor) {
     for (int i = 0; i < 600000; ++i) {
       if (count() > floor) return true;

@@ -47,8 +47,6 @@ Log2Layout read_buckets(YamlMapReader& options, const Log2Layout& defaults);
 // A duration as bucket bounds are written ("750us", "10ms", "1.5s"; ns, us, ms, s, m, h), in
 // nanoseconds. Throws std::invalid_argument for anything else, or for 0 or less.
 std::uint64_t parse_nanoseconds(const std::string& text);
-// "1us".."16s" or "8B".."4MiB": how README and errors show a layout's range.
-std::string describe_range(const Log2Layout& layout);
 
 // One observed event that a histogram bucket points to: its labels (together at most
 // kMaxExemplarLabelChars characters of names and values, as OpenMetrics allows), its value

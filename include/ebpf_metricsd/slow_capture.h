@@ -39,8 +39,9 @@ class SlowCapture {
   const SlowOptions& options() const { return options_; }
 
   // Stacks kept by hash from an event's start to its end, at most (LRU: the least recently
-  // used go first).
-  static constexpr std::uint32_t kKeptStacks = 4096;
+  // used go first): 4096, or 256 per possible CPU where that is more (the kernel's LRU keeps
+  // up to 128 free entries per CPU in reserve, which would starve a small map).
+  static std::uint32_t kept_stacks();
 
   // Before load: the BPF side's threshold, limit and ring size. `origins`: for a tracer whose
   // events end elsewhere than they start (emd_slow_start), how many are kept at once;
@@ -56,7 +57,7 @@ class SlowCapture {
     bpf_map__set_max_entries(s->maps.slow_events, on ? options.ring_bytes() : 4096);
     bpf_map__set_max_entries(s->maps.slow_origins, on && origins ? origins : 1);
     bpf_map__set_max_entries(s->maps.slow_stacks,
-                             on && (origins || keeps_stacks) ? kKeptStacks : 1);
+                             on && (origins || keeps_stacks) ? kept_stacks() : 1);
   }
   template <class Skeleton>
   void configure(Skeleton* s, std::uint32_t origins = 0) const {

@@ -49,31 +49,6 @@ struct TracerDescriptor {
   std::string single_hook = {};
 };
 
-// The descriptor of a tracer that has no options of its own (T(MetricScope&)).
-template <typename T>
-TracerDescriptor descriptor_without_options(std::string name, std::string summary,
-                                            std::string single_hook = {}) {
-  return {std::move(name), std::move(summary), [](YamlMapReader&) -> std::any { return {}; },
-          [](MetricScope& scope, const std::any&) -> std::unique_ptr<Tracer> {
-            return std::make_unique<T>(scope);
-          },
-          std::move(single_hook)};
-}
-
-// The descriptor of a tracer whose one option is its histogram's `buckets` range
-// (T(MetricScope&, const Log2Layout&)).
-template <typename T>
-TracerDescriptor descriptor_with_buckets(std::string name, std::string summary,
-                                         Log2Layout default_buckets) {
-  return {std::move(name), std::move(summary),
-          [default_buckets](YamlMapReader& options) -> std::any {
-            return read_buckets(options, default_buckets);
-          },
-          [](MetricScope& scope, const std::any& options) -> std::unique_ptr<Tracer> {
-            return std::make_unique<T>(scope, std::any_cast<const Log2Layout&>(options));
-          }};
-}
-
 // The options of a histogram tracer whose events have an owner: `buckets`, the workload
 // labels (`cgroup`, `label_map_entries`) and, where its events have stacks that say why,
 // `slow`.

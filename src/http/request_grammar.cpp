@@ -2,6 +2,9 @@
 
 #include <strings.h>
 
+#include <algorithm>
+#include <charconv>
+
 namespace ebpf_metricsd {
 
 namespace {
@@ -101,6 +104,62 @@ std::optional<GrammarError> check_header_fields(
     return bad("no Host header field in an HTTP/1.1 request");
   }
   return std::nullopt;
+}
+
+std::string ascii_lower(std::string_view s) {
+  std::string out(s);
+  std::transform(out.begin(), out.end(), out.begin(), [](unsigned char c) {
+    return static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+  });
+  return out;
+}
+
+std::string_view HeaderListElement::param(std::string_view name) const {
+  for (const auto& [n, v] : params) {
+    if (n == name) return v;
+  }
+  return {};
+}
+
+std::vector<HeaderListElement> parse_header_list(std::string_view value) {
+  const auto trim = [](std::string_view t) {
+    while (!t.empty() && (t.front() == ' ' || t.front() == '\t')) t.remove_prefix(1);
+    while (!t.empty() && (t.back() == ' ' || t.back() == '\t')) t.remove_suffix(1);
+    return t;
+  };
+  std::vector<HeaderListElement> out;
+  while (true) {
+    const std::size_t comma = value.find(',');
+    std::string_view item = value.substr(0, comma);
+    HeaderListElement e;
+    bool first = true;
+    while (true) {
+      const std::size_t semi = item.find(';');
+      const std::string_view part = trim(item.substr(0, semi));
+      if (first) {
+        e.token = ascii_lower(part);
+        first = false;
+      } else if (const auto eq = part.find('='); eq != std::string_view::npos) {
+        std::string name = ascii_lower(trim(part.substr(0, eq)));
+        std::string_view v = trim(part.substr(eq + 1));
+        if (v.size() >= 2 && v.front() == '"' && v.back() == '"') v = v.substr(1, v.size() - 2);
+        if (name == "q") {
+          double q = 0;
+          const auto res = std::from_chars(v.data(), v.data() + v.size(), q);
+          const bool whole = res.ec == std::errc() && res.ptr == v.data() + v.size();
+          e.q = whole && q >= 0 && q <= 1 ? q : 0;
+        } else {
+          e.params.emplace_back(std::move(name), std::string(v));
+        }
+      }
+      if (semi == std::string_view::npos) break;
+      item.remove_prefix(semi + 1);
+    }
+    if (!e.token.empty()) out.push_back(std::move(e));
+    if (comma == std::string_view::npos) break;
+    value.remove_prefix(comma + 1);
+  }
+  return out;
 }
 
 }  // namespace ebpf_metricsd

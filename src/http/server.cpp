@@ -52,20 +52,8 @@ unsigned worker_threads() { return std::min(cores(), 8u); }  // bcrypt, and rend
 // Whether an Accept-Encoding value accepts gzip (with a q-value above 0).
 bool accepts_gzip(std::optional<std::string_view> header) {
   if (!header) return false;
-  std::string_view rest = *header;
-  while (!rest.empty()) {
-    const auto comma = rest.find(',');
-    std::string_view item = rest.substr(0, comma);
-    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
-    while (!item.empty() && (item.front() == ' ' || item.front() == '\t')) item.remove_prefix(1);
-    if (item.size() < 4 || strncasecmp(item.data(), "gzip", 4) != 0) continue;
-    std::string_view params = item.substr(4);
-    while (!params.empty() && params.front() == ' ') params.remove_prefix(1);
-    if (params.empty()) return true;
-    if (params.front() != ';') continue;  // "gzipfoo"
-    const auto q = params.find("q=");
-    if (q == std::string_view::npos) return true;
-    return std::strtod(std::string(params.substr(q + 2)).c_str(), nullptr) > 0;
+  for (const HeaderListElement& e : parse_header_list(*header)) {
+    if (e.token == "gzip") return e.q > 0;
   }
   return false;
 }
@@ -154,16 +142,11 @@ int no_certificate(gnutls_session_t, const gnutls_datum_t*, int, const gnutls_pk
   return -1;
 }
 
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (auto& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
 
 }  // namespace
 
 std::optional<std::string_view> HttpRequest::header(std::string_view name) const {
-  const std::string key = lower(name);
+  const std::string key = ascii_lower(name);
   for (const auto& [n, v] : headers) {
     if (n == key) return v;
   }
@@ -273,7 +256,7 @@ std::vector<std::pair<std::string, std::string>> values_of(MHD_Connection* c, MH
       [](void* cls, MHD_ValueKind k, const char* key, const char* value) -> MHD_Result {
         const std::string name = key ? key : "";
         static_cast<std::vector<std::pair<std::string, std::string>>*>(cls)->emplace_back(
-            k == MHD_HEADER_KIND ? lower(name) : name, value ? value : "");
+            k == MHD_HEADER_KIND ? ascii_lower(name) : name, value ? value : "");
         return MHD_YES;
       },
       &out);

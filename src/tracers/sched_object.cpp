@@ -40,7 +40,13 @@ std::shared_ptr<SchedObject> SchedObject::acquire(HookProber& prober, HookPrefer
       kernel_allocators().hash_elements ? SCHED_MAX_LABEL_SETS : 1;
   obj->entries_ = live ? live->entries_ : MapEntries{unlabelled, unlabelled};
   if (wanted) obj->entries_[map] = *wanted;
-  obj->slow_ = slow ? *slow : live ? live->slow_ : SlowOptions{};
+  // offcpu_time's capture: the one it asks for, else the live object's while it uses it.
+  obj->slow_ = slow ? *slow : SlowOptions{};
+  if (!slow && live) {
+    for (const SchedHistTracer* other : live->users_) {
+      if (const auto s = other->slow_capture()) obj->slow_ = *s;
+    }
+  }
   // sched_switch gained prev_state in 5.18: the 3-argument programs read it from the task.
   obj->switch_3arg_ = tracepoint_arg_count("sched_switch").value_or(4) == 3;
   if (live) {

@@ -188,15 +188,16 @@ TEST_CASE("slow off-CPU waits: each blocked read at or above the threshold is an
   // runqueue_latency loaded the shared object without slow capture: offcpu_time's reloads it,
   // and runqueue_latency moves onto the new one.
   auto runq = test::start_tracer(store, "runqueue_latency", "    hook: " + hook + "\n");
-  // Every thread's wait of 100 ms or more is sent (idle threads wake after long sleeps): the
-  // highest limit leaves room for the machine's own.
+  // Every thread's wait of 125 ms or more is sent (idle threads wake after long sleeps): the
+  // highest limit leaves room for the machine's own. 125 ms is a bucket bound: every wait
+  // counted above it is an event.
   auto offcpu = test::start_tracer(store, "offcpu_time",
                                    "    hook: " + hook +
-                                       "\n    comm: true\n    slow:\n      threshold: 100ms\n"
+                                       "\n    comm: true\n    slow:\n      threshold: 125ms\n"
                                        "      max_per_second: 1000\n",
                                    &profiles);
-  // A child blocks in slow_read_in_known_function's read, each time for at least 150 ms.
-  test::SlowReader reader(kSlowReads, std::chrono::milliseconds(150));
+  // A child blocks in slow_read_in_known_function's read, each time for at least 300 ms.
+  test::SlowReader reader(kSlowReads, std::chrono::milliseconds(300));
   const pid_t child = reader.pid();
   const auto ours = test::wait_for_slow_events(offcpu, profiles, metric, kSlowReads,
                                                [&](const profiling::SlowEvent& e) {
@@ -204,13 +205,41 @@ TEST_CASE("slow off-CPU waits: each blocked read at or above the threshold is an
                                                         static_cast<std::uint32_t>(child);
                                                });
   CHECK(reader.finish() == 0);
+  // Nothing lost: the reader's comm series counted as many waits above 125 ms as there are
+  // events of that comm (two drains: an event sent as a drain reads the histogram is taken
+  // by the next).
+  offcpu->drain();
+  offcpu->drain();
+  {
+    const test::Labels comm = {{"comm", test::SlowReader::kComm}};
+    const auto fams = test::collect(store);
+    const auto* m = test::find_series(fams, metric, comm);
+    REQUIRE(m != nullptr);
+    std::uint64_t at_or_below = 0;
+    for (const auto& b : m->histogram.bucket) {
+      if (b.upper_bound <= 0.125) at_or_below = b.cumulative_count;
+    }
+    std::size_t events = 0;
+    std::string latencies;
+    profiling::SlowEventStore::Query all;
+    all.metric = metric;
+    for (const auto& e : profiles.slow_events().query(all).events) {
+      if (e.comm != test::SlowReader::kComm) continue;
+      ++events;
+      latencies += std::to_string(e.pid) + ":" + std::to_string(e.latency_ns / 1000000) + "ms ";
+    }
+    INFO("events of the reader's comm: " << latencies << "| histogram: " << m->histogram.sample_count
+                                         << " waits, " << at_or_below << " of them up to 125 ms");
+    CHECK(events == m->histogram.sample_count - at_or_below);
+  }
+  // The limit, the ring and the stack map are the whole machine's: other threads' long
+  // waits may use them up on a busy host. Shown, not asserted: the child's events are.
   const auto fams = test::collect(store);
   for (const char* reason :
        {"slow_limited", "slow_ring_full", "slow_queue_full", "slow_stack_lost"}) {
     const auto* d = test::find_series(fams, "ebpf_metricsd_dropped_events_total",
                                       {{"tracer", "offcpu_time"}, {"reason", reason}});
-    INFO(reason << " " << (d ? d->counter.value : 0));
-    CHECK((d == nullptr || d->counter.value == 0));
+    UNSCOPED_INFO(reason << " " << (d ? d->counter.value : 0));
   }
   REQUIRE(ours.size() == kSlowReads);
 
@@ -219,7 +248,7 @@ TEST_CASE("slow off-CPU waits: each blocked read at or above the threshold is an
   const auto window = profiles.slow_events().query(q);
   for (const auto& e : ours) {
     INFO("stack " << profiling::stack_id_text(e.stack_id));
-    CHECK(e.latency_ns >= 150'000'000);
+    CHECK(e.latency_ns >= 300'000'000);
     CHECK(e.series == std::vector<std::pair<std::string, std::string>>{{"comm", e.comm}});
     REQUIRE(window.stacks.count(e.stack_id) == 1);
     bool user = false, kernel = false;
@@ -269,7 +298,7 @@ TEST_CASE("slow off-CPU waits: each blocked read at or above the threshold is an
   MetricStore labelled;  // the same metric with a label more: another store
   runq = test::start_tracer(labelled, "runqueue_latency",
                             "    hook: " + hook + "\n    comm: true\n    label_map_entries: 512\n");
-  test::SlowReader again(2, std::chrono::milliseconds(150));
+  test::SlowReader again(2, std::chrono::milliseconds(300));
   const auto after_move = test::wait_for_slow_events(
       offcpu, profiles, metric, 2, [&](const profiling::SlowEvent& e) {
         return e.pid == static_cast<std::uint32_t>(again.pid());

@@ -539,6 +539,23 @@ TEST_CASE("heads libmicrohttpd refuses itself: 400 and close, or a close; the se
   CHECK(http_get(port, "/metrics").status == 200);
 }
 
+TEST_CASE("list-valued header fields: tokens, parameters and weights") {
+  const auto list = parse_header_list(
+      " Application/OpenMetrics-Text; Version=\"1.0.0\" ;q=0.5,text/plain, gzip;q=x,,br;q=2");
+  REQUIRE(list.size() == 4);
+  CHECK(list[0].token == "application/openmetrics-text");
+  CHECK(list[0].param("version") == "1.0.0");
+  CHECK(list[0].q == 0.5);
+  CHECK(list[0].params.size() == 1);  // q is a weight, not a parameter
+  CHECK(list[1].token == "text/plain");
+  CHECK(list[1].q == 1);
+  CHECK(list[1].param("version").empty());
+  CHECK(list[2].q == 0);  // a weight that is no number refuses the element
+  CHECK(list[3].q == 0);  // so does one above 1
+  CHECK(parse_header_list("").empty());
+  CHECK(ascii_lower("GZip-\xC3\x84") == "gzip-\xC3\x84");
+}
+
 TEST_CASE("request grammar: targets and header fields") {
   CHECK_FALSE(check_request_target("/metrics?x=1&y=%2F"));
   CHECK(check_request_target("metrics")->status == 400);

@@ -42,4 +42,19 @@ std::optional<GrammarError> check_header_fields(
     const std::vector<std::pair<std::string_view, std::string_view>>& fields,
     std::string_view version);
 
+// `s` in ASCII lower case (header names, tokens: case-insensitive).
+std::string ascii_lower(std::string_view s);
+
+// One element of a list-valued header field (RFC 9110 5.6.1) such as Accept or
+// Accept-Encoding: `token;name=value;...` with its weight (RFC 9110 12.4.2).
+struct HeaderListElement {
+  std::string token;  // lower-cased: "text/plain", "gzip"
+  // Names lower-cased, values unquoted, as sent; q is not among them.
+  std::vector<std::pair<std::string, std::string>> params;
+  double q = 1;  // 0..1; a q that is not a number in that range is 0 (the element refused)
+  // The value of parameter `name` (lower case), "" when absent.
+  std::string_view param(std::string_view name) const;
+};
+std::vector<HeaderListElement> parse_header_list(std::string_view value);
+
 }  // namespace ebpf_metricsd
