@@ -20,7 +20,7 @@ set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
 set(CPACK_PACKAGE_CONTACT "ebpf-metricsd maintainers <ebpf-metricsd@localhost>")
 set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "eBPF tracers exported as Prometheus metrics")
 set(CPACK_DEBIAN_PACKAGE_DESCRIPTION
-    "Loads eBPF tracers into the kernel (syscall, TCP connect, packet transmit, run-queue\nlatency, off-CPU time, page faults, kmalloc, page cache, block I/O, OOM kills) and\nserves what they measure on /metrics for Prometheus; profiles (on-CPU and off-CPU\nstacks) as pprof and a flame graph page.")
+    "Loads eBPF tracers into the kernel and serves what they measure on /metrics for\nPrometheus: syscall_latency, tcp_connect_latency, net_xmit_latency,\nrunqueue_latency, offcpu_time, page_faults, kmalloc, page_cache, block_io and\noom_kills; and profile: on-CPU and off-CPU stacks as pprof and a flame graph page.")
 set(CPACK_DEBIAN_PACKAGE_SECTION admin)
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_STRIP_FILES ON)
