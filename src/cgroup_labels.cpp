@@ -21,8 +21,8 @@ std::shared_ptr<CgroupNames> shared_names() {
 CgroupLabelOptions CgroupLabelOptions::read(YamlMapReader& options) {
   CgroupLabelOptions o;
   o.on = options.get_bool("cgroup", false);
-  o.map_entries = static_cast<std::uint32_t>(
-      options.get_int("label_map_entries", o.map_entries, 1, 1'000'000));
+  o.map_entries =
+      static_cast<std::uint32_t>(options.get_int("label_map_entries", o.map_entries, 1, 1'000'000));
   return o;
 }
 

@@ -60,7 +60,7 @@ std::string_view pod_uid_of(std::string_view component) {
 
 std::string cgroup_unit_or_path(const std::string& path) {
   const auto slash = path.rfind('/');
-  const std::string last = slash == std::string::npos ? path : path.substr(slash + 1);
+  std::string last = slash == std::string::npos ? path : path.substr(slash + 1);
   static const char* const unit_suffixes[] = {".service", ".scope", ".socket",
                                               ".mount",   ".swap",  ".slice"};
   for (const char* suffix : unit_suffixes) {

@@ -50,7 +50,8 @@ Config parse_config(const std::string& yaml_text, const std::string& file_name) 
     std::unique_ptr<btf, void (*)(btf*)> parsed(btf__parse(cfg.btf_path.c_str(), nullptr),
                                                 btf__free);
     if (!parsed) {
-      top.fail("btf_path", "cannot read BTF from " + quoted_excerpt(cfg.btf_path, 200, false) + ": " + std::strerror(errno));
+      top.fail("btf_path", "cannot read BTF from " + quoted_excerpt(cfg.btf_path, 200, false) +
+                               ": " + std::strerror(errno));
     }
   }
 

@@ -138,16 +138,16 @@ void Daemon::notify_ready() {
 }
 
 std::unique_ptr<WebServer> Daemon::make_web(const WebSettings& settings) {
-  std::vector<Route> routes = exporter_routes(
-      [store = store_](ExpositionFormat format) { return render(*store, format); },
-      [tracers = std::weak_ptr<TracerSet>(tracers_)] {
-        const auto t = tracers.lock();
-        return landing_page(t ? t->statuses() : std::vector<TracerStatus>());
-      },
-      [drain = std::weak_ptr<DrainLoop>(drain_)] {
-        const auto d = drain.lock();
-        return d && d->healthy();
-      });
+  std::vector<Route> routes =
+      exporter_routes([store = store_](ExpositionFormat format) { return render(*store, format); },
+                      [tracers = std::weak_ptr<TracerSet>(tracers_)] {
+                        const auto t = tracers.lock();
+                        return landing_page(t ? t->statuses() : std::vector<TracerStatus>());
+                      },
+                      [drain = std::weak_ptr<DrainLoop>(drain_)] {
+                        const auto d = drain.lock();
+                        return d && d->healthy();
+                      });
   for (Route& r : profiling::profile_routes(profiles_)) routes.push_back(std::move(r));
   return std::make_unique<WebServer>(settings, std::move(routes));
 }

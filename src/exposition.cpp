@@ -32,9 +32,10 @@ std::string landing_page(const std::vector<TracerStatus>& states) {
   std::string rows;
   for (const auto& s : states) {
     const std::string state = !s.enabled ? "disabled" : s.up ? "up" : "failed";
-    rows += "<tr><td>" + html_escape(s.name) + "</td><td>" + html_escape(s.summary) +
-            "</td><td class=\"" + state + "\">" + state + "</td><td>" + html_escape(s.hook) +
-            "</td><td>" + html_escape(s.error) + "</td></tr>\n";
+    rows.append("<tr><td>").append(html_escape(s.name)).append("</td><td>");
+    rows.append(html_escape(s.summary)).append("</td><td class=\"").append(state).append("\">");
+    rows.append(state).append("</td><td>").append(html_escape(s.hook)).append("</td><td>");
+    rows.append(html_escape(s.error)).append("</td></tr>\n");
   }
   return "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>ebpf-metricsd</title>"
          "<style>body{font-family:sans-serif;margin:2em}td,th{padding:.3em .8em;"

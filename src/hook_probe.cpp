@@ -214,7 +214,8 @@ HookKind require_hook(HookProber& prober, std::span<const std::string> tracepoin
     for (const auto& tp : tracepoints) {
       const std::string f = prober.failure(kind, tp);
       if (f.empty()) continue;
-      why += (why.empty() ? "" : "; ") + std::string(hook_name(kind)) + "/" + tp + ": " + f;
+      if (!why.empty()) why += "; ";
+      why.append(hook_name(kind)).append("/").append(tp).append(": ").append(f);
     }
   }
   throw BpfError("no usable hook" + (why.empty() ? std::string() : ": " + why));

@@ -42,10 +42,10 @@ std::size_t round8(std::size_t n) { return (n + 7) / 8 * 8; }
 // value, per-CPU values for every possible CPU) at creation.
 std::size_t preallocated_size(const bpf_map* map) {
   constexpr std::size_t kElementHeader = 48;  // struct htab_elem before the key
-  const std::size_t values = is_percpu(bpf_map__type(map))
-                                 ? round8(bpf_map__value_size(map)) *
-                                       static_cast<std::size_t>(possible_cpus())
-                                 : round8(bpf_map__value_size(map));
+  const std::size_t values =
+      is_percpu(bpf_map__type(map))
+          ? round8(bpf_map__value_size(map)) * static_cast<std::size_t>(possible_cpus())
+          : round8(bpf_map__value_size(map));
   return bpf_map__max_entries(map) * (kElementHeader + round8(bpf_map__key_size(map)) + values);
 }
 
@@ -54,9 +54,9 @@ std::size_t preallocated_size(const bpf_map* map) {
 // bpf_cgrp_storage_get (6.2) is newer than the build's kernel headers: it follows
 // bpf_user_ringbuf_drain in the kernel's helper list.
 constexpr int kCgrpStorageGet = BPF_FUNC_user_ringbuf_drain + 1;
-constexpr std::array<int, 4> kStorageGetHelpers = {
-    BPF_FUNC_task_storage_get, BPF_FUNC_sk_storage_get, BPF_FUNC_inode_storage_get,
-    kCgrpStorageGet};
+constexpr std::array<int, 4> kStorageGetHelpers = {BPF_FUNC_task_storage_get,
+                                                   BPF_FUNC_sk_storage_get,
+                                                   BPF_FUNC_inode_storage_get, kCgrpStorageGet};
 
 enum class StorageUse { None, Direct, Unknown };
 
@@ -123,7 +123,7 @@ bool hook_holds_scheduler_locks(std::string_view section) {
   // The tracepoint is the last part of the section: tp_btf/sched_switch,
   // raw_tp/sched_switch, tracepoint/sched/sched_switch.
   static constexpr std::array<std::string_view, 7> kLocked = {
-      "sched_switch",       "sched_wakeup",    "sched_wakeup_new", "sched_waking",
+      "sched_switch",       "sched_wakeup",     "sched_wakeup_new",  "sched_waking",
       "sched_migrate_task", "sched_pi_setprio", "sched_stat_runtime"};
   const auto slash = section.rfind('/');
   if (slash == std::string_view::npos) return false;
@@ -166,8 +166,7 @@ HostSafetyReport make_host_safe(bpf_object* obj, const KernelAllocators& kernel)
   }
   bpf_map* map;
   bpf_object__for_each_map(map, obj) {
-    if (kernel.hash_elements || !bpf_map__autocreate(map) || !is_hash(bpf_map__type(map)))
-      continue;
+    if (kernel.hash_elements || !bpf_map__autocreate(map) || !is_hash(bpf_map__type(map))) continue;
     const __u32 flags = bpf_map__map_flags(map);
     if (!(flags & BPF_F_NO_PREALLOC)) continue;
     if (int err = bpf_map__set_map_flags(map, flags & ~static_cast<__u32>(BPF_F_NO_PREALLOC)))

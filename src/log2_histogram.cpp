@@ -1,5 +1,5 @@
-#include <algorithm>
 #include "ebpf_metricsd/log2_histogram.h"
+#include <algorithm>
 
 #include <cmath>
 #include <numeric>
@@ -131,8 +131,8 @@ Log2Layout read_buckets(YamlMapReader& options, const Log2Layout& defaults) {
     // holds it.
     if (!round_up && exp == lowest - 1 && amount >= (seconds ? 1e-9 : 1.0)) exp = lowest;
     if (exp < lowest || exp > highest) {
-      range.fail(key, quoted_excerpt(text) + " is outside " + format_power(lowest, seconds) + " .. " +
-                          format_power(highest, seconds));
+      range.fail(key, quoted_excerpt(text) + " is outside " + format_power(lowest, seconds) +
+                          " .. " + format_power(highest, seconds));
     }
     return exp;
   };

@@ -119,13 +119,16 @@ int main(int argc, char** argv) {
     if (arg == "--help" || arg == "-h") {
       std::cout << kUsage;
       return 0;
-    } else if (arg == "--version") {
+    }
+    if (arg == "--version") {
       std::cout << "ebpf-metricsd " EBPF_METRICSD_VERSION "\n";
       return 0;
-    } else if (arg == "--list-tracers") {
+    }
+    if (arg == "--list-tracers") {
       for (const auto& d : ebpf_metricsd::tracer_registry()) std::cout << d.name << "\n";
       return 0;
-    } else if (arg == "--check-config") {
+    }
+    if (arg == "--check-config") {
       check_config = true;
     } else if (arg == "--strict") {
       options.strict = true;

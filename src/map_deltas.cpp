@@ -120,7 +120,9 @@ void CounterDrain::drain_hash(int map_fd, std::size_t key_size, const Labels& la
                               const PerCpuDeltas::Retire& retire) {
   deltas_.drain_hash(
       map_fd, key_size,
-      [&](const void* key, const std::uint64_t* delta) { scope_.add(metric_, labels(key), delta[0]); },
+      [&](const void* key, const std::uint64_t* delta) {
+        scope_.add(metric_, labels(key), delta[0]);
+      },
       retire);
 }
 

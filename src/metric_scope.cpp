@@ -13,8 +13,7 @@ MetricSpec dropped_events_spec() {
 
 }  // namespace
 
-MetricScope::MetricScope(MetricStore& store, std::string tracer,
-                         profiling::ProfileStore* profiles)
+MetricScope::MetricScope(MetricStore& store, std::string tracer, profiling::ProfileStore* profiles)
     : store_(store),
       tracer_(std::move(tracer)),
       profiles_(profiles),

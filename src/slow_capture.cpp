@@ -29,8 +29,10 @@ double realtime_of(std::uint64_t monotonic_ns) {
   timespec mono{}, real{};
   clock_gettime(CLOCK_MONOTONIC, &mono);
   clock_gettime(CLOCK_REALTIME, &real);
-  const double now_mono = static_cast<double>(mono.tv_sec) + mono.tv_nsec * 1e-9;
-  const double now_real = static_cast<double>(real.tv_sec) + real.tv_nsec * 1e-9;
+  const double now_mono =
+      static_cast<double>(mono.tv_sec) + static_cast<double>(mono.tv_nsec) * 1e-9;
+  const double now_real =
+      static_cast<double>(real.tv_sec) + static_cast<double>(real.tv_nsec) * 1e-9;
   return now_real - (now_mono - static_cast<double>(monotonic_ns) * 1e-9);
 }
 
@@ -50,8 +52,8 @@ SlowOptions SlowOptions::read(YamlMapReader& options) {
   if (o.threshold_ns < 1000 || o.threshold_ns > 3600ULL * 1000000000ULL) {
     slow.fail("threshold", "must be from 1us to 1h");
   }
-  o.max_per_second = static_cast<std::uint32_t>(
-      slow.get_int("max_per_second", o.max_per_second, 1, 1000));
+  o.max_per_second =
+      static_cast<std::uint32_t>(slow.get_int("max_per_second", o.max_per_second, 1, 1000));
   slow.finish();
   return o;
 }
@@ -104,7 +106,7 @@ void SlowCapture::start(bpf_map* map) {
   }
   ring_.reset(ring_buffer__new(bpf_map__fd(map), &SlowCapture::on_event, this, nullptr));
   if (!ring_) throw std::runtime_error("slow events: cannot read the ring buffer");
-  thread_ = std::jthread([this](std::stop_token stop) {
+  thread_ = std::jthread([this](const std::stop_token& stop) {
     while (!stop.stop_requested()) ring_buffer__poll(ring_.get(), 100);
   });
 }
@@ -121,14 +123,20 @@ int SlowCapture::on_event(void* self_ptr, void* data, std::size_t size) {
     return 0;
   }
   auto frames_of = [](const __u64* ips, __s32 len) {
-    const std::size_t n = len > 0 ? std::min<std::size_t>(static_cast<std::size_t>(len) / 8,
-                                                          EMD_SLOW_MAX_DEPTH)
-                                  : 0;
+    const std::size_t n =
+        len > 0 ? std::min<std::size_t>(static_cast<std::size_t>(len) / 8, EMD_SLOW_MAX_DEPTH) : 0;
     return std::span<const std::uint64_t>(reinterpret_cast<const std::uint64_t*>(ips), n);
   };
-  Pending p{e->ts, e->latency_ns, e->cgroup, e->key, e->tgid, e->tid, e->slot,
+  Pending p{e->ts,
+            e->latency_ns,
+            e->cgroup,
+            e->key,
+            e->tgid,
+            e->tid,
+            e->slot,
             std::string(e->comm, strnlen(e->comm, sizeof e->comm)),
-            std::string(e->label, strnlen(e->label, sizeof e->label)), {}};
+            std::string(e->label, strnlen(e->label, sizeof e->label)),
+            {}};
   p.frames = self->store_->symbolize(e->tgid, frames_of(e->kstack, e->kstack_len),
                                      frames_of(e->ustack, e->ustack_len));
   std::lock_guard lock(self->mutex_);
@@ -152,7 +160,8 @@ void SlowCapture::begin_drain() {
 }
 
 void SlowCapture::drain(
-    const std::function<MetricStore::LabelValues(std::uint64_t key, std::string_view label)>& series,
+    const std::function<MetricStore::LabelValues(std::uint64_t key, std::string_view label)>&
+        series,
     const std::vector<std::string>& names) {
   std::deque<Pending> arrived;
   arrived.swap(taken_);

@@ -124,11 +124,12 @@ std::int64_t YamlMapReader::get_int(const std::string& key, std::int64_t fallbac
   } catch (const std::exception&) {
     used = 0;
   }
-  if (used == 0 || used != s.size()) fail_at(n, key, "expected an integer, got " + quoted_excerpt(s));
+  if (used == 0 || used != s.size())
+    fail_at(n, key, "expected an integer, got " + quoted_excerpt(s));
   if (v < min || v > max) {
     fail_at(n, key,
-"value " + quoted_excerpt(s, 48, false) + " is out of range [" + std::to_string(min) + ", " + std::to_string(max) +
-                "]");
+            "value " + quoted_excerpt(s, 48, false) + " is out of range [" + std::to_string(min) +
+                ", " + std::to_string(max) + "]");
   }
   return v;
 }
@@ -149,8 +150,8 @@ std::chrono::milliseconds YamlMapReader::get_duration(const std::string& key,
   }
   if (d < min || d > max) {
     fail_at(n, key,
-            "duration " + quoted_excerpt(n.Scalar(), 48, false) + " is out of range [" + format_duration(min) + ", " +
-                format_duration(max) + "]");
+            "duration " + quoted_excerpt(n.Scalar(), 48, false) + " is out of range [" +
+                format_duration(min) + ", " + format_duration(max) + "]");
   }
   return d;
 }
@@ -256,7 +257,9 @@ void reject_duplicate_keys(const YAML::Node& node, const std::string& file_name,
   for (const auto& kv : node) {
     if (!kv.first.IsScalar()) continue;  // reported as "keys must be scalars" where read
     const std::string& key = kv.first.Scalar();
-    const std::string key_path = path.empty() ? key : path + "." + key;
+    std::string key_path = path;
+    if (!key_path.empty()) key_path += '.';
+    key_path += key;
     const auto [it, fresh] = seen.emplace(key, kv.first.Mark());
     if (!fresh) {
       throw ConfigError(location(file_name, kv.first) + ": " + key_path +
@@ -299,8 +302,9 @@ class EventGuard : public YAML::EventHandler {
     scalar_done("");
   }
   void OnAlias(const YAML::Mark& m, YAML::anchor_t) override {
-    refuse(m, "a YAML alias (*name); anchors and aliases are not accepted in this config "
-              "(no setting needs them): write the value out");
+    refuse(m,
+           "a YAML alias (*name); anchors and aliases are not accepted in this config "
+           "(no setting needs them): write the value out");
   }
   void OnScalar(const YAML::Mark& m, const std::string&, YAML::anchor_t anchor,
                 const std::string& value) override {
@@ -352,8 +356,9 @@ class EventGuard : public YAML::EventHandler {
   void node(const YAML::Mark& m, YAML::anchor_t anchor) {
     if (!first) first = m;
     if (anchor != YAML::NullAnchor) {
-      refuse(m, "a YAML anchor (&name); anchors and aliases are not accepted in this config "
-                "(no setting needs them): write the value out");
+      refuse(m,
+             "a YAML anchor (&name); anchors and aliases are not accepted in this config "
+             "(no setting needs them): write the value out");
     }
     if (++nodes_ > kMaxConfigNodes) {
       refuse(m, "more than " + std::to_string(kMaxConfigNodes) +

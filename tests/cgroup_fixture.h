@@ -81,8 +81,7 @@ class TestCgroup {
   // `blocked_switch_outs` (SchedOracle's count at the same tracepoint): each write then also
   // waits for one more blocked switch-out since the previous write, so there are at least
   // `n`, each in its own window, and each one returned (the child acknowledged a later write).
-  rusage run_blocking_reads(int n,
-                            const std::function<std::uint64_t()>& blocked_switch_outs = {}) {
+  rusage run_blocking_reads(int n, const std::function<std::uint64_t()>& blocked_switch_outs = {}) {
     int data[2], ack[2];
     if (pipe2(data, O_CLOEXEC) != 0 || pipe2(ack, O_CLOEXEC) != 0)
       throw std::runtime_error("pipe2");
@@ -133,8 +132,7 @@ class TestCgroup {
     const int status = wait_for(pid, &ru);
     if (failed.empty() && (!WIFEXITED(status) || WEXITSTATUS(status) != 0))
       failed = "the child failed";
-    if (!failed.empty())
-      throw std::runtime_error("the blocking reads in " + path_ + ": " + failed);
+    if (!failed.empty()) throw std::runtime_error("the blocking reads in " + path_ + ": " + failed);
     return ru;
   }
   // A child born in this cgroup that runs `fn` and exits (1 when it throws).
@@ -273,8 +271,7 @@ class MemoryLimit {
 
   // In the child: join the v1 cgroup (under v2 it was born inside the limit).
   void enter() const {
-    if (!v1_.empty() && !write(v1_ + "/cgroup.procs", "0"))
-      throw std::runtime_error("join " + v1_);
+    if (!v1_.empty() && !write(v1_ + "/cgroup.procs", "0")) throw std::runtime_error("join " + v1_);
   }
   // The controller's oom_kill count (memory.events, or v1's memory.oom_control).
   std::uint64_t kills() const {

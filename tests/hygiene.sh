@@ -25,10 +25,15 @@ echo "clang-format: ${#cxx[@]} files as .clang-format says"
 
 [[ -f $build/compile_commands.json ]] || { echo "$build/compile_commands.json is missing" >&2; exit 1; }
 mapfile -t sources < <(find src -name '*.cpp' | sort)
-# Two at a time: the checks parse each file with all its headers.
+# Two at a time: the checks parse each file with all its headers. Not reported: what the
+# compiler flags allow but clang would warn about in libbpf's option macros (statement
+# expressions, compound literals) and in the generated skeletons (their object as one long
+# string), and gcc's warning options clang does not know.
 if ! printf '%s\n' "${sources[@]}" |
     xargs -P 2 -n 4 clang-tidy -p "$build" --quiet --warnings-as-errors='*' \
-      --extra-arg=-Wno-unknown-warning-option >"$build/clang-tidy.log" 2>&1; then
+      --extra-arg=-Wno-unknown-warning-option --extra-arg=-Wno-gnu-statement-expression \
+      --extra-arg=-Wno-c99-extensions --extra-arg=-Wno-overlength-strings \
+      >"$build/clang-tidy.log" 2>&1; then
   grep -E "warning:|error:" "$build/clang-tidy.log" >&2 || cat "$build/clang-tidy.log" >&2
   echo "clang-tidy found the above (.clang-tidy; full log in $build/clang-tidy.log)" >&2
   exit 1

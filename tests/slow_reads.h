@@ -44,8 +44,8 @@ __attribute__((noinline)) inline long write_in_known_function(int fd, const void
   register long r10 asm("r10") = offset;
   asm volatile("syscall"
                : "=a"(ret)
-               : "0"(static_cast<long>(SYS_pwrite64)), "D"(static_cast<long>(fd)), "S"(buf),
-                 "d"(n), "r"(r10)
+               : "0"(static_cast<long>(SYS_pwrite64)), "D"(static_cast<long>(fd)), "S"(buf), "d"(n),
+                 "r"(r10)
                : "rcx", "r11", "memory");
   return ret;
 #else

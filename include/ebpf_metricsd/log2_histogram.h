@@ -29,7 +29,7 @@ struct Log2Layout {
   static Log2Layout bytes(int min_exp, int max_exp);
   bool is_seconds() const { return units_per_base != 1.0; }
 
-  std::size_t finite_buckets() const { return static_cast<std::size_t>(max_exp - min_exp + 1); }
+  std::size_t finite_buckets() const { return static_cast<std::size_t>(max_exp - min_exp) + 1; }
   // Upper bound of classic bucket i: exactly 2^(min_exp + i).
   double upper_bound(std::size_t i) const;
   // Exponent of slot k >= 1 (its native bucket index under schema 0).

@@ -27,8 +27,7 @@ class PerCpuDeltas {
   // Visits every key of a PERCPU_HASH whose value changed; deletes the entries of
   // unchanged keys that `retire` names, so that a map keyed by short-lived owners (cgroups)
   // does not fill up with the dead.
-  void drain_hash(int map_fd, std::size_t key_size, const Visit& visit,
-                  const Retire& retire = {});
+  void drain_hash(int map_fd, std::size_t key_size, const Visit& visit, const Retire& retire = {});
   // Entries deleted so far by drain_hash.
   std::uint64_t retired() const { return retired_; }
   // The next drain only takes the map's current values as the baseline, visiting nothing:

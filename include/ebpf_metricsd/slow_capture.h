@@ -25,7 +25,6 @@
 
 namespace ebpf_metricsd {
 
-
 class SlowCapture {
  public:
   // Slow events of histogram `metric` (named `metric_name`); `labels`: the tracer's workload
@@ -73,9 +72,9 @@ class SlowCapture {
   // On the drain thread, after: keeps what begin_drain took and sets the exemplars.
   // `series(key, label)`: the label values of the series the event was counted in (from its
   // key and label text), without the workload labels; `names`: their names.
-  void drain(
-      const std::function<MetricStore::LabelValues(std::uint64_t key, std::string_view label)>& series,
-      const std::vector<std::string>& names);
+  void drain(const std::function<MetricStore::LabelValues(std::uint64_t key,
+                                                          std::string_view label)>& series,
+             const std::vector<std::string>& names);
 
  private:
   struct Pending;

@@ -65,8 +65,8 @@ TracerDescriptor descriptor_with_owned_histogram(std::string name, std::string s
                                                  Log2Layout default_buckets, bool slow = false) {
   return {std::move(name), std::move(summary),
           [default_buckets, slow](YamlMapReader& options) -> std::any {
-            OwnedHistogramOptions o{read_buckets(options, default_buckets),
-                                    CgroupLabelOptions::read(options), {}};
+            OwnedHistogramOptions o{
+                read_buckets(options, default_buckets), CgroupLabelOptions::read(options), {}};
             if (slow) o.slow = SlowOptions::read(options);
             return o;
           },

@@ -2,8 +2,8 @@
 
 #include <stdexcept>
 
-#include "ebpf_metricsd/yaml_reader.h"
 #include "ebpf_metricsd/http/server.h"
+#include "ebpf_metricsd/yaml_reader.h"
 
 namespace ebpf_metricsd {
 
@@ -42,8 +42,8 @@ SplitAddress split(const std::string& address) {
   if (out.host == "localhost") out.host = "127.0.0.1";
   unsigned char buf[sizeof(in6_addr)];
   if (!out.host.empty() && inet_pton(out.ipv6 ? AF_INET6 : AF_INET, out.host.c_str(), buf) != 1) {
-    out.error = "invalid IP address " + quoted_excerpt(out.host) +
-                " (use a numeric address or localhost)";
+    out.error =
+        "invalid IP address " + quoted_excerpt(out.host) + " (use a numeric address or localhost)";
   }
   return out;
 }
@@ -53,7 +53,8 @@ std::string validate_listen_address(const std::string& address) { return split(a
 
 sockaddr_storage resolve_listen_address(const std::string& address, bool ipv6_available) {
   const SplitAddress a = split(address);
-  if (!a.error.empty()) throw std::invalid_argument(quoted_excerpt(address, 200, false) + ": " + a.error);
+  if (!a.error.empty())
+    throw std::invalid_argument(quoted_excerpt(address, 200, false) + ": " + a.error);
   sockaddr_storage ss{};
   const auto port = htons(static_cast<uint16_t>(std::stoi(a.port)));
   if (a.ipv6 || (a.host.empty() && ipv6_available)) {

@@ -31,8 +31,8 @@ namespace ebpf_metricsd {
 namespace {
 
 using http_internal::DeadlineWatch;
-using http_internal::WatchedSocket;
 using http_internal::DelayedJobs;
+using http_internal::WatchedSocket;
 using http_internal::WorkQueue;
 
 // Each connection's memory for the request head, the library's record of each header field
@@ -142,7 +142,6 @@ int no_certificate(gnutls_session_t, const gnutls_datum_t*, int, const gnutls_pk
   return -1;
 }
 
-
 }  // namespace
 
 std::optional<std::string_view> HttpRequest::header(std::string_view name) const {
@@ -179,7 +178,7 @@ struct WebServer::Impl {
   DeadlineWatch watch;
   WorkQueue bcrypt;
   WorkQueue render;
-  std::mutex deferred_mutex;  // guards deferred_waiting
+  std::mutex deferred_mutex;                                         // guards deferred_waiting
   std::map<std::string, std::size_t, std::less<>> deferred_waiting;  // by route path
   DelayedJobs delayed;
   MHD_Daemon* daemon = nullptr;
@@ -387,16 +386,17 @@ std::optional<HttpResponse> WebServer::Impl::check_head(MHD_Connection* connecti
       connection, MHD_HEADER_KIND,
       [](void* cls, MHD_ValueKind, const char* key, size_t key_size, const char* value,
          size_t value_size) -> MHD_Result {
-        static_cast<std::vector<std::pair<std::string_view, std::string_view>>*>(cls)
-            ->emplace_back(std::string_view(key ? key : "", key ? key_size : 0),
-                           std::string_view(value ? value : "", value ? value_size : 0));
+        static_cast<std::vector<std::pair<std::string_view, std::string_view>>*>(cls)->emplace_back(
+            std::string_view(key ? key : "", key ? key_size : 0),
+            std::string_view(value ? value : "", value ? value_size : 0));
         return MHD_YES;
       },
       &fields);
   const MHD_ConnectionInfo* info =
       MHD_get_connection_info(connection, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
   if (!error && info && info->header_size > kMaxRequestHeadBytes) {
-    const std::size_t line = std::strlen(method) + pending.raw_target.size() + std::strlen(version) + 2;
+    const std::size_t line =
+        std::strlen(method) + pending.raw_target.size() + std::strlen(version) + 2;
     error = line > kMaxRequestHeadBytes
                 ? GrammarError{414, "a request line over " +
                                         std::to_string(kMaxRequestHeadBytes / 1024) + " KiB"}
@@ -565,8 +565,8 @@ MHD_Result WebServer::Impl::answer_later(MHD_Connection* connection, const Route
     std::size_t& waiting = deferred_waiting[route.path];
     if (waiting >= route.max_deferred) {
       return send(connection,
-                  busy("503 " + std::to_string(route.max_deferred) + " requests of " +
-                       route.path + " are waiting already"),
+                  busy("503 " + std::to_string(route.max_deferred) + " requests of " + route.path +
+                       " are waiting already"),
                   false);
     }
     ++waiting;
@@ -590,20 +590,20 @@ MHD_Result WebServer::Impl::answer_later(MHD_Connection* connection, const Route
   // `begin` and, after the wait, the answer are made on rendering workers; the wait holds no
   // thread. At stop, a request still waiting gets 503. On every path the connection is
   // resumed exactly once.
-  auto resume = [this, connection, &pending, done_waiting](HttpResponse r) {
+  auto resume = [connection, &pending, done_waiting](HttpResponse r) {
     pending.response = std::move(r);
     done_waiting();
     MHD_resume_connection(connection);
   };
   auto stopping = [resume] { resume(busy("503 the server is stopping")); };
-  auto on_worker = [this, resume, stopping](std::function<HttpResponse()> make) {
+  auto on_worker = [this, resume, stopping](const std::function<HttpResponse()>& make) {
     WorkQueue::Job job{[resume, make] { resume(make()); }, stopping};
     if (!render.submit(std::move(job), [] {})) {
       resume(busy("503 too many requests being answered (web.max_requests)"));
     }
   };
-  const auto made = [gzip_ok, method = req.method, path = req.path](
-                        const std::function<HttpResponse()>& make) {
+  const auto made = [gzip_ok, method = req.method,
+                     path = req.path](const std::function<HttpResponse()>& make) {
     HttpResponse r;
     try {
       r = make();
@@ -616,8 +616,9 @@ MHD_Result WebServer::Impl::answer_later(MHD_Connection* connection, const Route
   };
   auto after_wait = [this, on_worker, stopping, made, wait = later.wait,
                      answer = std::move(later.answer)] {
-    WorkQueue::Job job{[on_worker, made, answer] { on_worker([made, answer] { return made(answer); }); },
-                       stopping};
+    WorkQueue::Job job{
+        [on_worker, made, answer] { on_worker([made, answer] { return made(answer); }); },
+        stopping};
     // Scheduled from a worker: the connection is suspended already, nothing to do before.
     if (!delayed.submit(wait, std::move(job), [] {})) stopping();
   };

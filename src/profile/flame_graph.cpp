@@ -68,8 +68,8 @@ void count_all(const Node& n, std::size_t& total) {
 
 }  // namespace
 
-std::string flame_graph_json(const ProfileWindow& w, FlameGrouping grouping,
-                             std::size_t max_nodes, std::optional<std::size_t> slow_events) {
+std::string flame_graph_json(const ProfileWindow& w, FlameGrouping grouping, std::size_t max_nodes,
+                             std::optional<std::size_t> slow_events) {
   Node root;
   root.name = "all";
   // The tree is built within ten times the nodes sent: past that, a stack's deeper frames

@@ -101,8 +101,8 @@ std::string pprof_profile(const ProfileWindow& w) {
   add_frames(p, s, w.frames);
 
   // Samples of the same thread, stack and kind across batches are one sample.
-  using Key = std::tuple<std::uint32_t, std::uint32_t, std::uint32_t, SampleKind, std::string,
-                         std::string>;
+  using Key =
+      std::tuple<std::uint32_t, std::uint32_t, std::uint32_t, SampleKind, std::string, std::string>;
   std::map<Key, std::pair<std::uint64_t, std::uint64_t>> merged;
   std::map<Key, const Sample*> first;
   for (const Sample& x : w.samples) {

@@ -5,9 +5,9 @@
 #include <stdexcept>
 
 #include "ebpf_metricsd/gzip.h"
+#include "ebpf_metricsd/log2_histogram.h"
 #include "ebpf_metricsd/profile/flame_graph.h"
 #include "ebpf_metricsd/profile/pprof.h"
-#include "ebpf_metricsd/log2_histogram.h"
 
 namespace ebpf_metricsd::profiling {
 
@@ -55,13 +55,14 @@ HttpResponse pprof_file(const std::string& profile, const char* name) {
   HttpResponse r;
   r.content_type = "application/octet-stream";
   r.body = std::move(*body);
-  r.headers.emplace_back("Content-Disposition", std::string("attachment; filename=\"") + name + "\"");
+  r.headers.emplace_back("Content-Disposition",
+                         std::string("attachment; filename=\"") + name + "\"");
   return r;
 }
 
 // At most one value of parameter `name`; nullopt when absent, an error when repeated.
 std::variant<std::optional<std::string>, std::string> single(const HttpRequest& req,
-                                                              const char* name) {
+                                                             const char* name) {
   const auto values = req.params(name);
   if (values.size() > 1) return std::string(name) + " is given more than once";
   if (values.empty()) return std::optional<std::string>();
@@ -106,7 +107,7 @@ std::variant<SlowEventStore::Query, std::string> slow_query(const HttpRequest& r
 
 }  // namespace
 
-std::vector<Route> profile_routes(std::shared_ptr<ProfileStore> store) {
+std::vector<Route> profile_routes(const std::shared_ptr<ProfileStore>& store) {
   Route profile;
   profile.path = "/debug/pprof/profile";
   profile.max_deferred = kMaxProfileRequests;
@@ -124,7 +125,8 @@ std::vector<Route> profile_routes(std::shared_ptr<ProfileStore> store) {
           store->cut();
           *from = Clock::now();
         },
-        std::chrono::seconds(std::get<int>(seconds)), [store, from]() {
+        std::chrono::seconds(std::get<int>(seconds)),
+        [store, from]() {
           if (!store->cut()) {
             HttpResponse r;
             r.status = 503;
@@ -164,17 +166,18 @@ std::vector<Route> profile_routes(std::shared_ptr<ProfileStore> store) {
       if (*on != "1") return bad_request("slow must be 1");
       auto query = slow_query(req);
       if (const auto* why = std::get_if<std::string>(&query)) return bad_request(*why);
-      return DeferredResponse{
-          {}, std::chrono::milliseconds(0),
-          [store, grouping, q = std::get<SlowEventStore::Query>(query)] {
-            const SlowWindow events = store->slow_events().query(q);
-            HttpResponse r;
-            r.content_type = "application/json";
-            r.body = flame_graph_json(slow_profile_window(events), grouping, kMaxFlameGraphNodes,
-                                      events.events.size());
-            r.compressible = true;
-            return r;
-          }};
+      return DeferredResponse{{},
+                              std::chrono::milliseconds(0),
+                              [store, grouping, q = std::get<SlowEventStore::Query>(query)] {
+                                const SlowWindow events = store->slow_events().query(q);
+                                HttpResponse r;
+                                r.content_type = "application/json";
+                                r.body =
+                                    flame_graph_json(slow_profile_window(events), grouping,
+                                                     kMaxFlameGraphNodes, events.events.size());
+                                r.compressible = true;
+                                return r;
+                              }};
     }
     for (const char* narrowing : {"metric", "min", "stack_id"}) {
       if (!req.params(narrowing).empty()) {

@@ -60,8 +60,8 @@ void ProfileStore::expire(Clock::time_point now) {
   // The newest batch stays; older ones go after the retention, or, oldest first, while
   // all together hold more than max_samples.
   bool removed = false;
-  while (batches_.size() > 1 && (batches_.front().end + limits_.retention < now ||
-                                 samples_ > limits_.max_samples)) {
+  while (batches_.size() > 1 &&
+         (batches_.front().end + limits_.retention < now || samples_ > limits_.max_samples)) {
     samples_ -= batches_.front().samples.size();
     batches_.pop_front();
     removed = true;
@@ -92,7 +92,8 @@ void ProfileStore::compact() {
     if (!used[i]) continue;
     std::vector<std::uint32_t> ids;
     for (std::uint32_t f : stacks_[i]) {
-      auto [it, fresh] = frame_ids.try_emplace(frames_[f], static_cast<std::uint32_t>(frames.size()));
+      auto [it, fresh] =
+          frame_ids.try_emplace(frames_[f], static_cast<std::uint32_t>(frames.size()));
       if (fresh) frames.push_back(frames_[f]);
       ids.push_back(it->second);
     }
@@ -123,11 +124,13 @@ ProfileWindow ProfileStore::window(Clock::time_point from, Clock::time_point to)
     }
     w.end = b.end;
     for (Sample s : b.samples) {
-      auto [it, fresh] = stack_map.try_emplace(s.stack, static_cast<std::uint32_t>(w.stacks.size()));
+      auto [it, fresh] =
+          stack_map.try_emplace(s.stack, static_cast<std::uint32_t>(w.stacks.size()));
       if (fresh) {
         std::vector<std::uint32_t> ids;
         for (std::uint32_t f : stacks_[s.stack]) {
-          auto [fit, ffresh] = frame_map.try_emplace(f, static_cast<std::uint32_t>(w.frames.size()));
+          auto [fit, ffresh] =
+              frame_map.try_emplace(f, static_cast<std::uint32_t>(w.frames.size()));
           if (ffresh) w.frames.push_back(frames_[f]);
           ids.push_back(fit->second);
         }
@@ -138,8 +141,9 @@ ProfileWindow ProfileStore::window(Clock::time_point from, Clock::time_point to)
     }
   }
   if (first) w.begin = w.end = to;
-  w.wall_begin = std::chrono::system_clock::now() -
-                 std::chrono::duration_cast<std::chrono::system_clock::duration>(Clock::now() - w.begin);
+  w.wall_begin =
+      std::chrono::system_clock::now() -
+      std::chrono::duration_cast<std::chrono::system_clock::duration>(Clock::now() - w.begin);
   return w;
 }
 

@@ -207,8 +207,7 @@ class ElfModule {
       const GElf_Addr addr = offset - l.offset + l.vaddr + bias_;
       GElf_Off off = 0;
       GElf_Sym sym;
-      const char* name =
-          dwfl_module_addrinfo(mod_, addr, &off, &sym, nullptr, nullptr, nullptr);
+      const char* name = dwfl_module_addrinfo(mod_, addr, &off, &sym, nullptr, nullptr, nullptr);
       if (name) {
         // "clock_nanosleep@GLIBC_2.2.5": the symbol's version is not part of its name.
         std::string n(name);
@@ -228,9 +227,8 @@ class ElfModule {
     // directory, .debug/ beside it, /usr/lib/debug). debuginfod is asked only when
     // DEBUGINFOD_URLS is set, which the daemon clears at start.
     static char* debuginfo_path = nullptr;
-    static const Dwfl_Callbacks cb = {
-        dwfl_build_id_find_elf, dwfl_standard_find_debuginfo, dwfl_offline_section_address,
-        &debuginfo_path};
+    static const Dwfl_Callbacks cb = {dwfl_build_id_find_elf, dwfl_standard_find_debuginfo,
+                                      dwfl_offline_section_address, &debuginfo_path};
     return cb;
   }
 
@@ -296,7 +294,8 @@ void UserSymbols::forget_exited() {
       if (auto elf = m.elf.lock()) mapped.insert(elf.get());
     }
   }
-  modules_.remove_if([&](const std::shared_ptr<ElfModule>& e) { return !mapped.contains(e.get()); });
+  modules_.remove_if(
+      [&](const std::shared_ptr<ElfModule>& e) { return !mapped.contains(e.get()); });
   std::erase_if(by_inode_, [](const auto& kv) { return kv.second.expired(); });
 }
 
@@ -320,14 +319,18 @@ void UserSymbols::capture(pid_t tgid, bool again) {
     unsigned major = 0, minor = 0;
     char perms[8] = {};
     int path_at = 0;
-    if (std::sscanf(line.c_str(), "%llx-%llx %7s %llx %x:%x %llu %n", &start, &end, perms,
-                    &offset, &major, &minor, &inode, &path_at) < 7) {
+    if (std::sscanf(line.c_str(), "%llx-%llx %7s %llx %x:%x %llu %n", &start, &end, perms, &offset,
+                    &major, &minor, &inode, &path_at) < 7) {
       continue;
     }
     if (perms[2] != 'x') continue;
-    Mapping m{start, end, offset,
+    Mapping m{start,
+              end,
+              offset,
               path_at > 0 ? line.substr(static_cast<std::size_t>(path_at)) : std::string(),
-              (static_cast<std::uint64_t>(major) << 32) | minor, inode, {}};
+              (static_cast<std::uint64_t>(major) << 32) | minor,
+              inode,
+              {}};
     if (inode != 0) m.elf = open_module(tgid, m, m.dev, m.inode);
     p.mappings.push_back(std::move(m));
   }
@@ -341,8 +344,8 @@ void UserSymbols::capture(pid_t tgid, bool again) {
   }
 }
 
-std::shared_ptr<ElfModule> UserSymbols::open_module(pid_t tgid, const Mapping& m,
-                                                    std::uint64_t dev, std::uint64_t inode) {
+std::shared_ptr<ElfModule> UserSymbols::open_module(pid_t tgid, const Mapping& m, std::uint64_t dev,
+                                                    std::uint64_t inode) {
   const auto key = std::make_pair(dev, inode);
   if (auto it = by_inode_.find(key); it != by_inode_.end()) {
     if (auto elf = it->second.lock()) return elf;
@@ -359,7 +362,8 @@ std::shared_ptr<ElfModule> UserSymbols::open_module(pid_t tgid, const Mapping& m
     path.erase(deleted);
   }
   std::shared_ptr<ElfModule> elf = ElfModule::open(proc + "/map_files/" + range, path);
-  if (!elf && !path.empty() && path.front() == '/') elf = ElfModule::open(proc + "/root" + path, path);
+  if (!elf && !path.empty() && path.front() == '/')
+    elf = ElfModule::open(proc + "/root" + path, path);
   if (!elf) return nullptr;
   by_inode_[key] = elf;
   modules_.push_front(elf);

@@ -22,7 +22,6 @@ namespace {
 
 using Object = EBPF_METRICSD_SKELETON(block_io);
 
-
 const char* op_name(std::uint32_t op) {
   switch (op) {
     case BLOCKIO_OP_READ:
@@ -123,7 +122,8 @@ class BlockIoTracer final : public Tracer {
     static const std::vector<std::string> names = {"device", "op"};
     slow_.drain(
         [](std::uint64_t op, std::string_view disk) {
-          return MetricStore::LabelValues{std::string(disk), op_name(static_cast<std::uint32_t>(op))};
+          return MetricStore::LabelValues{std::string(disk),
+                                          op_name(static_cast<std::uint32_t>(op))};
         },
         names);
     drops_.drain();
@@ -159,8 +159,8 @@ class BlockIoTracer final : public Tracer {
 TracerDescriptor block_io_descriptor() {
   // 8us .. 16s: from a fast NVMe read to a disk that retries.
   return descriptor_with_owned_histogram<BlockIoTracer>(
-      "block_io", "Block I/O latency and bytes, by disk and operation",
-      Log2Layout::seconds(-17, 4), /*slow=*/true);
+      "block_io", "Block I/O latency and bytes, by disk and operation", Log2Layout::seconds(-17, 4),
+      /*slow=*/true);
 }
 
 }  // namespace ebpf_metricsd

@@ -33,11 +33,10 @@ class NetXmitLatencyTracer final : public Tracer {
              MetricType::Histogram,
              {"interface"},
              options.buckets}))),
-        packets_(scope.declare(
-            labels_.with_labels({"ebpf_net_xmit_packets_total",
-                                 "Packets handed to the driver, by interface.",
-                                 MetricType::Counter,
-                                 {"interface"}}))),
+        packets_(scope.declare(labels_.with_labels({"ebpf_net_xmit_packets_total",
+                                                    "Packets handed to the driver, by interface.",
+                                                    MetricType::Counter,
+                                                    {"interface"}}))),
         bytes_(scope.declare(labels_.with_labels({"ebpf_net_xmit_bytes_total",
                                                   "Bytes handed to the driver, by interface.",
                                                   MetricType::Counter,
@@ -73,8 +72,7 @@ class NetXmitLatencyTracer final : public Tracer {
 
   void drain() override {
     static_assert(sizeof(netxmit_value) == (NETXMIT_SLOTS + 3) * 8);
-    const auto add_labelled = [&](const MetricStore::LabelValues& labels,
-                                  const std::uint64_t* d) {
+    const auto add_labelled = [&](const MetricStore::LabelValues& labels, const std::uint64_t* d) {
       scope_.add_slots(latency_, labels, std::span<const std::uint64_t>(d, NETXMIT_SLOTS),
                        d[NETXMIT_SLOTS]);
       scope_.add(packets_, labels, d[NETXMIT_SLOTS + 1]);
@@ -86,7 +84,9 @@ class NetXmitLatencyTracer final : public Tracer {
     if (labels_.on()) {
       labels_.drain_deltas<netxmit_cgroup_key>(
           cgroup_series_, bpf_map__fd(skel_->maps.series_by_cgroup),
-          [](const netxmit_cgroup_key& k) { return MetricStore::LabelValues{fixed_name(k.ifname)}; },
+          [](const netxmit_cgroup_key& k) {
+            return MetricStore::LabelValues{fixed_name(k.ifname)};
+          },
           add_labelled);
     }
     dev_series_.drain_array(bpf_map__fd(skel_->maps.dev_series), NETXMIT_DEV_SLOTS,

@@ -76,7 +76,8 @@ TracerDescriptor offcpu_time_descriptor() {
             [](scheduler* s) { return s->maps.offcpu_hist; },
             [](scheduler* s) { return s->maps.offcpu_hist_labelled; },
             SchedObject::kOffcpuMap,
-            drop_reasons<SCHED_DROP__COUNT>({"task_state", "", "map_full", "slow_limited", "slow_ring_full"}),
+            drop_reasons<SCHED_DROP__COUNT>(
+                {"task_state", "", "map_full", "slow_limited", "slow_ring_full"}),
         };
         return std::make_unique<OffcpuTimeTracer>(scope, std::move(kind),
                                                   std::any_cast<SchedLabelOptions>(options));

@@ -26,20 +26,20 @@ class PageCacheTracer final : public Tracer {
   PageCacheTracer(MetricScope& scope, const CgroupLabelOptions& cgroup)
       : scope_(scope),
         labels_(cgroup),
-        accesses_(scope.declare(labels_.with_labels(
-            {"ebpf_page_cache_accesses_total",
-             "Page cache pages looked up by reads and file mmap faults.",
-             MetricType::Counter,
-             {}}))),
+        accesses_(scope.declare(
+            labels_.with_labels({"ebpf_page_cache_accesses_total",
+                                 "Page cache pages looked up by reads and file mmap faults.",
+                                 MetricType::Counter,
+                                 {}}))),
         misses_(scope.declare(labels_.with_labels(
             {"ebpf_page_cache_misses_total",
              "Pages added to the page cache because a lookup missed (including readahead).",
              MetricType::Counter,
              {}}))),
-        dirtied_(scope.declare(labels_.with_labels(
-            {"ebpf_page_cache_dirtied_total", "Page cache pages marked dirty.",
-             MetricType::Counter,
-             {}}))),
+        dirtied_(scope.declare(labels_.with_labels({"ebpf_page_cache_dirtied_total",
+                                                    "Page cache pages marked dirty.",
+                                                    MetricType::Counter,
+                                                    {}}))),
         drops_(scope, drop_reasons<PAGE_CACHE_DROP__COUNT>({"map_full"})) {}
 
   // How accesses are counted: fentry (else a kprobe) on the kernel's mark-accessed

@@ -1,10 +1,10 @@
 // profile: where CPU time and blocked time go, as symbolized stacks (bpf/profile.bpf.c), kept
 // in the daemon's ProfileStore for /debug/pprof/profile and the flame graph page.
 #include <bpf/bpf.h>
+#include <bpf/libbpf.h>
 #include <fcntl.h>
 #include <linux/perf_event.h>
 #include <spdlog/spdlog.h>
-#include <bpf/libbpf.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,8 +17,8 @@
 #include <stop_token>
 #include <thread>
 #include <tuple>
-#include <utility>
 #include <unordered_map>
+#include <utility>
 
 #include "ebpf_metricsd/bpf_support.h"
 #include "ebpf_metricsd/cgroup_names.h"
@@ -60,7 +60,8 @@ ProfileOptions read_options(YamlMapReader& r) {
                                 std::chrono::seconds(60));
   o.on_cpu = r.get_bool("on_cpu", o.on_cpu);
   o.off_cpu = r.get_bool("off_cpu", o.off_cpu);
-  if (!o.on_cpu && !o.off_cpu) r.fail("off_cpu", "on_cpu and off_cpu are both false: nothing to profile");
+  if (!o.on_cpu && !o.off_cpu)
+    r.fail("off_cpu", "on_cpu and off_cpu are both false: nothing to profile");
   o.cgroup = r.get_bool("cgroup", o.cgroup);
   o.workloads = r.get_string_list("workloads");
   if (o.workloads.size() > PROFILE_MAX_WORKLOADS) {
@@ -86,7 +87,8 @@ std::string workload_directory(const std::string& root, const std::string& name)
     const fs::path p = fs::path(root) / name.substr(1);
     return fs::is_directory(p, ec) ? p.string() : "";
   }
-  for (auto it = fs::recursive_directory_iterator(root, fs::directory_options::skip_permission_denied, ec);
+  for (auto it = fs::recursive_directory_iterator(
+           root, fs::directory_options::skip_permission_denied, ec);
        it != fs::recursive_directory_iterator(); it.increment(ec)) {
     if (ec) break;
     if (it->is_directory(ec) && it->path().filename() == name) return it->path().string();
@@ -98,8 +100,7 @@ std::string workload_directory(const std::string& root, const std::string& name)
 // the sched_switch hook: not where the thread waits.
 bool tracing_frame(const std::string& fn) {
   static constexpr std::array<std::string_view, 6> prefixes = {
-      "bpf_prog_", "bpf_trace_run", "__bpf_trace_", "__traceiter_", "bpf_get_stack",
-      "perf_trace_"};
+      "bpf_prog_", "bpf_trace_run", "__bpf_trace_", "__traceiter_", "bpf_get_stack", "perf_trace_"};
   for (auto p : prefixes) {
     if (fn.rfind(p, 0) == 0) return true;
   }
@@ -166,7 +167,8 @@ class ProfileTracer final : public Tracer {
           [&](profile* s, HookKind k) { return choose(s, k); }, kind);
       hook_ = std::string(hook_name(kind));
     } else {
-      skel_ = Skeleton::load("profile", drops_, [&](profile* s) { return choose(s, std::nullopt); });
+      skel_ =
+          Skeleton::load("profile", drops_, [&](profile* s) { return choose(s, std::nullopt); });
       hook_ = "perf_event";
     }
     if (options_.on_cpu) {
@@ -176,7 +178,8 @@ class ProfileTracer final : public Tracer {
       attr.config = PERF_COUNT_SW_CPU_CLOCK;
       attr.freq = 1;
       attr.sample_freq = options_.frequency;
-      for (int cpu : online_cpus()) perf_links_.push_back(attach_perf_event(skel_->progs.on_cpu_sample, attr, cpu));
+      for (int cpu : online_cpus())
+        perf_links_.push_back(attach_perf_event(skel_->progs.on_cpu_sample, attr, cpu));
     }
     slot_fd_ = bpf_map__fd(skel_->maps.counts_slot);
     counts_fd_[0] = bpf_map__fd(skel_->maps.counts_a);
@@ -186,7 +189,7 @@ class ProfileTracer final : public Tracer {
     announcements_.reset(ring_buffer__new(bpf_map__fd(skel_->maps.new_processes),
                                           &ProfileTracer::on_announce, this, nullptr));
     if (!announcements_) throw BpfError(bpf_error_text("profile: ring buffer", errno));
-    announce_thread_ = std::jthread([this](std::stop_token stop) {
+    announce_thread_ = std::jthread([this](const std::stop_token& stop) {
       while (!stop.stop_requested()) ring_buffer__poll(announcements_.get(), 100);
     });
     store_->set_frequency(options_.on_cpu ? options_.frequency : 0);
@@ -311,8 +314,8 @@ class ProfileTracer final : public Tracer {
       s.ns = v.ns;
       (s.kind == SampleKind::OnCpu ? on : off) += v.count;
       if (options_.cgroup) s.workload = names_.label(k.cgroup);
-      const auto [at, fresh] = stack_index.try_emplace(
-          {k.tgid, k.kstack, k.ustack, k.kind}, static_cast<std::uint32_t>(stacks.size()));
+      const auto [at, fresh] = stack_index.try_emplace({k.tgid, k.kstack, k.ustack, k.kind},
+                                                       static_cast<std::uint32_t>(stacks.size()));
       if (fresh) {
         std::vector<Frame> frames = kernel_frames(k.kstack, s.kind);
         const std::vector<Frame>& user = user_frames(k.tgid, k.ustack, recaptured);

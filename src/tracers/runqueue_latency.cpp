@@ -9,7 +9,8 @@ TracerDescriptor runqueue_latency_descriptor() {
       "Run-queue latency (runnable to running)",
       [](YamlMapReader& options) -> std::any {
         // 1us .. 1s: a second's wait for a CPU is already an outage.
-        return SchedLabelOptions::read(options, Log2Layout::seconds(-20, 0), /*slow_capture=*/false);
+        return SchedLabelOptions::read(options, Log2Layout::seconds(-20, 0),
+                                       /*slow_capture=*/false);
       },
       [](MetricScope& scope, const std::any& options) -> std::unique_ptr<Tracer> {
         SchedHistKind kind{

@@ -36,8 +36,7 @@ std::shared_ptr<SchedObject> SchedObject::acquire(HookProber& prober, HookPrefer
   // until used), one entry where the kernel's hash maps must be preallocated
   // (host_safety.h), so that an unlabelled tracer costs no memory there; a labelled one
   // joining later reloads the object with its size.
-  const std::uint32_t unlabelled =
-      kernel_allocators().hash_elements ? SCHED_MAX_LABEL_SETS : 1;
+  const std::uint32_t unlabelled = kernel_allocators().hash_elements ? SCHED_MAX_LABEL_SETS : 1;
   obj->entries_ = live ? live->entries_ : MapEntries{unlabelled, unlabelled};
   if (wanted) obj->entries_[map] = *wanted;
   // offcpu_time's capture: the one it asks for, else the live object's while it uses it.
@@ -128,8 +127,8 @@ bpf_program* SchedObject::wakeup_new_program() const {
   return raw() ? skel_->progs.sched_wakeup_new_raw : skel_->progs.sched_wakeup_new_btf;
 }
 
-SchedLabelOptions SchedLabelOptions::read(YamlMapReader& options,
-                                          const Log2Layout& default_buckets, bool slow_capture) {
+SchedLabelOptions SchedLabelOptions::read(YamlMapReader& options, const Log2Layout& default_buckets,
+                                          bool slow_capture) {
   SchedLabelOptions o;
   o.cgroup = CgroupLabelOptions::read(options);
   o.comm = options.get_bool("comm", false);
@@ -219,8 +218,8 @@ void SchedHistTracer::finish_move(std::shared_ptr<SchedObject> obj,
   try {
     drain();
   } catch (const std::exception& e) {
-    spdlog::error("{}: the last drain of the replaced scheduler object failed: {}",
-                  kind_.spec.name, e.what());
+    spdlog::error("{}: the last drain of the replaced scheduler object failed: {}", kind_.spec.name,
+                  e.what());
   }
   links_ = std::move(links);  // the old ones detach
   obj_ = std::move(obj);
@@ -268,7 +267,7 @@ void SchedHistTracer::drain() {
         labels_.cgroup.on ? cgroups_.retire([](const void* key) {
           return static_cast<const sched_key*>(key)->cgroup_id;
         })
-                       : PerCpuDeltas::Retire{});
+                          : PerCpuDeltas::Retire{});
   } else {
     hist_.drain_array(bpf_map__fd(kind_.plain_map(skel())), 1,
                       [](const void*) { return MetricStore::LabelValues{}; });

@@ -95,7 +95,7 @@ struct SchedHistKind {
   std::uint8_t sched_config::*by_comm;
   bpf_map* (*plain_map)(scheduler*);
   bpf_map* (*labelled_map)(scheduler*);
-  SchedObject::LabelledMap map;  // the same map, as SchedObject names it
+  SchedObject::LabelledMap map;           // the same map, as SchedObject names it
   std::vector<std::string> drop_reasons;  // by enum sched_drop_reason, "" = not ours
 };
 

@@ -102,9 +102,8 @@ class SyscallLatencyTracer final : public Tracer {
         labels_(options_.cgroup),
         latency_(scope.declare(labels_.with_labels(latency_spec(options_.buckets)))),
         hists_(scope, latency_, SYSLAT_SLOTS),
-        drops_(scope, drop_reasons<SYSLAT_DROP__COUNT>(
-                          {"map_full", "unknown_syscall", "map_full", "slow_limited",
-                           "slow_ring_full"})),
+        drops_(scope, drop_reasons<SYSLAT_DROP__COUNT>({"map_full", "unknown_syscall", "map_full",
+                                                        "slow_limited", "slow_ring_full"})),
         slow_(scope, latency_, latency_spec(options_.buckets).name, options_.slow, labels_) {}
 
   void start(HookProber& prober, HookPreference preference) override {
@@ -144,10 +143,10 @@ class SyscallLatencyTracer final : public Tracer {
   void drain() override {
     static_assert(sizeof(syscall_latency_hist) == (SYSLAT_SLOTS + 1) * 8);
     slow_.begin_drain();
-    labels_.drain_indexed(
-        hists_, bpf_map__fd(skel_->maps.hists_by_cgroup), bpf_map__fd(skel_->maps.hists),
-        SYSLAT_MAX_SYSCALLS, &syscall_latency_cgroup_key::nr,
-        [&](std::uint32_t nr) { return MetricStore::LabelValues{name_of(nr)}; });
+    labels_.drain_indexed(hists_, bpf_map__fd(skel_->maps.hists_by_cgroup),
+                          bpf_map__fd(skel_->maps.hists), SYSLAT_MAX_SYSCALLS,
+                          &syscall_latency_cgroup_key::nr,
+                          [&](std::uint32_t nr) { return MetricStore::LabelValues{name_of(nr)}; });
     static const std::vector<std::string> names = {"syscall"};
     slow_.drain(
         [&](std::uint64_t nr, std::string_view) {

@@ -19,10 +19,7 @@ namespace {
 
 using Object = EBPF_METRICSD_SKELETON(tcp_connect_latency);
 
-
-const char* family_name(std::uint32_t family) {
-  return family == TCPCONN_IPV4 ? "ipv4" : "ipv6";
-}
+const char* family_name(std::uint32_t family) { return family == TCPCONN_IPV4 ? "ipv4" : "ipv6"; }
 
 class TcpConnectLatencyTracer final : public Tracer {
  public:
@@ -43,8 +40,8 @@ class TcpConnectLatencyTracer final : public Tracer {
                               MetricType::Counter,
                               {"family"}}))),
         drops_(scope,
-               drop_reasons<TCPCONN_DROP__COUNT>({"map_full", "map_full", "slow_limited",
-                                                  "slow_ring_full", "slow_origin_full"}),
+               drop_reasons<TCPCONN_DROP__COUNT>(
+                   {"map_full", "map_full", "slow_limited", "slow_ring_full", "slow_origin_full"}),
                "never_finished"),
         slow_(scope, latency_metric_, "ebpf_tcp_connect_latency_seconds", options.slow, labels_) {}
 
@@ -81,8 +78,9 @@ class TcpConnectLatencyTracer final : public Tracer {
                           bpf_map__fd(skel_->maps.failures), TCPCONN_FAMILIES,
                           &tcpconn_cgroup_key::family, family);
     static const std::vector<std::string> names = {"family"};
-    slow_.drain([&](std::uint64_t f, std::string_view) { return family(static_cast<std::uint32_t>(f)); },
-                names);
+    slow_.drain(
+        [&](std::uint64_t f, std::string_view) { return family(static_cast<std::uint32_t>(f)); },
+        names);
     drops_.drain();
     // Every connect leaves SYN_SENT within the SYN retries (about two minutes); a stamp
     // older than ten minutes belongs to a socket that vanished unseen.

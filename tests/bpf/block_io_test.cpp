@@ -59,8 +59,8 @@ TEST_CASE("direct 4 KiB reads and writes on a loop device are counted exactly", 
     // counters in sysfs are the oracle on every kernel.
     std::optional<test::OracleTool> oracle;
     if (test::external_oracles_wanted()) {
-      oracle.emplace("/usr/sbin/biolatency -d " + loop.name() + " 3 1",
-                     "Tracing block device I/O", /*required=*/false);
+      oracle.emplace("/usr/sbin/biolatency -d " + loop.name() + " 3 1", "Tracing block device I/O",
+                     /*required=*/false);
     }
     if (oracle && !oracle->started()) {
       WARN("biolatency does not run on this kernel; sysfs counters only:\n" << oracle->output());
@@ -111,16 +111,17 @@ TEST_CASE("direct 4 KiB reads and writes on a loop device are counted exactly", 
                                 *w.oracle_total == w.reads + w.writes &&
                                 w.sysfs[0] + w.sysfs[2] - (w.reads + w.writes) == 1;
     if (!kernel_skipped || attempt == 3) break;
-    WARN("a completion that no BPF program saw (ours and biolatency agree, sysfs has one "
-         "more); measuring again");
+    WARN(
+        "a completion that no BPF program saw (ours and biolatency agree, sysfs has one "
+        "more); measuring again");
   }
   close(fd);
   free(buf);
 
   INFO("reads " << w.reads << " writes " << w.writes << " | sysfs reads " << w.sysfs[0]
-                << " writes " << w.sysfs[2] << " | biolatency total "
-                << w.oracle_total.value_or(0) << " | dropped: issue_unseen " << w.unseen
-                << " recursion " << w.recursion << " (of every disk)\n"
+                << " writes " << w.sysfs[2] << " | biolatency total " << w.oracle_total.value_or(0)
+                << " | dropped: issue_unseen " << w.unseen << " recursion " << w.recursion
+                << " (of every disk)\n"
                 << w.oracle_output);
   CHECK(w.reads == kOps);
   CHECK(w.writes == kOps);
@@ -134,15 +135,16 @@ TEST_CASE("direct 4 KiB reads and writes on a loop device are counted exactly", 
   if (w.oracle_total) CHECK(*w.oracle_total == w.reads + w.writes);
 }
 
-TEST_CASE("slow block requests: every write on the loop device is an event with its issuer, "
-          "and the issuer's stack names the function that wrote",
-          "[block_io][slow]") {
+TEST_CASE(
+    "slow block requests: every write on the loop device is an event with its issuer, "
+    "and the issuer's stack names the function that wrote",
+    "[block_io][slow]") {
   test::LoopDevice loop;
   MetricStore store;
   profiling::ProfileStore profiles;
   // 1us: every request is slow at any machine speed, so the disk's own count is the oracle.
-  auto tracer = test::start_tracer(
-      store, "block_io", "    slow: {threshold: 1us, max_per_second: 1000}\n", &profiles);
+  auto tracer = test::start_tracer(store, "block_io",
+                                   "    slow: {threshold: 1us, max_per_second: 1000}\n", &profiles);
   constexpr int kWrites = 20;
   int go[2];
   REQUIRE(pipe(go) == 0);
@@ -155,7 +157,8 @@ TEST_CASE("slow block requests: every write on the loop device is an event with 
     if (fd < 0 || posix_memalign(&buf, 4096, 4096) != 0) _exit(1);
     std::memset(buf, 0xcd, 4096);
     for (int i = 0; i < kWrites; ++i) {
-      if (test::write_in_known_function(fd, buf, 4096, static_cast<long>(i) * 8192) != 4096) _exit(1);
+      if (test::write_in_known_function(fd, buf, 4096, static_cast<long>(i) * 8192) != 4096)
+        _exit(1);
     }
     char c;
     _exit(read(go[0], &c, 1) == 1 ? 0 : 1);  // stays until its events are in
@@ -211,7 +214,8 @@ TEST_CASE("slow block requests: every write on the loop device is an event with 
                                            loop.name() + "\",op=\""));
   CHECK_THAT(om, Catch::Matchers::Contains("# {stack_id=\""));
   const auto fams = test::collect(store);
-  for (const char* reason : {"slow_limited", "slow_ring_full", "slow_queue_full", "slow_origin_full"}) {
+  for (const char* reason :
+       {"slow_limited", "slow_ring_full", "slow_queue_full", "slow_origin_full"}) {
     const auto* d = test::find_series(fams, "ebpf_metricsd_dropped_events_total",
                                       {{"tracer", "block_io"}, {"reason", reason}});
     CHECK((d == nullptr || d->counter.value == 0));

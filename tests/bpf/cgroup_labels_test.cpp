@@ -46,9 +46,9 @@ TEST_CASE("syscall_latency by cgroup: the calls of a process in a test cgroup", 
   INFO("hook " << hook);
   test::TestCgroup cg("syscall");
   MetricStore store;
-  auto tracer = test::start_tracer(
-      store, "syscall_latency",
-      "    hook: " + hook + "\n    cgroup: true\n    per_syscall: [getppid]\n");
+  auto tracer =
+      test::start_tracer(store, "syscall_latency",
+                         "    hook: " + hook + "\n    cgroup: true\n    per_syscall: [getppid]\n");
   constexpr long kCalls = 5000;
   cg.run([] { workload::getppid_calls(kCalls); });
   tracer->drain();
@@ -121,8 +121,8 @@ TEST_CASE("net_xmit_latency by cgroup: the sending socket's cgroup", "[cgroup]")
   test::VethPair veth;
   test::TestCgroup cg("xmit");
   MetricStore store;
-  auto tracer = test::start_tracer(store, "net_xmit_latency",
-                                   "    hook: " + hook + "\n    cgroup: true\n");
+  auto tracer =
+      test::start_tracer(store, "net_xmit_latency", "    hook: " + hook + "\n    cgroup: true\n");
   constexpr long kPackets = 200;
   constexpr std::size_t kPayload = 64;
   cg.run([] {
@@ -169,8 +169,7 @@ TEST_CASE("block_io by cgroup: direct I/O of a process in a test cgroup", "[cgro
     std::ofstream(control) << (io_on ? "+io" : "-io");  // "-io" fails where others use it
   }
   MetricStore store;
-  auto tracer =
-      test::start_tracer(store, "block_io", "    hook: " + hook + "\n    cgroup: true\n");
+  auto tracer = test::start_tracer(store, "block_io", "    hook: " + hook + "\n    cgroup: true\n");
   constexpr long kReads = 150;
   const auto s0 = loop.stat();
   cg.run([&] {
@@ -183,8 +182,7 @@ TEST_CASE("block_io by cgroup: direct I/O of a process in a test cgroup", "[cgro
   tracer->drain();
   const auto s1 = loop.stat();
   const auto labels = in_cgroup(cg, {{"device", loop.name()}, {"op", "read"}});
-  const std::uint64_t reads =
-      test::histogram_count(store, "ebpf_block_io_latency_seconds", labels);
+  const std::uint64_t reads = test::histogram_count(store, "ebpf_block_io_latency_seconds", labels);
   INFO("reads " << reads << " | sysfs reads " << s1[0] - s0[0]);
   CHECK(reads == kReads);
   CHECK(test::counter_value(store, "ebpf_block_io_bytes_total", labels) == kReads * 4096.0);
@@ -241,8 +239,8 @@ TEST_CASE("page_cache by cgroup: the reading and writing process's cgroup", "[cg
   });
   const double dirtied = value("ebpf_page_cache_dirtied_total") - dirtied0;
   INFO("cold: misses " << misses1 << " accesses " << accesses1 << "; warm: misses "
-                       << misses2 - misses1 << " accesses " << accesses2 - accesses1
-                       << "; dirtied " << dirtied);
+                       << misses2 - misses1 << " accesses " << accesses2 - accesses1 << "; dirtied "
+                       << dirtied);
   // Every page of the file, plus at most a block or two of file system metadata the read
   // brought in through the block device's own page cache (seen once on 5.10's ext4).
   CHECK(misses1 >= kPages);
@@ -272,11 +270,11 @@ TEST_CASE("runqueue_latency and offcpu_time by cgroup: a process that sleeps and
   const auto labels = in_cgroup(cg);
   const std::uint64_t off = test::histogram_count(store, "ebpf_offcpu_seconds", labels);
   const std::uint64_t rq = test::histogram_count(store, "ebpf_runqueue_latency_seconds", labels);
-  INFO("off-CPU periods " << off << ", run-queue waits " << rq << " | oracle: "
-                          << oracle.returns_from_blocking() << " returns from blocking, "
-                          << oracle.returns_from_queue() << " from the run queue | rusage "
-                          << ru.ru_nvcsw << " voluntary switches, " << ru.ru_nivcsw
-                          << " involuntary");
+  INFO("off-CPU periods " << off << ", run-queue waits " << rq
+                          << " | oracle: " << oracle.returns_from_blocking()
+                          << " returns from blocking, " << oracle.returns_from_queue()
+                          << " from the run queue | rusage " << ru.ru_nvcsw
+                          << " voluntary switches, " << ru.ru_nivcsw << " involuntary");
   CHECK(off == oracle.returns_from_blocking());
   CHECK(rq == oracle.returns_from_queue());
   CHECK(off >= kSleeps);  // the workload did block, every time
@@ -328,13 +326,14 @@ std::size_t series_with_samples(const MetricStore& store, const std::string& nam
 
 }  // namespace
 
-TEST_CASE("runqueue_latency and offcpu_time: label_map_entries sizes each one's map; a change "
-          "reloads the shared object and the other tracer counts on",
-          "[cgroup]") {
+TEST_CASE(
+    "runqueue_latency and offcpu_time: label_map_entries sizes each one's map; a change "
+    "reloads the shared object and the other tracer counts on",
+    "[cgroup]") {
   MetricStore store;
   const std::uint32_t before = newest_map_id();
-  auto runq = test::start_tracer(store, "runqueue_latency",
-                                 "    cgroup: true\n    label_map_entries: 2\n");
+  auto runq =
+      test::start_tracer(store, "runqueue_latency", "    cgroup: true\n    label_map_entries: 2\n");
   auto offcpu = test::start_tracer(store, "offcpu_time", "    cgroup: true\n");
   std::uint32_t runq_map = 0, offcpu_map = 0;
   CHECK(newest_map_entries("runq_hist_labelled", before, &runq_map) == 2);
@@ -396,8 +395,7 @@ TEST_CASE("runqueue_latency and offcpu_time: label_map_entries sizes each one's 
   run_in_new_cgroup("size-d", true);
   const auto& d = *cgroups.back();
   INFO("after the reload: run-queue map_full " << map_full("runqueue_latency") - runq_full0
-                                                << ", off-CPU map_full "
-                                                << map_full("offcpu_time"));
+                                               << ", off-CPU map_full " << map_full("offcpu_time"));
   CHECK(map_full("offcpu_time") == 0);
   // Counted on from the new, empty maps: no jump from a baseline of the old ones.
   const double voluntary1 =

@@ -73,7 +73,7 @@ TEST_CASE("packets held back by a rate-limiting qdisc: timed through the shared 
   // 1 Mbit/s with a one-packet burst: the datagrams wait in the qdisc and reach the driver
   // from its timer, after later packets were queued (so their stamps move to the hash).
   REQUIRE(test::run_quiet("tc qdisc replace dev " + veth.host() +
-                      " root tbf rate 1mbit burst 1600 latency 500ms") == 0);
+                          " root tbf rate 1mbit burst 1600 latency 500ms") == 0);
   MetricStore store;
   auto tracer = test::start_tracer(store, "net_xmit_latency");
   std::this_thread::sleep_for(std::chrono::milliseconds(300));

@@ -31,7 +31,6 @@ test::Labels own_cgroup_labels() {
 }
 }  // namespace
 
-
 TEST_CASE("a process the OOM killer kills in a memory-limited cgroup counts once there",
           "[oom_kills]") {
   const std::string hook = GENERATE(std::string("auto"), std::string("raw_tp"));
@@ -63,8 +62,7 @@ TEST_CASE("a process the OOM killer kills in a memory-limited cgroup counts once
   CHECK(test::counter_value(store, "ebpf_oom_kills_total", own_cgroup_labels()) == 0);
 }
 
-TEST_CASE("a kill in a cgroup removed before the drain counts under its parent",
-          "[oom_kills]") {
+TEST_CASE("a kill in a cgroup removed before the drain counts under its parent", "[oom_kills]") {
   // As a container runtime removes an OOM-killed container's cgroup at once: the kill then
   // counts under the pod, its parent.
   test::TestCgroup parent("oomp");

@@ -79,16 +79,14 @@ TEST_CASE("misses when evicted, hits when cached, dirtied on write", "[page_cach
     const Totals t1 = totals(*tracer, store);
     read_all(fd, page, kPages);  // warm: every page cached
     const Totals t2 = totals(*tracer, store);
-    REQUIRE(pwrite(fd, data.data(), static_cast<std::size_t>(page * kDirty), 0) ==
-            page * kDirty);
+    REQUIRE(pwrite(fd, data.data(), static_cast<std::size_t>(page * kDirty), 0) == page * kDirty);
     const Totals t3 = totals(*tracer, store);
     const Window w{t1.misses - t0.misses, t1.accesses - t0.accesses, t2.accesses - t1.accesses,
                    t2.misses - t1.misses, t3.dirtied - t2.dirtied};
     tries += "try " + std::to_string(attempt) + ": cold read misses " +
              std::to_string(w.cold_misses) + " accesses " + std::to_string(w.cold_accesses) +
              "; warm read accesses " + std::to_string(w.warm_accesses) + " misses " +
-             std::to_string(w.warm_misses) + "; write dirtied " + std::to_string(w.dirtied) +
-             "\n";
+             std::to_string(w.warm_misses) + "; write dirtied " + std::to_string(w.dirtied) + "\n";
     INFO(tries);
     // Every try: all pages were added when cold, each asked for when warm (each read asks
     // for exactly its 16 pages), each rewritten page dirtied.

@@ -8,9 +8,9 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
-#include <cstdlib>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <regex>
 #include <set>
@@ -59,7 +59,8 @@ WorkloadRun run_workload(const std::string& binary) {
   close(out[1]);
   std::string text;
   char buf[256];
-  for (ssize_t n; (n = read(out[0], buf, sizeof buf)) > 0;) text.append(buf, static_cast<std::size_t>(n));
+  for (ssize_t n; (n = read(out[0], buf, sizeof buf)) > 0;)
+    text.append(buf, static_cast<std::size_t>(n));
   close(out[0]);
   int status = 0;
   REQUIRE(waitpid(run.pid, &status, 0) == run.pid);
@@ -98,12 +99,12 @@ bool has_function_containing(const ProfileWindow& w, std::uint32_t stack, const 
 }
 
 struct Observed {
-  std::string stacks;                     // the workload's heaviest stacks, for messages
-  std::uint64_t three = 0, one = 0;       // on-CPU samples with that leaf
-  std::uint64_t three_with_main = 0;      // ... whose stack reaches main
-  std::uint64_t waits = 0, wait_ns = 0;   // off-CPU in wait_on_pipe
-  std::uint64_t waits_with_pipe_read = 0; // ... with pipe_read among the kernel frames
-  std::string first_kernel_frame;         // of a wait
+  std::string stacks;                      // the workload's heaviest stacks, for messages
+  std::uint64_t three = 0, one = 0;        // on-CPU samples with that leaf
+  std::uint64_t three_with_main = 0;       // ... whose stack reaches main
+  std::uint64_t waits = 0, wait_ns = 0;    // off-CPU in wait_on_pipe
+  std::uint64_t waits_with_pipe_read = 0;  // ... with pipe_read among the kernel frames
+  std::string first_kernel_frame;          // of a wait
   std::string comm;
 };
 
@@ -112,7 +113,8 @@ Observed observe(const ProfileWindow& w, pid_t pid) {
   {
     std::map<std::string, std::uint64_t> by;
     for (const auto& s : w.samples) by[s.comm + "/" + std::to_string(s.pid)] += s.count;
-    o.stacks += "\n  window: " + std::to_string(w.samples.size()) + " aggregates; workload " + std::to_string(pid) + ";";
+    o.stacks += "\n  window: " + std::to_string(w.samples.size()) + " aggregates; workload " +
+                std::to_string(pid) + ";";
     for (const auto& [k, n] : by) o.stacks += " " + k + "=" + std::to_string(n);
   }
   std::multimap<std::uint64_t, std::string, std::greater<>> heaviest;
@@ -170,7 +172,8 @@ TEST_CASE("profile: a known workload's CPU shares, blocked time and stacks", "[p
   WorkloadRun run;
   const ProfileWindow w = profile_run(store, binary, run);
   const Observed o = observe(w, run.pid);
-  const double share = o.three + o.one ? static_cast<double>(o.three) / static_cast<double>(o.three + o.one) : 0;
+  const double share =
+      o.three + o.one ? static_cast<double>(o.three) / static_cast<double>(o.three + o.one) : 0;
   INFO(binary << ": hot_three " << o.three << " samples (" << o.three_with_main
               << " reaching main), hot_one " << o.one << "; share " << share << "; waits "
               << o.waits << " for " << o.wait_ns << " ns (the reader measured " << run.blocked_ns
@@ -292,15 +295,16 @@ TEST_CASE("profile: perf record on the same workload agrees on the top functions
                                                  std::string(PROFILE_WORKLOAD_FP) + " 2000 5 2>&1");
   REQUIRE(store.cut());
   const ProfileWindow w = store.window(from, profiling::Clock::now());
-  const std::string report =
-      test::run_capture("perf report -i " + data +
-                        " --stdio --no-children --sort sym -g none --comm profile_workloa 2>/dev/null");
+  const std::string report = test::run_capture(
+      "perf report -i " + data +
+      " --stdio --no-children --sort sym -g none --comm profile_workloa 2>/dev/null");
   std::remove(data.c_str());
   INFO("perf record: " << recorded << "\nperf report:\n" << report.substr(0, 2000));
   // perf's leaf functions, heaviest first: "    74.90%  [.] hot_three".
   const std::regex row(R"(([0-9.]+)%\s+\[\.\]\s+(\S+))");
   std::vector<std::pair<std::string, double>> theirs;
-  for (auto it = std::sregex_iterator(report.begin(), report.end(), row); it != std::sregex_iterator(); ++it) {
+  for (auto it = std::sregex_iterator(report.begin(), report.end(), row);
+       it != std::sregex_iterator(); ++it) {
     theirs.emplace_back((*it)[2], std::stod((*it)[1]));
   }
   REQUIRE(theirs.size() >= 2);

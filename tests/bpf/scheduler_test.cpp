@@ -5,8 +5,8 @@
 
 #include <sys/syscall.h>
 
-#include <atomic>
 #include <bpf/libbpf.h>
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
@@ -90,10 +90,10 @@ TEST_CASE("run-queue totals agree with libbpf-tools runqlat over the same window
   const std::uint64_t ours = histogram_count(store, kRunq, {}) - before;
   const std::uint64_t theirs = oracle.histogram_total();
   INFO("ours " << ours << ", runqlat " << theirs
-                << " (runqlat, an external tool, loses wakeups on a slow or loaded machine: "
-                   "its 10240-entry pid hash and its 3 s window; the exact check against the "
-                   "same-tracepoint oracle is the test above)\n"
-                << out);
+               << " (runqlat, an external tool, loses wakeups on a slow or loaded machine: "
+                  "its 10240-entry pid hash and its 3 s window; the exact check against the "
+                  "same-tracepoint oracle is the test above)\n"
+               << out);
   // Same events, but: the windows are offset (runqlat starts before our first drain and
   // stops before our last, so the machine's background wakeups in those gaps differ);
   // runqlat treats a task preempted before it could sleep as not runnable where the
@@ -175,9 +175,10 @@ TEST_CASE("off-CPU time of a sleeping thread matches its sleeps", "[scheduler]")
         kSleeps);
 }
 
-TEST_CASE("slow off-CPU waits: each blocked read at or above the threshold is an event with the "
-          "stacks where it blocked, and the exemplar of its bucket",
-          "[scheduler][slow]") {
+TEST_CASE(
+    "slow off-CPU waits: each blocked read at or above the threshold is an event with the "
+    "stacks where it blocked, and the exemplar of its bucket",
+    "[scheduler][slow]") {
   // tp_btf takes the kernel stack when the wait ends, raw_tp when it begins.
   const std::string hook = GENERATE(std::string("auto"), std::string("raw_tp"));
   INFO("hook " << hook);
@@ -199,11 +200,9 @@ TEST_CASE("slow off-CPU waits: each blocked read at or above the threshold is an
   // A child blocks in slow_read_in_known_function's read, each time for at least 300 ms.
   test::SlowReader reader(kSlowReads, std::chrono::milliseconds(300));
   const pid_t child = reader.pid();
-  const auto ours = test::wait_for_slow_events(offcpu, profiles, metric, kSlowReads,
-                                               [&](const profiling::SlowEvent& e) {
-                                                 return e.pid ==
-                                                        static_cast<std::uint32_t>(child);
-                                               });
+  const auto ours = test::wait_for_slow_events(
+      offcpu, profiles, metric, kSlowReads,
+      [&](const profiling::SlowEvent& e) { return e.pid == static_cast<std::uint32_t>(child); });
   CHECK(reader.finish() == 0);
   // Nothing lost: the reader's comm series counted as many waits above 125 ms as there are
   // events of that comm (two drains: an event sent as a drain reads the histogram is taken
@@ -228,7 +227,8 @@ TEST_CASE("slow off-CPU waits: each blocked read at or above the threshold is an
       ++events;
       latencies += std::to_string(e.pid) + ":" + std::to_string(e.latency_ns / 1000000) + "ms ";
     }
-    INFO("events of the reader's comm: " << latencies << "| histogram: " << m->histogram.sample_count
+    INFO("events of the reader's comm: " << latencies
+                                         << "| histogram: " << m->histogram.sample_count
                                          << " waits, " << at_or_below << " of them up to 125 ms");
     CHECK(events == m->histogram.sample_count - at_or_below);
   }
@@ -255,8 +255,8 @@ TEST_CASE("slow off-CPU waits: each blocked read at or above the threshold is an
     std::string frames;
     for (const auto& f : window.stacks.at(e.stack_id)) {
       frames += f.function + (f.kernel ? " [k]\n" : "\n");
-      user = user || (!f.kernel && f.function.find("slow_read_in_known_function") !=
-                                       std::string::npos);
+      user = user ||
+             (!f.kernel && f.function.find("slow_read_in_known_function") != std::string::npos);
       // pipe_read, or anon_pipe_read since 6.14.
       kernel = kernel || (f.kernel && f.function.find("pipe_read") != std::string::npos);
     }
@@ -287,10 +287,9 @@ TEST_CASE("slow off-CPU waits: each blocked read at or above the threshold is an
   INFO(line);
   REQUIRE(at != std::string::npos);
   const std::string bucket = om.substr(at, om.find('\n', at) - at);
-  CHECK_THAT(bucket, Catch::Matchers::Contains("# {stack_id=\"" +
-                                               profiling::stack_id_text(newest->stack_id) +
-                                               "\",pid=\"" + std::to_string(newest->pid) +
-                                               "\",comm=\""));
+  CHECK_THAT(bucket, Catch::Matchers::Contains(
+                         "# {stack_id=\"" + profiling::stack_id_text(newest->stack_id) +
+                         "\",pid=\"" + std::to_string(newest->pid) + "\",comm=\""));
 
   // runqueue_latency restarts with labelled maps of another size: a new object, offcpu_time
   // moved onto it, its slow events read from the new ring.
@@ -299,8 +298,8 @@ TEST_CASE("slow off-CPU waits: each blocked read at or above the threshold is an
   runq = test::start_tracer(labelled, "runqueue_latency",
                             "    hook: " + hook + "\n    comm: true\n    label_map_entries: 512\n");
   test::SlowReader again(2, std::chrono::milliseconds(300));
-  const auto after_move = test::wait_for_slow_events(
-      offcpu, profiles, metric, 2, [&](const profiling::SlowEvent& e) {
+  const auto after_move =
+      test::wait_for_slow_events(offcpu, profiles, metric, 2, [&](const profiling::SlowEvent& e) {
         return e.pid == static_cast<std::uint32_t>(again.pid());
       });
   CHECK(again.finish() == 0);

@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cmath>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <thread>
 
 #include "../metrics_lookup.h"
@@ -15,8 +15,8 @@
 #include "../workloads.h"
 #include "ebpf_metricsd/config.h"
 #include "ebpf_metricsd/exposition_format.h"
-#include "ebpf_metricsd/profile/profile_store.h"
 #include "ebpf_metricsd/hook_probe.h"
+#include "ebpf_metricsd/profile/profile_store.h"
 #include "ebpf_metricsd/tracer.h"
 #include "tracer_fixture.h"
 
@@ -154,9 +154,10 @@ TEST_CASE("syscall numbers outside the table are counted as drops", "[syscall_la
   CHECK(got <= kBogus + kBogus / 100);
 }
 
-TEST_CASE("slow syscalls: each at or above the threshold is an exemplar on its bucket, and its "
-          "stack names the function that made it",
-          "[syscall_latency][slow]") {
+TEST_CASE(
+    "slow syscalls: each at or above the threshold is an exemplar on its bucket, and its "
+    "stack names the function that made it",
+    "[syscall_latency][slow]") {
   constexpr int kSlowReads = 5;
   MetricStore store;
   profiling::ProfileStore profiles;
@@ -169,9 +170,9 @@ TEST_CASE("slow syscalls: each at or above the threshold is an exemplar on its b
   test::SlowReader reader(kSlowReads, std::chrono::milliseconds(20));
   const pid_t child = reader.pid();
 
-  const auto ours = test::wait_for_slow_events(tracer, profiles, kMetric, kSlowReads, [&](const auto& e) {
-    return e.pid == static_cast<std::uint32_t>(child);
-  });
+  const auto ours = test::wait_for_slow_events(
+      tracer, profiles, kMetric, kSlowReads,
+      [&](const auto& e) { return e.pid == static_cast<std::uint32_t>(child); });
   profiling::SlowEventStore::Query q;
   q.metric = kMetric;
   CHECK(reader.finish() == 0);
@@ -204,8 +205,8 @@ TEST_CASE("slow syscalls: each at or above the threshold is an exemplar on its b
   }
   REQUIRE(newest != nullptr);
   const std::string om = render_openmetrics(store);
-  const std::string line = "ebpf_syscall_latency_seconds_bucket{syscall=\"read\",le=\"" + le +
-                           "\"} ";
+  const std::string line =
+      "ebpf_syscall_latency_seconds_bucket{syscall=\"read\",le=\"" + le + "\"} ";
   const auto at = om.find(line);
   INFO(om.substr(0, 3000));
   REQUIRE(at != std::string::npos);

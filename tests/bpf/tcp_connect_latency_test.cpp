@@ -156,9 +156,9 @@ TEST_CASE("slow connects: every loopback connect is an event with the connecting
   }
   profiling::SlowEventStore::Query q;
   q.metric = "ebpf_tcp_connect_latency_seconds";
-  const auto ours = test::wait_for_slow_events(tracer, profiles, q.metric, kConnects, [&](const auto& e) {
-    return e.pid == static_cast<std::uint32_t>(child);
-  });
+  const auto ours = test::wait_for_slow_events(
+      tracer, profiles, q.metric, kConnects,
+      [&](const auto& e) { return e.pid == static_cast<std::uint32_t>(child); });
   REQUIRE(write(go[1], "x", 1) == 1);
   int status = 0;
   REQUIRE(waitpid(child, &status, 0) == child);
@@ -182,7 +182,8 @@ TEST_CASE("slow connects: every loopback connect is an event with the connecting
   CHECK_THAT(render_openmetrics(store),
              Catch::Matchers::Contains("\",pid=\"" + std::to_string(child) + "\",comm=\""));
   const auto fams = test::collect(store);
-  for (const char* reason : {"slow_limited", "slow_ring_full", "slow_queue_full", "slow_origin_full"}) {
+  for (const char* reason :
+       {"slow_limited", "slow_ring_full", "slow_queue_full", "slow_origin_full"}) {
     const auto* d = test::find_series(fams, "ebpf_metricsd_dropped_events_total",
                                       {{"tracer", "tcp_connect_latency"}, {"reason", reason}});
     CHECK((d == nullptr || d->counter.value == 0));

@@ -11,9 +11,9 @@
 #include <thread>
 #include <vector>
 
-#include "ebpf_metricsd/host_safety.h"
 #include "ebpf_metricsd/config.h"
 #include "ebpf_metricsd/hook_probe.h"
+#include "ebpf_metricsd/host_safety.h"
 #include "ebpf_metricsd/profile/profile_store.h"
 #include "ebpf_metricsd/tracer.h"
 

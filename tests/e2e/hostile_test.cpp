@@ -101,7 +101,8 @@ struct WebDaemon {
     REQUIRE(up);
     // How long a scrape takes on this machine with nothing else at the daemon: the baseline
     // that the good scrapes during a flood are judged against.
-    for (int i = 0; i < 5; ++i) quiet_scrape_seconds = std::max(quiet_scrape_seconds, scrape().seconds);
+    for (int i = 0; i < 5; ++i)
+      quiet_scrape_seconds = std::max(quiet_scrape_seconds, scrape().seconds);
   }
   double quiet_scrape_seconds = 0;
   // How long a good scrape may take while hostile clients are at the daemon: twenty times the
@@ -507,8 +508,8 @@ end
         return after - before < 5 * 1024;
       },
       30s);
-  INFO("VmRSS before " << before << " KiB, right after " << right_after << " KiB, then "
-                       << after << " KiB");
+  INFO("VmRSS before " << before << " KiB, right after " << right_after << " KiB, then " << after
+                       << " KiB");
   CHECK(before > 0);
   CHECK(after - before < 5 * 1024);
   check_alive_and_serving(t);

@@ -70,7 +70,10 @@ struct ProfileDaemon {
         [&] {
           const auto m = get("/metrics");
           return m.first == "200" &&
-                 std::regex_search(m.second, std::regex("\nebpf_metricsd_tracer_up\\{tracer=\"profile\",hook=\"[a-z_]+\"\\} 1\n"));
+                 std::regex_search(
+                     m.second,
+                     std::regex(
+                         "\nebpf_metricsd_tracer_up\\{tracer=\"profile\",hook=\"[a-z_]+\"\\} 1\n"));
         },
         30s);
     INFO(d->log());
@@ -79,11 +82,12 @@ struct ProfileDaemon {
   // status and body of one GET; `auth` false sends no credentials.
   std::pair<std::string, std::string> get(const std::string& path, bool auth = true,
                                           const std::string& max_time = "60") const {
-    const std::string out = s.dir + "/body." + std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()));
-    const std::string code = run_capture(
-        "curl -sk -o " + out + " -w '%{http_code}' --max-time " + max_time +
-        (auth ? std::string(" -u ") + kUser + ":" + kPassword : std::string()) + " '" + base +
-        path + "'");
+    const std::string out =
+        s.dir + "/body." + std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()));
+    const std::string code =
+        run_capture("curl -sk -o " + out + " -w '%{http_code}' --max-time " + max_time +
+                    (auth ? std::string(" -u ") + kUser + ":" + kPassword : std::string()) + " '" +
+                    base + path + "'");
     return {code.empty() ? "000" : code, read_file(out)};
   }
 };
@@ -130,7 +134,8 @@ TEST_CASE("pprof over HTTPS with basic auth: go tool pprof reads the known workl
                                       " -tagfocus=comm=profile_workloa " +
                                       file + " 2>&1");
   INFO(top);
-  const std::regex first_row(R"(\n\s*[0-9.]+m?s\s+[0-9.]+%\s+[0-9.]+%\s+[0-9.]+m?s\s+[0-9.]+%\s+(\S+))");
+  const std::regex first_row(
+      R"(\n\s*[0-9.]+m?s\s+[0-9.]+%\s+[0-9.]+%\s+[0-9.]+m?s\s+[0-9.]+%\s+(\S+))");
   std::smatch m;
   REQUIRE(std::regex_search(top, m, first_row));
   CHECK(m[1] == "hot_three");
@@ -179,7 +184,8 @@ TEST_CASE("profile requests: credentials, bad seconds, a bound on those waiting,
     } else {
       ++refused;
       CHECK(answers[i].first == "503");
-      CHECK_THAT(answers[i].second, Contains("4 requests of /debug/pprof/profile are waiting already"));
+      CHECK_THAT(answers[i].second,
+                 Contains("4 requests of /debug/pprof/profile are waiting already"));
       CHECK(took[i] < 8.0);  // at once, not after the window
     }
   }
@@ -206,17 +212,20 @@ TEST_CASE("slow events on the flame graph page in a real browser: the function t
     REQUIRE(seen);
     CHECK(reader.finish() == 0);
   }
-  const std::string url = "https://" + std::string(kUser) + ":" + kPassword + "@127.0.0.1:" +
-                          std::to_string(p.s.port) +
+  const std::string url = "https://" + std::string(kUser) + ":" + kPassword +
+                          "@127.0.0.1:" + std::to_string(p.s.port) +
                           "/profile?slow=1&seconds=600&metric=ebpf_syscall_latency_seconds";
-  const std::string chromium = "chromium --headless --no-sandbox --disable-gpu "
-                               "--ignore-certificate-errors --user-data-dir=" +
-                               p.s.dir + "/chromium --virtual-time-budget=15000 ";
+  const std::string chromium =
+      "chromium --headless --no-sandbox --disable-gpu "
+      "--ignore-certificate-errors --user-data-dir=" +
+      p.s.dir + "/chromium --virtual-time-budget=15000 ";
   const std::string dom = run_capture(chromium + "--dump-dom '" + url + "' 2>/dev/null");
   INFO(dom.substr(0, 3000));
   REQUIRE_THAT(dom, Contains("data-loaded=\"1\""));
   CHECK_THAT(dom, Contains("slow events (metric ebpf_syscall_latency_seconds)"));
-  CHECK(std::regex_search(dom, std::regex(R"re(<div class="f[^"]*"[^>]*data-name="[^"]*slow_read_in_known_function)re")));
+  CHECK(std::regex_search(
+      dom,
+      std::regex(R"re(<div class="f[^"]*"[^>]*data-name="[^"]*slow_read_in_known_function)re")));
   keep_screenshot(chromium, url, "slow-events-flame-graph.png");
 }
 
@@ -237,12 +246,13 @@ TEST_CASE("the flame graph page in a real browser: the known workload's function
     std::this_thread::sleep_for(3s);  // a few hundred samples more at 97 Hz
   }
   const std::string profile_dir = p.s.dir + "/chromium";
-  const std::string url =
-      "https://" + std::string(kUser) + ":" + kPassword + "@127.0.0.1:" +
-      std::to_string(p.s.port) + "/profile?seconds=60&group=process";
-  const std::string chromium = "chromium --headless --no-sandbox --disable-gpu "
-                               "--ignore-certificate-errors --user-data-dir=" +
-                               profile_dir + " --virtual-time-budget=15000 ";
+  const std::string url = "https://" + std::string(kUser) + ":" + kPassword +
+                          "@127.0.0.1:" + std::to_string(p.s.port) +
+                          "/profile?seconds=60&group=process";
+  const std::string chromium =
+      "chromium --headless --no-sandbox --disable-gpu "
+      "--ignore-certificate-errors --user-data-dir=" +
+      profile_dir + " --virtual-time-budget=15000 ";
   const std::string dom = run_capture(chromium + "--dump-dom '" + url + "' 2>/dev/null");
   REQUIRE_THAT(dom, Contains("data-loaded=\"1\""));
   // Every bar of a function: its name and its width in percent of the page's root.
@@ -250,10 +260,12 @@ TEST_CASE("the flame graph page in a real browser: the known workload's function
   const std::regex name_of(R"re(data-name="([^"]*)")re"), width_of(R"re(width: ([0-9.]+)%)re");
   double three = 0, one = 0, wait = 0;
   int bars = 0;
-  for (auto it = std::sregex_iterator(dom.begin(), dom.end(), bar); it != std::sregex_iterator(); ++it) {
+  for (auto it = std::sregex_iterator(dom.begin(), dom.end(), bar); it != std::sregex_iterator();
+       ++it) {
     const std::string tag = it->str();
     std::smatch name, width;
-    if (!std::regex_search(tag, name, name_of) || !std::regex_search(tag, width, width_of)) continue;
+    if (!std::regex_search(tag, name, name_of) || !std::regex_search(tag, width, width_of))
+      continue;
     ++bars;
     if (name[1] == "hot_three") three += std::stod(width[1]);
     if (name[1] == "hot_one") one += std::stod(width[1]);
@@ -302,7 +314,9 @@ std::string profile_as_nobody(const std::vector<std::string>& units) {
   chmod(s.dir.c_str(), 0755);
   chmod(s.config.c_str(), 0644);
   DaemonProcess d(DAEMON_PATH, s.log,
-                  {s.args(), false, {},
+                  {s.args(),
+                   false,
+                   {},
                    {"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
                     "--inh-caps=" + caps, "--ambient-caps=" + caps, "--bounding-set=" + caps,
                     "--no-new-privs", "--"}});
@@ -323,9 +337,10 @@ std::string profile_as_nobody(const std::vector<std::string>& units) {
 
 }  // namespace
 
-TEST_CASE("under the systemd unit's capabilities, the profile's drop-in is what names another "
-          "user's functions and the kernel's",
-          "[profile]") {
+TEST_CASE(
+    "under the systemd unit's capabilities, the profile's drop-in is what names another "
+    "user's functions and the kernel's",
+    "[profile]") {
   const std::string unit = SOURCE_DIR "/systemd/ebpf-metricsd.service";
   const std::string dropin = SOURCE_DIR "/systemd/profile.conf";
   REQUIRE(ambient_capabilities(read_file(unit)) == std::vector<std::string>{"+bpf", "+perfmon"});

@@ -431,14 +431,13 @@ TEST_CASE(
       "    slow: {threshold: 1us, max_per_second: 1000}\n");
   DaemonProcess daemon(DAEMON_PATH, s.log, {s.args(), false, {}, {}});
   const std::string instance = "127.0.0.1:" + std::to_string(s.port);
-  REQUIRE(wait_until([&] { return !run_capture("curl -sf http://" + instance + "/metrics").empty(); },
-                     20s));
+  REQUIRE(wait_until(
+      [&] { return !run_capture("curl -sf http://" + instance + "/metrics").empty(); }, 20s));
   PrometheusServer prometheus(s, instance, false, {"exemplar-storage"});
   REQUIRE(wait_until([&] { return prometheus.api.query("up == 1").second == 1; }, 60s));
 
-  const double start = std::chrono::duration<double>(
-                           std::chrono::system_clock::now().time_since_epoch())
-                           .count();
+  const double start =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   // The exemplars of `query` from process `pid`, once Prometheus has them, each in its bucket,
   // at least `min_seconds`, and leading through the daemon to a stack that names `function`.
   const auto check_exemplars = [&](const std::string& query, pid_t pid, double min_seconds,
@@ -447,9 +446,10 @@ TEST_CASE(
     json found = json::array();
     const bool seen = wait_until(
         [&] {
-          const json r = prometheus.api.get("query_exemplars", {{"query", query},
-                                                                {"start", std::to_string(start - 1)},
-                                                                {"end", std::to_string(start + 600)}});
+          const json r =
+              prometheus.api.get("query_exemplars", {{"query", query},
+                                                     {"start", std::to_string(start - 1)},
+                                                     {"end", std::to_string(start + 600)}});
           found = json::array();
           if (r.is_discarded() || r.value("status", "") != "success") return false;
           for (const auto& series : r["data"]) {
@@ -477,8 +477,8 @@ TEST_CASE(
       // The stack behind it, from the daemon, names the function that made the call.
       const std::string file = s.dir + "/slow.pb.gz";
       REQUIRE(run_capture("curl -s -o " + file + " -w '%{http_code}' 'http://" + instance +
-                          "/debug/pprof/slow?stack_id=" + e["stack_id"].get<std::string>() +
-                          "'") == "200");
+                          "/debug/pprof/slow?stack_id=" + e["stack_id"].get<std::string>() + "'") ==
+              "200");
       const std::string raw =
           run_capture("HOME=" + s.dir + " go tool pprof -raw -symbolize=none " + file + " 2>&1");
       INFO(raw.substr(0, 3000));
@@ -508,9 +508,8 @@ TEST_CASE(
   SlowReader reader(5, std::chrono::milliseconds(300));
   check_exemplars("ebpf_syscall_latency_seconds_bucket{syscall=\"read\"}", reader.pid(), 0.3,
                   "slow_read_in_known_function");
-  check_exemplars(
-      "ebpf_offcpu_seconds_bucket{comm=\"" + std::string(SlowReader::kComm) + "\"}",
-      reader.pid(), 0.3, "slow_read_in_known_function");
+  check_exemplars("ebpf_offcpu_seconds_bucket{comm=\"" + std::string(SlowReader::kComm) + "\"}",
+                  reader.pid(), 0.3, "slow_read_in_known_function");
   CHECK(reader.finish() == 0);
 
   // Direct writes to a loop device nothing else writes to: at 1 us every request is slow.
@@ -531,9 +530,9 @@ TEST_CASE(
     char c;
     _exit(read(go[0], &c, 1) == 1 ? 0 : 1);  // stays until its events are named
   }
-  check_exemplars("ebpf_block_io_latency_seconds_bucket{device=\"" + loop.name() +
-                      "\",op=\"write\"}",
-                  writer, 0, "write_in_known_function");
+  check_exemplars(
+      "ebpf_block_io_latency_seconds_bucket{device=\"" + loop.name() + "\",op=\"write\"}", writer,
+      0, "write_in_known_function");
   REQUIRE(write(go[1], "x", 1) == 1);
   int status = 0;
   REQUIRE(waitpid(writer, &status, 0) == writer);

@@ -280,7 +280,8 @@ TEST_CASE("reload: a bad file keeps the running config, a good one changes only 
     CHECK(sample(m, "ebpf_metricsd_tracer_up{tracer=\"runqueue_latency\",hook=\"tp_btf\"}") == 1);
     CHECK(sample(m, "ebpf_metricsd_tracer_up{tracer=\"syscall_latency\",hook=\"tp_btf\"}") == 1);
     // syscall_latency was restarted with its new include list and counts on from where it was.
-    REQUIRE(wait_until([&] { return sample(scrape(s.port), getppid) > before_reload + 1000; }, 30s));
+    REQUIRE(
+        wait_until([&] { return sample(scrape(s.port), getppid) > before_reload + 1000; }, 30s));
     const std::string log = d.log();
     CHECK_THAT(log, Contains("<6>tracer syscall_latency options changed: restarting"));
     CHECK_THAT(log, Contains("<6>tracer page_faults disabled: detaching"));
@@ -292,8 +293,9 @@ TEST_CASE("reload: a bad file keeps the running config, a good one changes only 
     CHECK(prog_ids_named(d.pid(), "major_fault").empty());
   }
 
-  SECTION("a scheduler tracer's new label_map_entries reloads the object both use; the other "
-          "counts on") {
+  SECTION(
+      "a scheduler tracer's new label_map_entries reloads the object both use; the other "
+      "counts on") {
     const auto reload_with = [&](const std::string& offcpu_options) {
       std::ofstream(s.config) << "web:\n  listen_address: \"127.0.0.1:" << s.port
                               << "\"\ndrain_interval: 200ms\ntracers:\n"
@@ -349,8 +351,8 @@ TEST_CASE("reload: a bad file keeps the running config, a good one changes only 
     CHECK(sample(m, voluntary).value_or(0) < voluntary0 + 1e7);
     CHECK(wait_until([&] { return sample(scrape(s.port), runq_total).value_or(0) > runq0 + 100; },
                      30s));
-    CHECK(sample(scrape(s.port), "ebpf_metricsd_tracer_up{tracer=\"runqueue_latency\",hook=\"tp_btf\"}") ==
-          1);
+    CHECK(sample(scrape(s.port),
+                 "ebpf_metricsd_tracer_up{tracer=\"runqueue_latency\",hook=\"tp_btf\"}") == 1);
   }
 
   stop = true;
@@ -381,10 +383,15 @@ TEST_CASE("every tracer is up as an unprivileged user with only CAP_BPF and CAP_
                     "--inh-caps=-all,+bpf,+perfmon", "--ambient-caps=-all,+bpf,+perfmon",
                     "--bounding-set=-all,+bpf,+perfmon", "--no-new-privs", "--"}});
   REQUIRE(wait_until(
-      [&] { return count_lines_starting(scrape(s.port), "ebpf_metricsd_tracer_up{") == ebpf_metricsd::tracer_registry().size(); }, 20s));
+      [&] {
+        return count_lines_starting(scrape(s.port), "ebpf_metricsd_tracer_up{") ==
+               ebpf_metricsd::tracer_registry().size();
+      },
+      20s));
   const std::string m = scrape(s.port);
   INFO(m.substr(0, 3000) << d.log());
-  CHECK(count_lines_starting(m, "ebpf_metricsd_tracer_up{") == ebpf_metricsd::tracer_registry().size());
+  CHECK(count_lines_starting(m, "ebpf_metricsd_tracer_up{") ==
+        ebpf_metricsd::tracer_registry().size());
   CHECK_THAT(m, !Contains("hook=\"none\"} 0"));
   // It really runs as nobody with just those two capabilities.
   const std::string status = read_file("/proc/" + std::to_string(d.pid()) + "/status");
@@ -404,7 +411,11 @@ TEST_CASE("every tracer is up under the unit's system call filter; reload and st
   Setup s(all_tracers_enabled());
   DaemonProcess d(DAEMON_PATH, s.log, {{"--config", s.config, "--strict"}, false, {}, {}, allowed});
   REQUIRE(wait_until(
-      [&] { return count_lines_starting(scrape(s.port), "ebpf_metricsd_tracer_up{") == ebpf_metricsd::tracer_registry().size(); }, 20s));
+      [&] {
+        return count_lines_starting(scrape(s.port), "ebpf_metricsd_tracer_up{") ==
+               ebpf_metricsd::tracer_registry().size();
+      },
+      20s));
   const std::string m = scrape(s.port);
   INFO(d.log());
   CHECK_THAT(m, !Contains("hook=\"none\"} 0"));
@@ -478,8 +489,9 @@ TEST_CASE("Ten thousand short-lived processes leave memory, series and maps boun
   wait_until(
       [&] {
         m = scrape(s.port);
-        return sample(m, "ebpf_metricsd_series_limited_total{metric=\"ebpf_runqueue_latency_"
-                         "seconds\"}")
+        return sample(m,
+                      "ebpf_metricsd_series_limited_total{metric=\"ebpf_runqueue_latency_"
+                      "seconds\"}")
                        .value_or(0) > 0 &&
                m.find("\xEF\xBF\xBD") != std::string::npos;
       },
@@ -538,12 +550,13 @@ TEST_CASE("Ten thousand short-lived cgroups leave maps, series and memory bounde
   // entries of removed ones (page_faults: ~10,000 sets; syscall_latency: ~10 syscalls each),
   // so a single map_full drop means retirement failed.
   std::string tracers;
-  for (const std::string t : {"page_faults", "tcp_connect_latency", "net_xmit_latency",
-                              "block_io", "page_cache"}) {
+  for (const std::string t :
+       {"page_faults", "tcp_connect_latency", "net_xmit_latency", "block_io", "page_cache"}) {
     tracers += "  " + t + ":\n    enabled: true\n    cgroup: true\n    label_map_entries: 2000\n";
   }
-  tracers += "  syscall_latency:\n    enabled: true\n    cgroup: true\n"
-             "    label_map_entries: 16384\n";
+  tracers +=
+      "  syscall_latency:\n    enabled: true\n    cgroup: true\n"
+      "    label_map_entries: 16384\n";
   tracers += "  runqueue_latency:\n    enabled: true\n    cgroup: true\n";
   tracers += "  offcpu_time:\n    enabled: true\n    cgroup: true\n";
   Setup s(tracers);
@@ -583,14 +596,13 @@ TEST_CASE("Ten thousand short-lived cgroups leave maps, series and memory bounde
   INFO(kCgroups << " cgroups in " << seconds << " s; RSS " << rss0 << " KiB before, " << rss1
                 << " KiB after");
 
-  WARN(kCgroups << " cgroups in " << seconds << " s; daemon RSS " << rss0 << " KiB before, "
-                << rss1 << " KiB after");
+  WARN(kCgroups << " cgroups in " << seconds << " s; daemon RSS " << rss0 << " KiB before, " << rss1
+                << " KiB after");
   // Not one event lost for want of room: idle entries of removed cgroups were retired.
-  for (const std::string t : {"syscall_latency", "page_faults", "page_cache",
-                              "runqueue_latency", "offcpu_time"}) {
+  for (const std::string t :
+       {"syscall_latency", "page_faults", "page_cache", "runqueue_latency", "offcpu_time"}) {
     INFO(t);
-    CHECK(sample(m, "ebpf_metricsd_dropped_events_total{tracer=\"" + t +
-                        "\",reason=\"map_full\"}")
+    CHECK(sample(m, "ebpf_metricsd_dropped_events_total{tracer=\"" + t + "\",reason=\"map_full\"}")
               .value_or(-1) == 0);
   }
   // Series stay within max_series; what did not fit is counted. Cgroups removed before

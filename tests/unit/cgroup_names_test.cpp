@@ -33,7 +33,8 @@ TEST_CASE("systemd units and plain paths") {
 
 TEST_CASE("Kubernetes pods and containers, systemd driver") {
   for (const std::string qos : {"", "burstable-", "besteffort-"}) {
-    const std::string slice = qos.empty() ? "" : "/kubepods-" + qos.substr(0, qos.size() - 1) + ".slice";
+    const std::string slice =
+        qos.empty() ? "" : "/kubepods-" + qos.substr(0, qos.size() - 1) + ".slice";
     const std::string pod =
         "/kubepods.slice" + slice + "/kubepods-" + qos + "pod" + kUidUnderscores + ".slice";
     INFO(pod);
@@ -100,8 +101,7 @@ TEST_CASE("CgroupNames names directories by inode, and knows when one is gone") 
     return static_cast<std::uint64_t>(st.st_ino);
   };
   const std::uint64_t nginx = make("system.slice/nginx.service");
-  const std::uint64_t ctr =
-      make("kubepods/burstable/pod" + kUid + "/" + kId);
+  const std::uint64_t ctr = make("kubepods/burstable/pod" + kUid + "/" + kId);
 
   CgroupNames names(root.string());
   names.begin_pass();
@@ -153,8 +153,7 @@ TEST_CASE("the cgroup2 mount is found in mountinfo, unified or hybrid") {
       "rw,nsdelegate,memory_recursiveprot\n");
   CHECK(cgroup2_mount(unified) == "/sys/fs/cgroup");
   // Optional fields before the separator do not shift the mount point.
-  std::istringstream optional(
-      "35 24 0:30 / /cg rw shared:9 master:3 - cgroup2 none rw\n");
+  std::istringstream optional("35 24 0:30 / /cg rw shared:9 master:3 - cgroup2 none rw\n");
   CHECK(cgroup2_mount(optional) == "/cg");
   std::istringstream none("28 25 0:26 / /sys/fs/cgroup ro - tmpfs tmpfs ro\n");
   CHECK(cgroup2_mount(none).empty());

@@ -242,12 +242,17 @@ TEST_CASE("OpenMetrics text: counters without _total in their family, exemplars,
   CHECK_THAT(om, Catch::Matchers::Contains(
                      "# HELP test_latency_seconds Latency, \\\"quoted\\\" \\\\ and\\nnewline.\n"
                      "# TYPE test_latency_seconds histogram\n"
-                     "test_latency_seconds_bucket{" + labels + ",le=\"9.5367431640625e-07\"} 6 # {" +
-                     ex + "aa\",pid=\"42\",comm=\"w\\\"x\"} 9e-07 200.250\n"
-                     "test_latency_seconds_bucket{" + labels + ",le=\"1.9073486328125e-06\"} 10 # {" +
-                     ex + "ab\",pid=\"42\",comm=\"w\\\"x\"} 1.5e-06 150.000\n"
-                     "test_latency_seconds_bucket{" + labels + ",le=\"3.814697265625e-06\"} 10\n"
-                     "test_latency_seconds_bucket{" + labels + ",le=\"+Inf\"} 15 # {" + ex +
+                     "test_latency_seconds_bucket{" +
+                     labels + ",le=\"9.5367431640625e-07\"} 6 # {" + ex +
+                     "aa\",pid=\"42\",comm=\"w\\\"x\"} 9e-07 200.250\n"
+                     "test_latency_seconds_bucket{" +
+                     labels + ",le=\"1.9073486328125e-06\"} 10 # {" + ex +
+                     "ab\",pid=\"42\",comm=\"w\\\"x\"} 1.5e-06 150.000\n"
+                     "test_latency_seconds_bucket{" +
+                     labels +
+                     ",le=\"3.814697265625e-06\"} 10\n"
+                     "test_latency_seconds_bucket{" +
+                     labels + ",le=\"+Inf\"} 15 # {" + ex +
                      "ae\",pid=\"42\",comm=\"w\\\"x\"} 1.4e-05 50.000\n"));
   CHECK_THAT(om, Catch::Matchers::Contains("# TYPE test_events counter\n"
                                            "test_events_total{kind=\"x\"} 7\n"));
@@ -263,24 +268,25 @@ TEST_CASE("OpenMetrics text: counters without _total in their family, exemplars,
 
 TEST_CASE("exemplars: only on a series that exists, at most 128 characters of labels") {
   MetricStore store;
-  const auto h = store.declare({"x_seconds", "X.", MetricType::Histogram, {}, Log2Layout::seconds(-20, -18)});
+  const auto h =
+      store.declare({"x_seconds", "X.", MetricType::Histogram, {}, Log2Layout::seconds(-20, -18)});
   // An exemplar never makes a series: its event is counted first.
   store.set_exemplar(h, {}, 10, {{{"stack_id", "0000000000000001"}}, 1e-6, 1});
   CHECK(render_openmetrics(store) == "# EOF\n");
   std::vector<std::uint64_t> slots(64, 0);
   slots[10] = 1;
   store.add_slots(h, {}, slots, 1000);
-  store.set_exemplar(h, {}, 10,
-                     {{{"stack_id", "0123456789abcdef"}, {"comm", std::string(100, 'c')},
-                       {"pid", "1"}},
-                      1e-6,
-                      1});
+  store.set_exemplar(
+      h, {}, 10,
+      {{{"stack_id", "0123456789abcdef"}, {"comm", std::string(100, 'c')}, {"pid", "1"}}, 1e-6, 1});
   const std::string om = render_openmetrics(store);
   CHECK_THAT(om, Catch::Matchers::Contains("# {stack_id=\"0123456789abcdef\",comm=\"" +
                                            std::string(100, 'c') + "\"} 1e-06 1.000\n"));
 }
 
-TEST_CASE("protobuf format: exemplars on classic buckets, +Inf as a bucket, and on the native histogram") {
+TEST_CASE(
+    "protobuf format: exemplars on classic buckets, +Inf as a bucket, and on the native "
+    "histogram") {
   Fixture f;
   add_exemplars(f);
   const auto families = parse_delimited(render_protobuf(f.store));

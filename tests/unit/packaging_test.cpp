@@ -70,8 +70,9 @@ TEST_CASE("Kubernetes DaemonSet: the unit's capabilities only, read-only, BTF an
   CHECK(c["ports"][0]["containerPort"].as<int>() == 9810);
 }
 
-TEST_CASE("Kubernetes profiling patch: the DaemonSet's container, host PIDs, the capabilities "
-          "of the unit and its profile drop-in") {
+TEST_CASE(
+    "Kubernetes profiling patch: the DaemonSet's container, host PIDs, the capabilities "
+    "of the unit and its profile drop-in") {
   const YAML::Node ds = load("packaging/kubernetes/daemonset.yaml");
   const YAML::Node patch = load("packaging/kubernetes/profiling/daemonset-patch.yaml");
   const YAML::Node pod = patch["spec"]["template"]["spec"];
@@ -89,7 +90,7 @@ TEST_CASE("Kubernetes profiling patch: the DaemonSet's container, host PIDs, the
   CHECK(unit_caps("CapabilityBoundingSet", "profile.conf") ==
         unit_caps("AmbientCapabilities", "profile.conf"));
   CHECK(add == std::set<std::string>{"BPF", "PERFMON", "SYS_PTRACE", "CHECKPOINT_RESTORE",
-                                    "DAC_READ_SEARCH", "SYSLOG"});
+                                     "DAC_READ_SEARCH", "SYSLOG"});
 }
 
 TEST_CASE("Kubernetes Service and PodMonitor select the DaemonSet's pods on its port") {
@@ -185,7 +186,8 @@ TEST_CASE("the dashboard: data source variable, instance filter, rows, heatmaps,
         const std::string metric = expr.substr(start, expr.find('{', start) - start);
         if (t["refId"] == "A") {
           // Latency heatmaps show the slow events' exemplars.
-          CHECK(t.value("exemplar", false) == (metric.find("_seconds_bucket") != std::string::npos));
+          CHECK(t.value("exemplar", false) ==
+                (metric.find("_seconds_bucket") != std::string::npos));
           CHECK(metric.size() > 7);
           CHECK(metric.substr(metric.size() - 7) == "_bucket");
           CHECK_THAT(expr, Catch::Matchers::Contains("by (le)"));
@@ -202,9 +204,10 @@ TEST_CASE("the dashboard: data source variable, instance filter, rows, heatmaps,
                                       "Workloads"});
   CHECK(native_heatmapped == heatmapped);
   // The flame graph page and the pprof endpoint of each instance, as the daemon serves them.
-  CHECK(daemon_links == std::set<std::string>{
-                            "${scheme}://${__data.fields.instance}/profile",
-                            "${scheme}://${__data.fields.instance}/debug/pprof/profile?seconds=30"});
+  CHECK(daemon_links ==
+        std::set<std::string>{
+            "${scheme}://${__data.fields.instance}/profile",
+            "${scheme}://${__data.fields.instance}/debug/pprof/profile?seconds=30"});
   CHECK(workload_panels == 8);
   CHECK(heatmapped ==
         std::set<std::string>{"ebpf_syscall_latency_seconds", "ebpf_tcp_connect_latency_seconds",

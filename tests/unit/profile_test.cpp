@@ -36,7 +36,7 @@ Frame frame(const std::string& fn, bool kernel = false) {
   f.function = fn;
   f.module = kernel ? "[kernel]" : "/usr/bin/app";
   f.kernel = kernel;
-  f.address = std::hash<std::string>{}(fn) & 0xffff;
+  f.address = std::hash<std::string>{}(fn)&0xffff;
   return f;
 }
 
@@ -277,17 +277,18 @@ TEST_CASE("profile routes: bad parameters are a 400 that says why, no tracer a 5
     REQUIRE(std::holds_alternative<HttpResponse>(r));
     return std::get<HttpResponse>(r);
   };
-  const std::vector<std::pair<std::vector<std::pair<std::string, std::string>>, std::string>> bad = {
-      {{}, "seconds is missing"},
-      {{{"seconds", "0"}}, "at least 1"},
-      {{{"seconds", "-5"}}, "at least 1"},
-      {{{"seconds", "301"}}, "at most 300"},
-      {{{"seconds", "99999999999999999999"}}, "at most 300"},
-      {{{"seconds", "abc"}}, "not a whole number"},
-      {{{"seconds", "1.5"}}, "not a whole number"},
-      {{{"seconds", ""}}, "seconds is empty"},
-      {{{"seconds", "5"}, {"seconds", "6"}}, "more than once"},
-  };
+  const std::vector<std::pair<std::vector<std::pair<std::string, std::string>>, std::string>> bad =
+      {
+          {{}, "seconds is missing"},
+          {{{"seconds", "0"}}, "at least 1"},
+          {{{"seconds", "-5"}}, "at least 1"},
+          {{{"seconds", "301"}}, "at most 300"},
+          {{{"seconds", "99999999999999999999"}}, "at most 300"},
+          {{{"seconds", "abc"}}, "not a whole number"},
+          {{{"seconds", "1.5"}}, "not a whole number"},
+          {{{"seconds", ""}}, "seconds is empty"},
+          {{{"seconds", "5"}, {"seconds", "6"}}, "more than once"},
+      };
   for (const auto& [query, why] : bad) {
     const HttpResponse r = ask(query);
     INFO(r.body);

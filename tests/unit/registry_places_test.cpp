@@ -92,8 +92,7 @@ TEST_CASE("every tracer of the registry is listed wherever tracers are listed") 
 
   SECTION("the shipped config documents every tracer") {
     INFO("config/ebpf-metricsd.yaml lacks: ");
-    CHECK(missing(keys(YAML::LoadFile(SOURCE_DIR "/config/ebpf-metricsd.yaml")["tracers"])) ==
-          "");
+    CHECK(missing(keys(YAML::LoadFile(SOURCE_DIR "/config/ebpf-metricsd.yaml")["tracers"])) == "");
   }
   SECTION("the Kubernetes ConfigMap's config names every tracer") {
     const YAML::Node cm = YAML::LoadFile(SOURCE_DIR "/packaging/kubernetes/configmap.yaml");

@@ -407,7 +407,8 @@ bool whole_response(const std::string& raw) {
   const auto head_end = raw.find("\r\n\r\n");
   if (head_end == std::string::npos) return false;
   const auto cl = raw.find("Content-Length: ");
-  const std::size_t body = cl == std::string::npos || cl > head_end ? 0 : std::stoul(raw.substr(cl + 16));
+  const std::size_t body =
+      cl == std::string::npos || cl > head_end ? 0 : std::stoul(raw.substr(cl + 16));
   return raw.size() >= head_end + 4 + body;
 }
 
@@ -448,10 +449,13 @@ TEST_CASE("requests outside the HTTP grammar get 400 (or 431) and Connection: cl
   for (int i = 0; i < 98; ++i) fields_100 += "X-F" + std::to_string(i) + ": v\r\n";
   // 16 KiB of head exactly, in 90 fields; one byte more.
   std::string big;
-  for (int i = 0; i < 89; ++i) big += "X-Big" + std::to_string(i) + ": " + std::string(150, 'b') + "\r\n";
+  for (int i = 0; i < 89; ++i)
+    big += "X-Big" + std::to_string(i) + ": " + std::string(150, 'b') + "\r\n";
   const std::size_t head_so_far = get.size() + big.size() + std::string("X-Last: \r\n\r\n").size();
-  const std::string at_limit = get + big + "X-Last: " + std::string(16384 - head_so_far, 'l') + "\r\n\r\n";
-  const std::string over_limit = get + big + "X-Last: " + std::string(16385 - head_so_far, 'l') + "\r\n\r\n";
+  const std::string at_limit =
+      get + big + "X-Last: " + std::string(16384 - head_so_far, 'l') + "\r\n\r\n";
+  const std::string over_limit =
+      get + big + "X-Last: " + std::string(16385 - head_so_far, 'l') + "\r\n\r\n";
   REQUIRE(at_limit.size() == 16384);
   struct Case {
     const char* what;
@@ -472,7 +476,8 @@ TEST_CASE("requests outside the HTTP grammar get 400 (or 431) and Connection: cl
       {"Transfer-Encoding and Content-Length",
        get + "Transfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n", 400},
       {"%00 in the path", "GET /metrics%00 HTTP/1.1\r\nHost: x\r\n\r\n", 400},
-      {"raw NUL in the path", std::string("GET /metrics") + '\0' + "x HTTP/1.1\r\nHost: x\r\n\r\n", 400},
+      {"raw NUL in the path", std::string("GET /metrics") + '\0' + "x HTTP/1.1\r\nHost: x\r\n\r\n",
+       400},
       {"invalid percent-encoding", "GET /metrics%zz HTTP/1.1\r\nHost: x\r\n\r\n", 400},
       {"percent-encoded control", "GET /metrics%0a HTTP/1.1\r\nHost: x\r\n\r\n", 400},
       {"control character in the path", "GET /metrics\x01 HTTP/1.1\r\nHost: x\r\n\r\n", 400},
@@ -480,10 +485,14 @@ TEST_CASE("requests outside the HTTP grammar get 400 (or 431) and Connection: cl
       {"empty header name", "GET /metrics HTTP/1.1\r\n: value\r\nHost: x\r\n\r\n", 400},
       {"empty header name, last", get + ": value\r\n\r\n", 400},
       {"folded header line", get + "Accept: text/plain\r\n  folded\r\n\r\n", 400},
-      {"blanks around a value, an empty value", "GET /metrics HTTP/1.1\r\nHost:x\r\nX:  v \r\nY:\r\n\r\n", 200},
+      {"blanks around a value, an empty value",
+       "GET /metrics HTTP/1.1\r\nHost:x\r\nX:  v \r\nY:\r\n\r\n", 200},
       {"bare LF line ends", "GET /metrics HTTP/1.1\nHost: x\n\n", 200},
       {"space in a header name", get + "Bad Name: v\r\n\r\n", 400},
-      {"control character in a value", get + "X: a\x01" "b\r\n\r\n", 400},
+      {"control character in a value",
+       get + "X: a\x01"
+             "b\r\n\r\n",
+       400},
       {"two spaces after the method", "GET  /metrics HTTP/1.1\r\nHost: x\r\n\r\n", 400},
       {"two spaces before the version", "GET /metrics  HTTP/1.1\r\nHost: x\r\n\r\n", 400},
       {"no Host in HTTP/1.1", "GET /metrics HTTP/1.1\r\n\r\n", 400},
@@ -493,7 +502,8 @@ TEST_CASE("requests outside the HTTP grammar get 400 (or 431) and Connection: cl
       {"a 16 KiB head", at_limit, 200},
       {"a head one byte over 16 KiB", over_limit, 431},
       {"Content-Length: 0", get + "Content-Length: 0\r\n\r\n", 200},
-      {"a 17 KiB request-target", "GET /" + std::string(17 * 1024, 'a') + " HTTP/1.1\r\nHost: x\r\n\r\n", 414},
+      {"a 17 KiB request-target",
+       "GET /" + std::string(17 * 1024, 'a') + " HTTP/1.1\r\nHost: x\r\n\r\n", 414},
       {"percent-encoded letter", "GET /metr%69cs HTTP/1.1\r\nHost: x\r\n\r\n", 200},
   };
   for (const Case& c : cases) {
@@ -573,7 +583,8 @@ TEST_CASE("request grammar: targets and header fields") {
   CHECK_FALSE(check_header_fields(Fields{}, "HTTP/1.0"));
   CHECK(check_header_fields(Fields{}, "HTTP/1.1")->status == 400);
   CHECK(check_header_fields(Fields{}, "HTTP/1.2")->status == 400);
-  CHECK(check_header_fields(Fields{{"Host", "x"}, {"content-length", "00"}}, "HTTP/1.1")->status == 400);
+  CHECK(check_header_fields(Fields{{"Host", "x"}, {"content-length", "00"}}, "HTTP/1.1")->status ==
+        400);
   CHECK(check_header_fields(Fields{{"Host", "x"}, {"X", std::string_view("a\0b", 3)}}, "HTTP/1.1")
             ->status == 400);
 }

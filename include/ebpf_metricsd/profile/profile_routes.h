@@ -24,6 +24,6 @@ inline constexpr std::size_t kMaxFlameGraphNodes = 20000;
 inline constexpr int kMaxFlameGraphSeconds = 600;
 inline constexpr std::size_t kMaxFlameGraphRequests = 2;
 
-std::vector<Route> profile_routes(std::shared_ptr<ProfileStore> store);
+std::vector<Route> profile_routes(const std::shared_ptr<ProfileStore>& store);
 
 }  // namespace ebpf_metricsd::profiling

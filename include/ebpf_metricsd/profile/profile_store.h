@@ -95,8 +95,8 @@ class ProfileStore {
     std::vector<Sample> samples;
   };
   std::uint32_t intern(const std::vector<Frame>& frames);  // caller holds mutex_
-  void expire(Clock::time_point now);  // caller holds mutex_
-  void compact();                      // caller holds mutex_
+  void expire(Clock::time_point now);                      // caller holds mutex_
+  void compact();                                          // caller holds mutex_
 
   Limits limits_;
   SlowEventStore slow_events_;

@@ -69,8 +69,8 @@ class SlowEventStore {
   std::uint64_t keep(SlowEvent e, std::vector<Frame> frames);
 
   struct Query {
-    std::string metric;           // empty: every metric
-    std::uint64_t min_ns = 0;     // latency at least
+    std::string metric;        // empty: every metric
+    std::uint64_t min_ns = 0;  // latency at least
     std::optional<std::uint64_t> stack_id;
     std::chrono::system_clock::time_point since{};
   };

@@ -25,6 +25,7 @@ struct Frame {
   // kernel frames: the address.
   std::uint64_t address = 0;
   bool kernel = false;
+  // NOLINTNEXTLINE(modernize-use-nullptr): clang-tidy 14 misreads a defaulted operator<=>.
   auto operator<=>(const Frame&) const = default;
 };
 
@@ -58,9 +59,9 @@ class ElfModule;
 class UserSymbols {
  public:
   struct Limits {
-    std::size_t max_modules = 256;      // ELF files open at once
-    std::size_t max_processes = 8192;   // processes whose mappings are kept
-    std::size_t max_names = 1u << 20;   // names cached over all modules
+    std::size_t max_modules = 256;     // ELF files open at once
+    std::size_t max_processes = 8192;  // processes whose mappings are kept
+    std::size_t max_names = 1u << 20;  // names cached over all modules
   };
   explicit UserSymbols(Limits limits);
   UserSymbols() : UserSymbols(Limits{}) {}
