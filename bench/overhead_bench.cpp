@@ -27,6 +27,7 @@
 
 #include "ebpf_metricsd/bpf_support.h"
 #include "ebpf_metricsd/config.h"
+#include "ebpf_metricsd/metric_scope.h"
 #include "ebpf_metricsd/tracer.h"
 #include "floors.skel.h"
 #include "kernel_fixtures.h"
@@ -342,7 +343,10 @@ int run_benchmarks(int argc, char** argv) {
        {{"baseline", none, {}},
         {"floor inet_sock_set_state", floor_of({"floor_inet_sock_set_state"}), {}},
         {"tcp_connect_latency", tracer("tcp_connect_latency", store), {}},
-        labelled("tcp_connect_latency")}},
+        labelled("tcp_connect_latency"),
+        {"tcp_connect_latency slow: 1h (below it; stack taken at connect)",
+         tracer("tcp_connect_latency", slow_store, "    slow: {threshold: 1h}\n"),
+         {}}}},
       {"net_xmit_latency: UDP datagram over a veth pair",
        "datagram",
        veth_udp_sends,

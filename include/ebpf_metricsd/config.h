@@ -8,7 +8,7 @@
 
 #include "ebpf_metricsd/config_error.h"
 #include "ebpf_metricsd/hook_probe.h"
-#include "ebpf_metricsd/http/server.h"
+#include "ebpf_metricsd/http/web_settings.h"
 
 namespace ebpf_metricsd {
 

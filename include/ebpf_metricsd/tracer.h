@@ -8,19 +8,12 @@
 #include <string_view>
 #include <vector>
 
-#include "ebpf_metricsd/bpf_support.h"
-#include "ebpf_metricsd/cgroup_labels.h"
-#include "ebpf_metricsd/drop_accounting.h"
 #include "ebpf_metricsd/hook_probe.h"
-#include "ebpf_metricsd/log2_histogram.h"
-#include "ebpf_metricsd/map_deltas.h"
-#include "ebpf_metricsd/metric_scope.h"
-#include "ebpf_metricsd/slow_options.h"
-#include "ebpf_metricsd/yaml_reader.h"
-
-struct bpf_program;
 
 namespace ebpf_metricsd {
+
+class MetricScope;
+class YamlMapReader;
 
 // One tracer: a BPF object in the kernel plus the code that turns its maps into series.
 class Tracer {
@@ -48,32 +41,6 @@ struct TracerDescriptor {
   // Set for tracers with one fixed hook kind (nothing to probe): `hook` must stay auto.
   std::string single_hook = {};
 };
-
-// The options of a histogram tracer whose events have an owner: `buckets`, the workload
-// labels (`cgroup`, `label_map_entries`) and, where its events have stacks that say why,
-// `slow`.
-struct OwnedHistogramOptions {
-  Log2Layout buckets;
-  CgroupLabelOptions cgroup;
-  SlowOptions slow;
-};
-
-// The descriptor of such a tracer (T(MetricScope&, const OwnedHistogramOptions&)); `slow`:
-// it takes the `slow` option.
-template <typename T>
-TracerDescriptor descriptor_with_owned_histogram(std::string name, std::string summary,
-                                                 Log2Layout default_buckets, bool slow = false) {
-  return {std::move(name), std::move(summary),
-          [default_buckets, slow](YamlMapReader& options) -> std::any {
-            OwnedHistogramOptions o{
-                read_buckets(options, default_buckets), CgroupLabelOptions::read(options), {}};
-            if (slow) o.slow = SlowOptions::read(options);
-            return o;
-          },
-          [](MetricScope& scope, const std::any& options) -> std::unique_ptr<Tracer> {
-            return std::make_unique<T>(scope, std::any_cast<const OwnedHistogramOptions&>(options));
-          }};
-}
 
 // All tracers this build ships, in the order they are started.
 const std::vector<TracerDescriptor>& tracer_registry();

@@ -5,10 +5,15 @@
 #include <bpf/bpf.h>
 
 #include "ebpf_metricsd/bpf_support.h"
+#include "ebpf_metricsd/cgroup_labels.h"
+#include "ebpf_metricsd/drop_accounting.h"
+#include "ebpf_metricsd/log2_histogram.h"
 #include "ebpf_metricsd/map_deltas.h"
+#include "ebpf_metricsd/metric_scope.h"
 #include "ebpf_metricsd/skeleton.h"
 #include "ebpf_metricsd/slow_capture.h"
 #include "ebpf_metricsd/tracer.h"
+#include "ebpf_metricsd/tracer_options.h"
 
 // clang-format off
 #include <linux/types.h>

@@ -1,6 +1,11 @@
 // offcpu_time: time tasks spend switched out while blocked, and context switches by kind;
 // waits at or above its `slow` threshold with the stacks where the task blocked.
+#include "ebpf_metricsd/drop_accounting.h"
+#include "ebpf_metricsd/log2_histogram.h"
+#include "ebpf_metricsd/map_deltas.h"
+#include "ebpf_metricsd/metric_scope.h"
 #include "ebpf_metricsd/slow_capture.h"
+#include "ebpf_metricsd/yaml_reader.h"
 #include "sched_object.h"
 
 namespace ebpf_metricsd {

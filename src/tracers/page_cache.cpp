@@ -5,9 +5,13 @@
 #include <filesystem>
 
 #include "ebpf_metricsd/bpf_support.h"
+#include "ebpf_metricsd/cgroup_labels.h"
+#include "ebpf_metricsd/drop_accounting.h"
 #include "ebpf_metricsd/map_deltas.h"
+#include "ebpf_metricsd/metric_scope.h"
 #include "ebpf_metricsd/skeleton.h"
 #include "ebpf_metricsd/tracer.h"
+#include "ebpf_metricsd/yaml_reader.h"
 
 // clang-format off
 #include <linux/types.h>

@@ -22,11 +22,14 @@
 
 #include "ebpf_metricsd/bpf_support.h"
 #include "ebpf_metricsd/cgroup_names.h"
+#include "ebpf_metricsd/drop_accounting.h"
 #include "ebpf_metricsd/host_safety.h"
+#include "ebpf_metricsd/metric_scope.h"
 #include "ebpf_metricsd/profile/profile_store.h"
 #include "ebpf_metricsd/profile/symbols.h"
 #include "ebpf_metricsd/skeleton.h"
 #include "ebpf_metricsd/tracer.h"
+#include "ebpf_metricsd/yaml_reader.h"
 
 // clang-format off
 #include <linux/types.h>

@@ -1,4 +1,8 @@
 // runqueue_latency: time from a task becoming runnable to it running.
+#include "ebpf_metricsd/drop_accounting.h"
+#include "ebpf_metricsd/log2_histogram.h"
+#include "ebpf_metricsd/metric_scope.h"
+#include "ebpf_metricsd/yaml_reader.h"
 #include "sched_object.h"
 
 namespace ebpf_metricsd {

@@ -2,8 +2,16 @@
 
 #include <spdlog/spdlog.h>
 
+#include "ebpf_metricsd/bpf_support.h"
+#include "ebpf_metricsd/cgroup_labels.h"
+#include "ebpf_metricsd/drop_accounting.h"
 #include "ebpf_metricsd/host_safety.h"
+#include "ebpf_metricsd/log2_histogram.h"
+#include "ebpf_metricsd/map_deltas.h"
+#include "ebpf_metricsd/metric_scope.h"
 #include "ebpf_metricsd/slow_capture.h"
+#include "ebpf_metricsd/slow_options.h"
+#include "ebpf_metricsd/yaml_reader.h"
 
 #include <array>
 #include <cstring>

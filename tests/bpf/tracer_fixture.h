@@ -14,6 +14,7 @@
 #include "ebpf_metricsd/config.h"
 #include "ebpf_metricsd/hook_probe.h"
 #include "ebpf_metricsd/host_safety.h"
+#include "ebpf_metricsd/metric_scope.h"
 #include "ebpf_metricsd/profile/profile_store.h"
 #include "ebpf_metricsd/tracer.h"
 

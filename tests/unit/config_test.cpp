@@ -5,6 +5,7 @@
 #include <iterator>
 
 #include "ebpf_metricsd/config.h"
+#include "ebpf_metricsd/http/server.h"
 #include "ebpf_metricsd/yaml_reader.h"
 
 using namespace ebpf_metricsd;

@@ -1,0 +1,41 @@
+#pragma once
+// Options that several tracers share, and the descriptor of a tracer made of them.
+
+#include <memory>
+#include <string>
+
+#include "ebpf_metricsd/cgroup_labels.h"
+#include "ebpf_metricsd/log2_histogram.h"
+#include "ebpf_metricsd/slow_options.h"
+#include "ebpf_metricsd/tracer.h"
+#include "ebpf_metricsd/yaml_reader.h"
+
+namespace ebpf_metricsd {
+
+// The options of a histogram tracer whose events have an owner: `buckets`, the workload
+// labels (`cgroup`, `label_map_entries`) and, where its events have stacks that say why,
+// `slow`.
+struct OwnedHistogramOptions {
+  Log2Layout buckets;
+  CgroupLabelOptions cgroup;
+  SlowOptions slow;
+};
+
+// The descriptor of such a tracer (T(MetricScope&, const OwnedHistogramOptions&)); `slow`:
+// it takes the `slow` option.
+template <typename T>
+TracerDescriptor descriptor_with_owned_histogram(std::string name, std::string summary,
+                                                 Log2Layout default_buckets, bool slow = false) {
+  return {std::move(name), std::move(summary),
+          [default_buckets, slow](YamlMapReader& options) -> std::any {
+            OwnedHistogramOptions o{
+                read_buckets(options, default_buckets), CgroupLabelOptions::read(options), {}};
+            if (slow) o.slow = SlowOptions::read(options);
+            return o;
+          },
+          [](MetricScope& scope, const std::any& options) -> std::unique_ptr<Tracer> {
+            return std::make_unique<T>(scope, std::any_cast<const OwnedHistogramOptions&>(options));
+          }};
+}
+
+}  // namespace ebpf_metricsd
