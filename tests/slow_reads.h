@@ -6,6 +6,7 @@
 // read takes at least `delay`, at any machine speed. The child stays until the object goes,
 // so that its mappings are there when its events are symbolized. Each read is also one
 // off-CPU wait of at least `delay`, in the same function.
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -15,8 +16,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <new>
 #include <stdexcept>
+#include <string>
 #include <thread>
 
 #include "cgroup_fixture.h"
@@ -123,6 +126,52 @@ class SlowReader {
  private:
   int data_[2]{-1, -1}, done_[2]{-1, -1}, go_[2]{-1, -1};
   std::atomic<long>* before_ = nullptr;
+  pid_t pid_ = 0;
+  int status_ = 0;
+};
+
+// A child process that writes `n` 4 KiB blocks to the block device `dev` with O_DIRECT, by
+// write_in_known_function, every other block from the start (each one request), and stays
+// until finish() so that its mappings are there when its events are symbolized.
+class DirectWriter {
+ public:
+  DirectWriter(const std::string& dev, int n) {
+    if (pipe(go_) != 0) throw std::runtime_error("pipe");
+    pid_ = fork();
+    if (pid_ < 0) throw std::runtime_error("fork");
+    if (pid_ == 0) {
+      const int fd = open(dev.c_str(), O_WRONLY | O_DIRECT);
+      void* buf = nullptr;
+      if (fd < 0 || posix_memalign(&buf, 4096, 4096) != 0) _exit(1);
+      std::memset(buf, 0xcd, 4096);
+      for (int i = 0; i < n; ++i) {
+        if (write_in_known_function(fd, buf, 4096, static_cast<long>(i) * 8192) != 4096) _exit(1);
+      }
+      char c;
+      _exit(read(go_[0], &c, 1) == 1 ? 0 : 1);
+    }
+  }
+  pid_t pid() const { return pid_; }
+  // Lets the child exit and returns its exit status (0: every write was whole).
+  int finish() {
+    if (pid_ <= 0) return status_;
+    if (write(go_[1], "x", 1) != 1) kill(pid_, SIGKILL);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -pid_;
+    status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+    return status_;
+  }
+  ~DirectWriter() {
+    finish();
+    close(go_[0]);
+    close(go_[1]);
+  }
+  DirectWriter(const DirectWriter&) = delete;
+  DirectWriter& operator=(const DirectWriter&) = delete;
+
+ private:
+  int go_[2]{-1, -1};
   pid_t pid_ = 0;
   int status_ = 0;
 };

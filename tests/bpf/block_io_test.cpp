@@ -146,23 +146,9 @@ TEST_CASE(
   auto tracer = test::start_tracer(store, "block_io",
                                    "    slow: {threshold: 1us, max_per_second: 1000}\n", &profiles);
   constexpr int kWrites = 20;
-  int go[2];
-  REQUIRE(pipe(go) == 0);
   const auto s0 = loop.stat();
-  const pid_t child = fork();
-  REQUIRE(child >= 0);
-  if (child == 0) {
-    const int fd = open(loop.dev().c_str(), O_WRONLY | O_DIRECT);
-    void* buf = nullptr;
-    if (fd < 0 || posix_memalign(&buf, 4096, 4096) != 0) _exit(1);
-    std::memset(buf, 0xcd, 4096);
-    for (int i = 0; i < kWrites; ++i) {
-      if (test::write_in_known_function(fd, buf, 4096, static_cast<long>(i) * 8192) != 4096)
-        _exit(1);
-    }
-    char c;
-    _exit(read(go[0], &c, 1) == 1 ? 0 : 1);  // stays until its events are in
-  }
+  test::DirectWriter writer(loop.dev(), kWrites);
+  const pid_t child = writer.pid();
   // Wait until the disk has completed the child's writes.
   for (int i = 0; i < 600 && loop.stat()[2] - s0[2] < kWrites; ++i) usleep(10000);
   const auto s1 = loop.stat();
@@ -176,13 +162,7 @@ TEST_CASE(
                                                                    {"op", "write"}};
   const auto on_loop = test::wait_for_slow_events(
       tracer, profiles, q.metric, requests, [&](const auto& e) { return e.series == writes; });
-  REQUIRE(write(go[1], "x", 1) == 1);
-  int status = 0;
-  REQUIRE(waitpid(child, &status, 0) == child);
-  CHECK(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 0);
-  close(go[0]);
-  close(go[1]);
+  CHECK(writer.finish() == 0);  // it stayed until its events were in
 
   // One event per write the disk completed, none lost.
   INFO(requests << " writes, " << on_loop.size() << " events");

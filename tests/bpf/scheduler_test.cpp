@@ -9,7 +9,6 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <thread>
@@ -19,7 +18,6 @@
 #include "../metrics_lookup.h"
 #include "../slow_reads.h"
 #include "../workloads.h"
-#include "ebpf_metricsd/exposition_format.h"
 #include "ebpf_metricsd/profile/profile_store.h"
 #include "oracle_tool.h"
 #include "sched_oracle.h"
@@ -266,30 +264,10 @@ TEST_CASE(
   }
   // The bucket of the child's last wait carries the newest event kept in it (that wait, or
   // a later one of the same comm) as its exemplar.
-  const auto le_of = [](std::uint64_t ns) {
-    return format_double(std::exp2(std::ceil(std::log2(static_cast<double>(ns) * 1e-9))));
-  };
-  const std::string le = le_of(ours.back().latency_ns);
-  const profiling::SlowEvent* newest = nullptr;
-  for (const auto& e : window.events) {
-    if (e.series == ours.back().series && le_of(e.latency_ns) == le &&
-        (!newest || e.when >= newest->when)) {
-      newest = &e;
-    }
-  }
-  REQUIRE(newest != nullptr);
+  test::check_bucket_exemplar(store, window, ours.back(),
+                              "ebpf_offcpu_seconds_bucket{comm=\"" + ours.back().comm + "\",");
   runq->drain();
   CHECK(histogram_count(store, kRunq, {}) > 0);
-  const std::string om = render_openmetrics(store);
-  const std::string line =
-      "ebpf_offcpu_seconds_bucket{comm=\"" + ours.back().comm + "\",le=\"" + le + "\"} ";
-  const auto at = om.find(line);
-  INFO(line);
-  REQUIRE(at != std::string::npos);
-  const std::string bucket = om.substr(at, om.find('\n', at) - at);
-  CHECK_THAT(bucket, Catch::Matchers::Contains(
-                         "# {stack_id=\"" + profiling::stack_id_text(newest->stack_id) +
-                         "\",pid=\"" + std::to_string(newest->pid) + "\",comm=\""));
 
   // runqueue_latency restarts with labelled maps of another size: a new object, offcpu_time
   // moved onto it, its slow events read from the new ring.

@@ -7,14 +7,12 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
-#include <cmath>
 #include <thread>
 
 #include "../metrics_lookup.h"
 #include "../slow_reads.h"
 #include "../workloads.h"
 #include "ebpf_metricsd/config.h"
-#include "ebpf_metricsd/exposition_format.h"
 #include "ebpf_metricsd/hook_probe.h"
 #include "ebpf_metricsd/profile/profile_store.h"
 #include "ebpf_metricsd/tracer.h"
@@ -190,30 +188,10 @@ TEST_CASE(
     }
     CHECK(named);
   }
-  // The bucket of the child's last read (the first le at or above it) carries the newest
-  // event kept in it as its exemplar: that read, or a later slow read of another process.
-  const auto le_of = [](std::uint64_t ns) {
-    return format_double(std::exp2(std::ceil(std::log2(static_cast<double>(ns) * 1e-9))));
-  };
-  const std::string le = le_of(ours.back().latency_ns);
-  const profiling::SlowEvent* newest = nullptr;
-  for (const auto& e : window.events) {
-    if (e.series == ours.back().series && le_of(e.latency_ns) == le &&
-        (!newest || e.when >= newest->when)) {
-      newest = &e;
-    }
-  }
-  REQUIRE(newest != nullptr);
-  const std::string om = render_openmetrics(store);
-  const std::string line =
-      "ebpf_syscall_latency_seconds_bucket{syscall=\"read\",le=\"" + le + "\"} ";
-  const auto at = om.find(line);
-  INFO(om.substr(0, 3000));
-  REQUIRE(at != std::string::npos);
-  const std::string bucket = om.substr(at, om.find('\n', at) - at);
-  CHECK_THAT(bucket, Catch::Matchers::Contains(
-                         "# {stack_id=\"" + profiling::stack_id_text(newest->stack_id) +
-                         "\",pid=\"" + std::to_string(newest->pid) + "\",comm=\""));
+  // The bucket of the child's last read carries the newest event kept in it as its
+  // exemplar: that read, or a later slow read of another process.
+  test::check_bucket_exemplar(store, window, ours.back(),
+                              "ebpf_syscall_latency_seconds_bucket{syscall=\"read\",");
   // Nothing was refused by the limit or lost to a full ring.
   const auto fams = test::collect(store);
   for (const char* reason : {"slow_limited", "slow_ring_full", "slow_queue_full"}) {

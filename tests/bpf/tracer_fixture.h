@@ -3,7 +3,9 @@
 
 #include <bpf/libbpf.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "ebpf_metricsd/config.h"
+#include "ebpf_metricsd/exposition_format.h"
 #include "ebpf_metricsd/hook_probe.h"
 #include "ebpf_metricsd/host_safety.h"
 #include "ebpf_metricsd/metric_scope.h"
@@ -76,6 +79,37 @@ inline std::vector<profiling::SlowEvent> wait_for_slow_events(
     }
   }
   return found;
+}
+
+// The bucket `last` (a kept slow event) was counted in (the first le at or above its latency)
+// carries the newest event of `window` in that series and bucket as its exemplar, in the
+// OpenMetrics text of `store`: on the line that begins with `bucket_labels` (the metric's
+// `_bucket{` and the series' labels before le).
+inline void check_bucket_exemplar(const MetricStore& store, const profiling::SlowWindow& window,
+                                  const profiling::SlowEvent& last,
+                                  const std::string& bucket_labels) {
+  const auto le_of = [](std::uint64_t ns) {
+    return format_double(std::exp2(std::ceil(std::log2(static_cast<double>(ns) * 1e-9))));
+  };
+  const std::string le = le_of(last.latency_ns);
+  const profiling::SlowEvent* newest = nullptr;
+  for (const auto& e : window.events) {
+    if (e.series == last.series && le_of(e.latency_ns) == le &&
+        (!newest || e.when >= newest->when)) {
+      newest = &e;
+    }
+  }
+  REQUIRE(newest != nullptr);
+  const std::string om = render_openmetrics(store);
+  const std::string line = bucket_labels + "le=\"" + le + "\"} ";
+  const auto at = om.find(line);
+  INFO(line);
+  INFO(om.substr(0, 3000));
+  REQUIRE(at != std::string::npos);
+  const std::string bucket = om.substr(at, om.find('\n', at) - at);
+  CHECK_THAT(bucket, Catch::Matchers::Contains(
+                         "# {stack_id=\"" + profiling::stack_id_text(newest->stack_id) +
+                         "\",pid=\"" + std::to_string(newest->pid) + "\",comm=\""));
 }
 
 }  // namespace ebpf_metricsd::test

@@ -90,6 +90,17 @@ struct ProfileDaemon {
                     base + path + "'");
     return {code.empty() ? "000" : code, read_file(out)};
   }
+  // The page at `path` as a browser is given it: the credentials in the URL.
+  std::string page_url(const std::string& path) const {
+    return "https://" + std::string(kUser) + ":" + kPassword +
+           "@127.0.0.1:" + std::to_string(s.port) + path;
+  }
+  // Headless chromium with a profile directory in the test's own, up to the URL.
+  std::string chromium() const {
+    return "chromium --headless --no-sandbox --disable-gpu --ignore-certificate-errors "
+           "--user-data-dir=" +
+           s.dir + "/chromium --virtual-time-budget=15000 ";
+  }
 };
 
 // A screenshot of the page at `url` by `chromium` (its command line so far), kept with the
@@ -212,13 +223,9 @@ TEST_CASE("slow events on the flame graph page in a real browser: the function t
     REQUIRE(seen);
     CHECK(reader.finish() == 0);
   }
-  const std::string url = "https://" + std::string(kUser) + ":" + kPassword +
-                          "@127.0.0.1:" + std::to_string(p.s.port) +
-                          "/profile?slow=1&seconds=600&metric=ebpf_syscall_latency_seconds";
-  const std::string chromium =
-      "chromium --headless --no-sandbox --disable-gpu "
-      "--ignore-certificate-errors --user-data-dir=" +
-      p.s.dir + "/chromium --virtual-time-budget=15000 ";
+  const std::string url =
+      p.page_url("/profile?slow=1&seconds=600&metric=ebpf_syscall_latency_seconds");
+  const std::string chromium = p.chromium();
   const std::string dom = run_capture(chromium + "--dump-dom '" + url + "' 2>/dev/null");
   INFO(dom.substr(0, 3000));
   REQUIRE_THAT(dom, Contains("data-loaded=\"1\""));
@@ -245,14 +252,8 @@ TEST_CASE("the flame graph page in a real browser: the known workload's function
     REQUIRE(seen);
     std::this_thread::sleep_for(3s);  // a few hundred samples more at 97 Hz
   }
-  const std::string profile_dir = p.s.dir + "/chromium";
-  const std::string url = "https://" + std::string(kUser) + ":" + kPassword +
-                          "@127.0.0.1:" + std::to_string(p.s.port) +
-                          "/profile?seconds=60&group=process";
-  const std::string chromium =
-      "chromium --headless --no-sandbox --disable-gpu "
-      "--ignore-certificate-errors --user-data-dir=" +
-      profile_dir + " --virtual-time-budget=15000 ";
+  const std::string url = p.page_url("/profile?seconds=60&group=process");
+  const std::string chromium = p.chromium();
   const std::string dom = run_capture(chromium + "--dump-dom '" + url + "' 2>/dev/null");
   REQUIRE_THAT(dom, Contains("data-loaded=\"1\""));
   // Every bar of a function: its name and its width in percent of the page's root.

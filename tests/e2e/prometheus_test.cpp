@@ -515,28 +515,9 @@ TEST_CASE(
   // Direct writes to a loop device nothing else writes to: at 1 us every request is slow.
   // The newest request of a bucket is its exemplar: the writer's, where the loop driver
   // issues a direct write in the writer's context (6.12 and later; these machines).
-  int go[2];
-  REQUIRE(pipe(go) == 0);
-  const pid_t writer = fork();
-  REQUIRE(writer >= 0);
-  if (writer == 0) {
-    const int fd = open(loop.dev().c_str(), O_WRONLY | O_DIRECT);
-    void* buf = nullptr;
-    if (fd < 0 || posix_memalign(&buf, 4096, 4096) != 0) _exit(1);
-    std::memset(buf, 0xcd, 4096);
-    for (int i = 0; i < 20; ++i) {
-      if (write_in_known_function(fd, buf, 4096, static_cast<long>(i) * 8192) != 4096) _exit(1);
-    }
-    char c;
-    _exit(read(go[0], &c, 1) == 1 ? 0 : 1);  // stays until its events are named
-  }
+  DirectWriter writer(loop.dev(), 20);
   check_exemplars(
-      "ebpf_block_io_latency_seconds_bucket{device=\"" + loop.name() + "\",op=\"write\"}", writer,
-      0, "write_in_known_function");
-  REQUIRE(write(go[1], "x", 1) == 1);
-  int status = 0;
-  REQUIRE(waitpid(writer, &status, 0) == writer);
-  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
-  close(go[0]);
-  close(go[1]);
+      "ebpf_block_io_latency_seconds_bucket{device=\"" + loop.name() + "\",op=\"write\"}",
+      writer.pid(), 0, "write_in_known_function");
+  CHECK(writer.finish() == 0);
 }
