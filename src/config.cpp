@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <memory>
 
 #include "ebpf_metricsd/tracer.h"
@@ -86,6 +87,22 @@ Config parse_config(const std::string& yaml_text, const std::string& file_name) 
     // Every tracer's programs were relocated against the BTF: a new one restarts them all.
     tc.fingerprint += "\nbtf_path: " + cfg.btf_path;
     cfg.tracers.push_back(std::move(tc));
+  }
+  // A group's members share one object: each is built knowing the others' options, and a
+  // change to any section restarts them all.
+  std::map<std::string, std::string> group_sections;
+  std::map<std::string, TracerPeers> group_peers;
+  for (const TracerConfig& tc : cfg.tracers) {
+    const std::string& group = find_tracer(tc.name)->group;
+    if (group.empty()) continue;
+    group_sections[group] += tc.name + ":\n" + tc.fingerprint + "\n";
+    if (tc.enabled) group_peers[group].emplace(tc.name, tc.options);
+  }
+  for (TracerConfig& tc : cfg.tracers) {
+    const std::string& group = find_tracer(tc.name)->group;
+    if (group.empty()) continue;
+    tc.fingerprint = group_sections[group];
+    tc.peers = group_peers[group];
   }
   tracers.finish();
   top.finish();

@@ -100,10 +100,6 @@ SlowCapture::~SlowCapture() {
 
 void SlowCapture::start(bpf_map* map) {
   if (!options_.on()) return;
-  if (ring_) {
-    thread_ = {};
-    ring_buffer__consume(ring_.get());
-  }
   ring_.reset(ring_buffer__new(bpf_map__fd(map), &SlowCapture::on_event, this, nullptr));
   if (!ring_) throw std::runtime_error("slow events: cannot read the ring buffer");
   thread_ = std::jthread([this](const std::stop_token& stop) {

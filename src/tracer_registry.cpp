@@ -40,7 +40,7 @@ std::unique_ptr<Tracer> build_tracer(const TracerConfig& config, MetricScope& sc
                                      HookProber& prober) {
   const TracerDescriptor* d = find_tracer(config.name);
   if (!d) throw std::runtime_error("no tracer " + config.name + " in this build");
-  auto tracer = d->create(scope, config.options);
+  auto tracer = d->create(scope, *config.options, config.peers);
   tracer->start(prober, config.hook);
   return tracer;
 }

@@ -1,6 +1,5 @@
 #pragma once
 
-#include <any>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -9,6 +8,7 @@
 #include "ebpf_metricsd/config_error.h"
 #include "ebpf_metricsd/hook_probe.h"
 #include "ebpf_metricsd/http/web_settings.h"
+#include "ebpf_metricsd/tracer.h"
 
 namespace ebpf_metricsd {
 
@@ -16,9 +16,11 @@ struct TracerConfig {
   std::string name;
   bool enabled = false;
   HookPreference hook = HookPreference::Auto;
-  std::any options;  // parsed by the tracer's descriptor
-  // The tracer's section as written (canonical YAML): a reload restarts the tracer only
-  // when this changed.
+  std::shared_ptr<const TracerOptions> options;  // parsed by the tracer's descriptor
+  // In a group (TracerDescriptor::group): the options of its enabled members, this one's too.
+  TracerPeers peers;
+  // The tracer's section as written (canonical YAML), and in a group every member's: a
+  // reload restarts the tracer only when this changed.
   std::string fingerprint;
 };
 

@@ -39,12 +39,6 @@ class DropAccounting {
     deltas_.rebase_next();
     rebase_misses_ = true;
   }
-  // The map and programs were replaced by new ones (call before bind): counts from zero.
-  void forget() {
-    deltas_.forget();
-    last_misses_ = 0;
-    rebase_misses_ = false;
-  }
   // Deletes stamps older than max_age from an in-flight map (sweep_stale_stamps) and counts
   // them under the swept reason.
   void sweep(int stamps_map_fd, std::chrono::nanoseconds max_age);

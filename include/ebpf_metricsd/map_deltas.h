@@ -34,11 +34,6 @@ class PerCpuDeltas {
   // for a map that already held counts when this drain started reading it (an object
   // shared with another tracer that stayed loaded).
   void rebase_next() { rebase_ = true; }
-  // The map was replaced by an empty one: the next drain counts its values from zero.
-  void forget() {
-    last_.clear();
-    rebase_ = false;
-  }
 
  private:
   // Returns whether the key's value changed.
@@ -63,7 +58,6 @@ class Log2HistDrain {
   void drain_hash(int map_fd, std::size_t key_size, const Labels& labels,
                   const PerCpuDeltas::Retire& retire = {});
   void rebase_next() { deltas_.rebase_next(); }
-  void forget() { deltas_.forget(); }
 
  private:
   PerCpuDeltas::Visit visitor(const Labels& labels);
@@ -82,7 +76,6 @@ class CounterDrain {
   void drain_hash(int map_fd, std::size_t key_size, const Labels& labels,
                   const PerCpuDeltas::Retire& retire = {});
   void rebase_next() { deltas_.rebase_next(); }
-  void forget() { deltas_.forget(); }
 
  private:
   MetricScope& scope_;

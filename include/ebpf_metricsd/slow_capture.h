@@ -62,8 +62,7 @@ class SlowCapture {
   void configure(Skeleton* s, std::uint32_t origins = 0) const {
     configure(s, options_, origins);
   }
-  // After load: starts reading the ring buffer `map` (when on). Again with another map (the
-  // object was replaced): what the old one still holds is taken first.
+  // After load: starts reading the ring buffer `map` (when on).
   void start(bpf_map* map);
   // On the drain thread, before the tracer reads its histograms: takes what has arrived, so
   // that every event drain() then applies is already counted in the histogram it reads (the

@@ -21,21 +21,18 @@ struct OwnedHistogramOptions {
   SlowOptions slow;
 };
 
-// The descriptor of such a tracer (T(MetricScope&, const OwnedHistogramOptions&)); `slow`:
-// it takes the `slow` option.
+// The descriptor of such a tracer (T::Options is OwnedHistogramOptions); `slow`: it takes
+// the `slow` option.
 template <typename T>
 TracerDescriptor descriptor_with_owned_histogram(std::string name, std::string summary,
                                                  Log2Layout default_buckets, bool slow = false) {
-  return {std::move(name), std::move(summary),
-          [default_buckets, slow](YamlMapReader& options) -> std::any {
-            OwnedHistogramOptions o{
-                read_buckets(options, default_buckets), CgroupLabelOptions::read(options), {}};
-            if (slow) o.slow = SlowOptions::read(options);
-            return o;
-          },
-          [](MetricScope& scope, const std::any& options) -> std::unique_ptr<Tracer> {
-            return std::make_unique<T>(scope, std::any_cast<const OwnedHistogramOptions&>(options));
-          }};
+  return declare_tracer<T>(
+      std::move(name), std::move(summary), [default_buckets, slow](YamlMapReader& options) {
+        OwnedHistogramOptions o{
+            read_buckets(options, default_buckets), CgroupLabelOptions::read(options), {}};
+        if (slow) o.slow = SlowOptions::read(options);
+        return o;
+      });
 }
 
 }  // namespace ebpf_metricsd

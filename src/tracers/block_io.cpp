@@ -44,6 +44,7 @@ const char* op_name(std::uint32_t op) {
 
 class BlockIoTracer final : public Tracer {
  public:
+  using Options = OwnedHistogramOptions;
   BlockIoTracer(MetricScope& scope, const OwnedHistogramOptions& options)
       : scope_(scope),
         labels_(options.cgroup),

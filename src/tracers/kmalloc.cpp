@@ -32,6 +32,7 @@ using Object = EBPF_METRICSD_SKELETON(kmalloc);
 
 class KmallocTracer final : public Tracer {
  public:
+  using Options = KmallocOptions;
   KmallocTracer(MetricScope& scope, KmallocOptions options)
       : scope_(scope),
         options_(options),
@@ -156,21 +157,15 @@ class KmallocTracer final : public Tracer {
 }  // namespace
 
 TracerDescriptor kmalloc_descriptor() {
-  return {
-      "kmalloc",
-      "kmalloc/kfree calls and sizes",
-      [](YamlMapReader& options) -> std::any {
+  return declare_tracer<KmallocTracer>(
+      "kmalloc", "kmalloc/kfree calls and sizes", [](YamlMapReader& options) {
         KmallocOptions o;
         o.caches = options.get_bool("caches", false);
         o.max_caches =
             static_cast<std::uint32_t>(options.get_int("max_caches", KMALLOC_MAX_CACHES, 1, 65536));
         o.buckets = read_buckets(options, o.buckets);
         return o;
-      },
-      [](MetricScope& scope, const std::any& options) -> std::unique_ptr<Tracer> {
-        return std::make_unique<KmallocTracer>(scope, std::any_cast<KmallocOptions>(options));
-      },
-  };
+      });
 }
 
 }  // namespace ebpf_metricsd

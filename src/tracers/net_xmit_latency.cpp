@@ -28,6 +28,7 @@ using Object = EBPF_METRICSD_SKELETON(net_xmit_latency);
 
 class NetXmitLatencyTracer final : public Tracer {
  public:
+  using Options = OwnedHistogramOptions;
   NetXmitLatencyTracer(MetricScope& scope, const OwnedHistogramOptions& options)
       : scope_(scope),
         labels_(options.cgroup),

@@ -14,14 +14,30 @@ namespace {
 
 class OffcpuTimeTracer final : public SchedHistTracer {
  public:
-  OffcpuTimeTracer(MetricScope& scope, SchedHistKind kind, SchedLabelOptions labels)
-      : SchedHistTracer(scope, std::move(kind), labels),
+  OffcpuTimeTracer(MetricScope& scope, const SchedLabelOptions& options, const TracerPeers& peers)
+      : SchedHistTracer(scope,
+                        {{"ebpf_offcpu_seconds",
+                          "Time tasks spent switched out while blocked, until switched in again.",
+                          MetricType::Histogram,
+                          {},
+                          {}},  // buckets from the options
+                         [](scheduler* s) { return s->maps.offcpu_hist; },
+                         [](scheduler* s) { return s->maps.offcpu_hist_labelled; },
+                         SchedObject::kOffcpuMap,
+                         drop_reasons<SCHED_DROP__COUNT>(
+                             {"task_state", "", "map_full", "slow_limited", "slow_ring_full"})},
+                        options, peers),
         switches_(scope, scope.declare({"ebpf_context_switches_total",
                                         "Context switches: voluntary (the task blocked) or "
                                         "involuntary (it was preempted while runnable).",
                                         MetricType::Counter,
                                         {"kind"}})),
-        slow_(scope, metric(), "ebpf_offcpu_seconds", options().slow, cgroups()) {}
+        slow_(scope, metric(), "ebpf_offcpu_seconds", options.slow, cgroups()) {}
+
+  void start(HookProber& prober, HookPreference preference) override {
+    SchedHistTracer::start(prober, preference);
+    slow_.start(skel()->maps.slow_events);
+  }
 
   void drain() override {
     slow_.begin_drain();
@@ -45,11 +61,6 @@ class OffcpuTimeTracer final : public SchedHistTracer {
     SchedHistTracer::rebase_next();
     switches_.rebase_next();
   }
-  void forget_counts() override {
-    SchedHistTracer::forget_counts();
-    switches_.forget();
-  }
-  void switched_on() override { slow_.start(skel()->maps.slow_events); }
 
  private:
   CounterDrain switches_;
@@ -59,35 +70,13 @@ class OffcpuTimeTracer final : public SchedHistTracer {
 }  // namespace
 
 TracerDescriptor offcpu_time_descriptor() {
-  return {
-      "offcpu_time",
-      "Off-CPU time while blocked, and context switches",
-      [](YamlMapReader& options) -> std::any {
+  return declare_tracer<OffcpuTimeTracer>(
+      "offcpu_time", "Off-CPU time while blocked, and context switches",
+      [](YamlMapReader& options) {
         // 1us .. 64s: from a short lock wait to an idle worker.
         return SchedLabelOptions::read(options, Log2Layout::seconds(-20, 6), /*slow_capture=*/true);
       },
-      [](MetricScope& scope, const std::any& options) -> std::unique_ptr<Tracer> {
-        SchedHistKind kind{
-            {"ebpf_offcpu_seconds",
-             "Time tasks spent switched out while blocked, until switched in again.",
-             MetricType::Histogram,
-             {},
-             {}},  // buckets from the options
-            /*wants_wakeups=*/false,
-            /*slow_capture=*/true,
-            &sched_config::offcpu_on,
-            &sched_config::offcpu_by_cgroup,
-            &sched_config::offcpu_by_comm,
-            [](scheduler* s) { return s->maps.offcpu_hist; },
-            [](scheduler* s) { return s->maps.offcpu_hist_labelled; },
-            SchedObject::kOffcpuMap,
-            drop_reasons<SCHED_DROP__COUNT>(
-                {"task_state", "", "map_full", "slow_limited", "slow_ring_full"}),
-        };
-        return std::make_unique<OffcpuTimeTracer>(scope, std::move(kind),
-                                                  std::any_cast<SchedLabelOptions>(options));
-      },
-  };
+      {}, "scheduler");
 }
 
 }  // namespace ebpf_metricsd

@@ -29,6 +29,7 @@ CgroupLabelOptions always_labelled(CgroupLabelOptions o) {
 
 class OomKillsTracer final : public Tracer {
  public:
+  using Options = CgroupLabelOptions;
   OomKillsTracer(MetricScope& scope, const CgroupLabelOptions& options)
       : scope_(scope),
         labels_(always_labelled(options)),
@@ -98,16 +99,11 @@ class OomKillsTracer final : public Tracer {
 }  // namespace
 
 TracerDescriptor oom_kills_descriptor() {
-  return {"oom_kills", "OOM kills, by the victim's cgroup",
-          [](YamlMapReader& options) -> std::any {
-            if (options.has("cgroup"))
-              options.fail("cgroup", "oom_kills is always labelled by cgroup");
-            return CgroupLabelOptions::read(options);
-          },
-          [](MetricScope& scope, const std::any& options) -> std::unique_ptr<Tracer> {
-            return std::make_unique<OomKillsTracer>(
-                scope, std::any_cast<const CgroupLabelOptions&>(options));
-          }};
+  return declare_tracer<OomKillsTracer>(
+      "oom_kills", "OOM kills, by the victim's cgroup", [](YamlMapReader& options) {
+        if (options.has("cgroup")) options.fail("cgroup", "oom_kills is always labelled by cgroup");
+        return CgroupLabelOptions::read(options);
+      });
 }
 
 }  // namespace ebpf_metricsd

@@ -27,6 +27,7 @@ using Object = EBPF_METRICSD_SKELETON(page_cache);
 
 class PageCacheTracer final : public Tracer {
  public:
+  using Options = CgroupLabelOptions;
   PageCacheTracer(MetricScope& scope, const CgroupLabelOptions& cgroup)
       : scope_(scope),
         labels_(cgroup),
@@ -209,12 +210,8 @@ class PageCacheTracer final : public Tracer {
 }  // namespace
 
 TracerDescriptor page_cache_descriptor() {
-  return {"page_cache", "Page cache accesses, misses and dirtied pages",
-          [](YamlMapReader& options) -> std::any { return CgroupLabelOptions::read(options); },
-          [](MetricScope& scope, const std::any& options) -> std::unique_ptr<Tracer> {
-            return std::make_unique<PageCacheTracer>(
-                scope, std::any_cast<const CgroupLabelOptions&>(options));
-          }};
+  return declare_tracer<PageCacheTracer>(
+      "page_cache", "Page cache accesses, misses and dirtied pages", &CgroupLabelOptions::read);
 }
 
 }  // namespace ebpf_metricsd

@@ -24,6 +24,7 @@ using Skeleton = SkeletonPtr<page_faults, page_faults__destroy>;
 
 class PageFaultsTracer final : public Tracer {
  public:
+  using Options = CgroupLabelOptions;
   PageFaultsTracer(MetricScope& scope, const CgroupLabelOptions& cgroup)
       : labels_(cgroup),
         faults_(scope, scope.declare(labels_.with_labels(
@@ -74,13 +75,8 @@ class PageFaultsTracer final : public Tracer {
 }  // namespace
 
 TracerDescriptor page_faults_descriptor() {
-  return {"page_faults", "Page faults, minor and major",
-          [](YamlMapReader& options) -> std::any { return CgroupLabelOptions::read(options); },
-          [](MetricScope& scope, const std::any& options) -> std::unique_ptr<Tracer> {
-            return std::make_unique<PageFaultsTracer>(
-                scope, std::any_cast<const CgroupLabelOptions&>(options));
-          },
-          "perf_event"};
+  return declare_tracer<PageFaultsTracer>("page_faults", "Page faults, minor and major",
+                                          &CgroupLabelOptions::read, "perf_event");
 }
 
 }  // namespace ebpf_metricsd

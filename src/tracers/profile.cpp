@@ -112,6 +112,7 @@ bool tracing_frame(const std::string& fn) {
 
 class ProfileTracer final : public Tracer {
  public:
+  using Options = ProfileOptions;
   ProfileTracer(MetricScope& scope, ProfileOptions options)
       : scope_(scope),
         options_(std::move(options)),
@@ -511,12 +512,8 @@ class ProfileTracer final : public Tracer {
 }  // namespace
 
 TracerDescriptor profile_descriptor() {
-  return {"profile", "On-CPU samples and off-CPU waits as stacks (pprof, flame graph)",
-          [](YamlMapReader& options) -> std::any { return read_options(options); },
-          [](MetricScope& scope, const std::any& options) -> std::unique_ptr<Tracer> {
-            return std::make_unique<ProfileTracer>(scope,
-                                                   std::any_cast<const ProfileOptions&>(options));
-          }};
+  return declare_tracer<ProfileTracer>(
+      "profile", "On-CPU samples and off-CPU waits as stacks (pprof, flame graph)", &read_options);
 }
 
 }  // namespace ebpf_metricsd

@@ -101,6 +101,7 @@ constexpr std::uint32_t kThreadMapEntries = 65536;
 
 class SyscallLatencyTracer final : public Tracer {
  public:
+  using Options = SyscallLatencyOptions;
   SyscallLatencyTracer(MetricScope& scope, SyscallLatencyOptions options)
       : scope_(scope),
         options_(std::move(options)),
@@ -187,24 +188,18 @@ class SyscallLatencyTracer final : public Tracer {
 }  // namespace
 
 TracerDescriptor syscall_latency_descriptor() {
-  return {
-      "syscall_latency",
-      "Syscall latency (sys_enter to sys_exit), by syscall",
-      [](YamlMapReader& options) -> std::any {
-        SyscallLatencyOptions o;
-        o.include = read_syscall_list(options, "include");
-        o.exclude = read_syscall_list(options, "exclude");
-        read_per_syscall(options, o);
-        o.buckets = read_buckets(options, o.buckets);
-        o.cgroup = CgroupLabelOptions::read(options);
-        o.slow = SlowOptions::read(options);
-        return o;
-      },
-      [](MetricScope& scope, const std::any& options) -> std::unique_ptr<Tracer> {
-        return std::make_unique<SyscallLatencyTracer>(
-            scope, std::any_cast<const SyscallLatencyOptions&>(options));
-      },
-  };
+  return declare_tracer<SyscallLatencyTracer>("syscall_latency",
+                                              "Syscall latency (sys_enter to sys_exit), by syscall",
+                                              [](YamlMapReader& options) {
+                                                SyscallLatencyOptions o;
+                                                o.include = read_syscall_list(options, "include");
+                                                o.exclude = read_syscall_list(options, "exclude");
+                                                read_per_syscall(options, o);
+                                                o.buckets = read_buckets(options, o.buckets);
+                                                o.cgroup = CgroupLabelOptions::read(options);
+                                                o.slow = SlowOptions::read(options);
+                                                return o;
+                                              });
 }
 
 }  // namespace ebpf_metricsd

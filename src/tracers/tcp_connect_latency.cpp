@@ -28,6 +28,7 @@ const char* family_name(std::uint32_t family) { return family == TCPCONN_IPV4 ? 
 
 class TcpConnectLatencyTracer final : public Tracer {
  public:
+  using Options = OwnedHistogramOptions;
   TcpConnectLatencyTracer(MetricScope& scope, const OwnedHistogramOptions& options)
       : scope_(scope),
         labels_(options.cgroup),

@@ -22,6 +22,7 @@
 #include "../metrics_lookup.h"
 #include "../test_support.h"
 #include "../workloads.h"
+#include "ebpf_metricsd/tracer_set.h"
 #include "sched_oracle.h"
 #include "tracer_fixture.h"
 
@@ -255,8 +256,8 @@ TEST_CASE("runqueue_latency and offcpu_time by cgroup: a process that sleeps and
           "[cgroup]") {
   test::TestCgroup cg("sched");
   MetricStore store;
-  auto runq = test::start_tracer(store, "runqueue_latency", "    cgroup: true\n");
-  auto offcpu = test::start_tracer(store, "offcpu_time", "    cgroup: true\n");
+  auto [runq, offcpu] =
+      test::start_scheduler_tracers(store, "    cgroup: true\n", "    cgroup: true\n");
   // The oracle counts the cgroup's returns to a CPU at the same tracepoints. The test writes
   // each byte only once the oracle has seen the child switch out blocked, so there are at
   // least kSleeps returns from blocking, and as many from the run queue (each wakeup); the
@@ -327,14 +328,22 @@ std::size_t series_with_samples(const MetricStore& store, const std::string& nam
 }  // namespace
 
 TEST_CASE(
-    "runqueue_latency and offcpu_time: label_map_entries sizes each one's map; a change "
-    "reloads the shared object and the other tracer counts on",
+    "runqueue_latency and offcpu_time: label_map_entries sizes each one's map in the object "
+    "both share; on a reload that changes it both restart on a new object and count on",
     "[cgroup]") {
   MetricStore store;
+  KernelHookProber prober;
+  TracerSet tracers(store, prober);  // as the daemon starts, reloads and drains them
+  const auto config = [](const std::string& runq_entries) {
+    return parse_config(
+               "tracers:\n  runqueue_latency:\n    enabled: true\n    cgroup: true\n"
+               "    label_map_entries: " +
+                   runq_entries + "\n  offcpu_time:\n    enabled: true\n    cgroup: true\n",
+               "test.yaml")
+        .tracers;
+  };
   const std::uint32_t before = newest_map_id();
-  auto runq =
-      test::start_tracer(store, "runqueue_latency", "    cgroup: true\n    label_map_entries: 2\n");
-  auto offcpu = test::start_tracer(store, "offcpu_time", "    cgroup: true\n");
+  REQUIRE(tracers.apply(config("2")).empty());
   std::uint32_t runq_map = 0, offcpu_map = 0;
   CHECK(newest_map_entries("runq_hist_labelled", before, &runq_map) == 2);
   CHECK(newest_map_entries("offcpu_hist_labelled", before, &offcpu_map) == 4096);
@@ -355,22 +364,13 @@ TEST_CASE(
     const std::uint64_t blocked0 = oracle.returns_from_blocking();
     oracle.target_cgroup(cgroups.back()->id());
     cgroups.back()->run_blocking_reads(kSleeps, [&] { return oracle.blocked_switch_outs(); });
-    if (drain) {
-      runq->drain();
-      offcpu->drain();
-    }
+    if (drain) tracers.drain();
     expected_off.push_back(oracle.returns_from_blocking() - blocked0);
   };
   for (const char* tag : {"size-a", "size-b"}) run_in_new_cgroup(tag, true);
   // size-c's periods are still in the maps when the object is replaced below: the last
   // drain of the old maps must count them.
   run_in_new_cgroup("size-c", false);
-  runq->drain();
-  INFO("run-queue series " << series_with_samples(store, "ebpf_runqueue_latency_seconds")
-                           << ", map_full " << map_full("runqueue_latency") << "; off-CPU map_full "
-                           << map_full("offcpu_time"));
-  CHECK(series_with_samples(store, "ebpf_runqueue_latency_seconds") <= 2);
-  CHECK(map_full("runqueue_latency") > 0);
   for (std::size_t i = 0; i + 1 < cgroups.size(); ++i) {
     CHECK(test::histogram_count(store, "ebpf_offcpu_seconds", in_cgroup(*cgroups[i])) ==
           expected_off[i]);
@@ -378,13 +378,18 @@ TEST_CASE(
   const double voluntary0 =
       test::counter_value(store, "ebpf_context_switches_total", {{"kind", "voluntary"}});
 
-  // runqueue_latency restarts with room for 65536: a new object, with both maps sized
-  // anew; offcpu_time moved onto it (its old maps drained a last time) and counts on, its
-  // series kept.
-  runq = {};
+  // A reload gives runqueue_latency room for 65536: both tracers are drained a last time and
+  // restart on a new object with both maps sized anew, their series kept.
   const std::uint32_t before_reload = newest_map_id();
-  runq = test::start_tracer(store, "runqueue_latency",
-                            "    cgroup: true\n    label_map_entries: 65536\n");
+  REQUIRE(tracers.apply(config("65536")).empty());
+  // Run-queue waits of the three cgroups (and the machine's others) found room for two
+  // label sets only.
+  {
+    const std::size_t runq_series = series_with_samples(store, "ebpf_runqueue_latency_seconds");
+    INFO("run-queue series " << runq_series << ", map_full " << map_full("runqueue_latency"));
+    CHECK(runq_series <= 2);
+    CHECK(map_full("runqueue_latency") > 0);
+  }
   CHECK(newest_map_entries("runq_hist_labelled", before_reload) == 65536);
   CHECK(newest_map_entries("offcpu_hist_labelled", before_reload) == 4096);
   // The old object is gone (the kernel frees its maps after an RCU grace period).
@@ -397,7 +402,7 @@ TEST_CASE(
   INFO("after the reload: run-queue map_full " << map_full("runqueue_latency") - runq_full0
                                                << ", off-CPU map_full " << map_full("offcpu_time"));
   CHECK(map_full("offcpu_time") == 0);
-  // Counted on from the new, empty maps: no jump from a baseline of the old ones.
+  // Counted on from the new, empty maps: no jump from the old ones' counts.
   const double voluntary1 =
       test::counter_value(store, "ebpf_context_switches_total", {{"kind", "voluntary"}});
   CHECK(voluntary1 >= voluntary0 + kSleeps);
@@ -416,7 +421,7 @@ TEST_CASE(
   const std::uint64_t blocked0 = oracle.returns_from_blocking();
   oracle.target_cgroup(a.id());
   a.run_blocking_reads(kSleeps, [&] { return oracle.blocked_switch_outs(); });
-  offcpu->drain();
+  tracers.drain();
   CHECK(test::histogram_count(store, "ebpf_offcpu_seconds", in_cgroup(a)) ==
         expected_off.front() + (oracle.returns_from_blocking() - blocked0));
 }

@@ -43,10 +43,10 @@ TEST_CASE("run-queue latency sees every wakeup of a pipe ping-pong", "[scheduler
   const std::string hook = GENERATE(std::string("auto"), std::string("raw_tp"));
   INFO("hook " << hook);
   MetricStore store;
-  auto runq = test::start_tracer(store, "runqueue_latency", "    hook: " + hook + "\n");
-  auto offcpu = test::start_tracer(store, "offcpu_time");
+  auto [runq, offcpu] =
+      test::start_scheduler_tracers(store, "    hook: " + hook + "\n", "    hook: " + hook + "\n");
   CHECK(runq->hook() == (hook == "auto" ? test::auto_hook_for_scheduler() : "raw_tp"));
-  CHECK(offcpu->hook() == runq->hook());  // one shared object, loaded once
+  CHECK(offcpu->hook() == runq->hook());
 
   const std::uint64_t ctxt0 = test::proc_counter("/proc/stat", "ctxt");
   runq->drain();
@@ -184,17 +184,16 @@ TEST_CASE(
   const std::string metric = "ebpf_offcpu_seconds";
   MetricStore store;
   profiling::ProfileStore profiles;
-  // runqueue_latency loaded the shared object without slow capture: offcpu_time's reloads it,
-  // and runqueue_latency moves onto the new one.
-  auto runq = test::start_tracer(store, "runqueue_latency", "    hook: " + hook + "\n");
   // Every thread's wait of 125 ms or more is sent (idle threads wake after long sleeps): the
   // highest limit leaves room for the machine's own. 125 ms is a bucket bound: every wait
   // counted above it is an event.
-  auto offcpu = test::start_tracer(store, "offcpu_time",
-                                   "    hook: " + hook +
-                                       "\n    comm: true\n    slow:\n      threshold: 125ms\n"
-                                       "      max_per_second: 1000\n",
-                                   &profiles);
+  const std::string offcpu_options =
+      "    hook: " + hook +
+      "\n    comm: true\n    slow:\n      threshold: 125ms\n      max_per_second: 1000\n";
+  auto sched =
+      test::start_scheduler_tracers(store, "    hook: " + hook + "\n", offcpu_options, &profiles);
+  auto& runq = sched.runq;
+  auto& offcpu = sched.offcpu;
   // A child blocks in slow_read_in_known_function's read, each time for at least 300 ms.
   test::SlowReader reader(kSlowReads, std::chrono::milliseconds(300));
   const pid_t child = reader.pid();
@@ -269,17 +268,19 @@ TEST_CASE(
   runq->drain();
   CHECK(histogram_count(store, kRunq, {}) > 0);
 
-  // runqueue_latency restarts with labelled maps of another size: a new object, offcpu_time
-  // moved onto it, its slow events read from the new ring.
-  runq = {};
+  // Both restart with labelled maps of another size, as on a reload: a new object, whose
+  // ring the new offcpu_time reads.
+  sched = {};
   MetricStore labelled;  // the same metric with a label more: another store
-  runq = test::start_tracer(labelled, "runqueue_latency",
-                            "    hook: " + hook + "\n    comm: true\n    label_map_entries: 512\n");
+  sched = test::start_scheduler_tracers(
+      labelled, "    hook: " + hook + "\n    comm: true\n    label_map_entries: 512\n",
+      offcpu_options, &profiles);
   test::SlowReader again(2, std::chrono::milliseconds(300));
-  const auto after_move =
+  const auto after_restart =
       test::wait_for_slow_events(offcpu, profiles, metric, 2, [&](const profiling::SlowEvent& e) {
         return e.pid == static_cast<std::uint32_t>(again.pid());
       });
   CHECK(again.finish() == 0);
-  CHECK(after_move.size() == 2);
+  CHECK(after_restart.size() == 2);
+  sched = {};  // before `labelled`, which its scopes name
 }

@@ -39,6 +39,16 @@ inline std::string auto_hook_for_scheduler() {
 struct StartedTracer {
   std::unique_ptr<MetricScope> scope;
   std::unique_ptr<Tracer> tracer;
+  StartedTracer() = default;
+  StartedTracer(StartedTracer&&) = default;
+  // The tracer goes before the scope it declared its metrics in.
+  StartedTracer& operator=(StartedTracer&& other) noexcept {
+    tracer.reset();
+    scope = std::move(other.scope);
+    tracer = std::move(other.tracer);
+    return *this;
+  }
+  ~StartedTracer() { tracer.reset(); }
   Tracer* operator->() const { return tracer.get(); }
   Tracer& operator*() const { return *tracer; }
 };
@@ -53,12 +63,37 @@ inline StartedTracer start_tracer(MetricStore& store, const std::string& name,
       parse_config("tracers:\n  " + name + ":\n    enabled: true\n" + options, "test.yaml");
   for (const auto& tc : cfg.tracers) {
     if (tc.name != name) continue;
-    StartedTracer t{std::make_unique<MetricScope>(store, name, profiles), nullptr};
+    StartedTracer t;
+    t.scope = std::make_unique<MetricScope>(store, name, profiles);
     KernelHookProber prober;
     t.tracer = build_tracer(tc, *t.scope, prober);
     return t;
   }
   throw std::runtime_error("tracer " + name + " is not registered");
+}
+
+// The two scheduler tracers from one config, as the daemon starts them: one shared object
+// loaded for both. `runq` and `offcpu`: each one's option lines.
+struct SchedulerTracers {
+  StartedTracer runq, offcpu;
+};
+inline SchedulerTracers start_scheduler_tracers(MetricStore& store, const std::string& runq,
+                                                const std::string& offcpu,
+                                                profiling::ProfileStore* profiles = nullptr) {
+  const Config cfg = parse_config("tracers:\n  runqueue_latency:\n    enabled: true\n" + runq +
+                                      "  offcpu_time:\n    enabled: true\n" + offcpu,
+                                  "test.yaml");
+  SchedulerTracers both;
+  KernelHookProber prober;
+  for (const auto& tc : cfg.tracers) {
+    StartedTracer* t = tc.name == "runqueue_latency" ? &both.runq
+                       : tc.name == "offcpu_time"    ? &both.offcpu
+                                                     : nullptr;
+    if (!t) continue;
+    t->scope = std::make_unique<MetricScope>(store, tc.name, profiles);
+    t->tracer = build_tracer(tc, *t->scope, prober);
+  }
+  return both;
 }
 
 // The slow events of histogram `metric` kept in `profiles` that `wanted` picks, once there

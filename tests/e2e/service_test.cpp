@@ -285,17 +285,20 @@ TEST_CASE("reload: a bad file keeps the running config, a good one changes only 
     const std::string log = d.log();
     CHECK_THAT(log, Contains("<6>tracer syscall_latency options changed: restarting"));
     CHECK_THAT(log, Contains("<6>tracer page_faults disabled: detaching"));
-    CHECK_THAT(log, !Contains("runqueue_latency options changed"));
-    // runqueue_latency stayed as it was (its programs are the same ones, which offcpu_time
-    // now shares); the page fault programs are gone.
-    CHECK(prog_ids_named(d.pid(), "sched_") == sched_progs_before);
+    // offcpu_time joins runqueue_latency's group: both restart on one object loaded for both,
+    // whose sched_switch program they share (as many programs, all new); the page fault
+    // programs are gone.
+    CHECK_THAT(log, Contains("<6>tracer runqueue_latency options changed: restarting"));
+    const auto sched_progs_after = prog_ids_named(d.pid(), "sched_");
+    CHECK(sched_progs_after.size() == sched_progs_before.size());
+    for (int id : sched_progs_after) CHECK(sched_progs_before.count(id) == 0);
     CHECK(prog_ids_named(d.pid(), "minor_fault").empty());
     CHECK(prog_ids_named(d.pid(), "major_fault").empty());
   }
 
   SECTION(
-      "a scheduler tracer's new label_map_entries reloads the object both use; the other "
-      "counts on") {
+      "a scheduler tracer's new label_map_entries restarts both on a new object; their series "
+      "count on") {
     const auto reload_with = [&](const std::string& offcpu_options) {
       std::ofstream(s.config) << "web:\n  listen_address: \"127.0.0.1:" << s.port
                               << "\"\ndrain_interval: 200ms\ntracers:\n"
@@ -323,7 +326,7 @@ TEST_CASE("reload: a bad file keeps the running config, a good one changes only 
     };
     const std::string runq_total = "ebpf_runqueue_latency_seconds_count";
     const std::string voluntary = "ebpf_context_switches_total{kind=\"voluntary\"}";
-    reload_with("    comm: true\n");  // offcpu_time joins the object runqueue_latency loaded
+    reload_with("    comm: true\n");
     CHECK(offcpu_map_entries() == 4096);
     const auto progs_before = prog_ids_named(d.pid(), "sched_");
     std::string m = scrape(s.port);
@@ -337,12 +340,12 @@ TEST_CASE("reload: a bad file keeps the running config, a good one changes only 
     CHECK(progs_after.size() == progs_before.size());
     for (int id : progs_after) CHECK(progs_before.count(id) == 0);  // all loaded anew
     const std::string log = d.log();
-    CHECK_THAT(log, Contains("scheduler: reloading its BPF object for labelled maps of 4096 "
-                             "and 64 label sets"));
+    CHECK_THAT(log, Contains("scheduler: BPF object loaded for runqueue_latency offcpu_time, "
+                             "labelled maps of 1 and 64 label sets"));
     CHECK_THAT(log, Contains("tracer offcpu_time options changed: restarting"));
-    CHECK_THAT(log, !Contains("runqueue_latency options changed"));
-    // runqueue_latency was moved onto the new object: its total went on from where it was,
-    // and so did the context switches offcpu_time kept across its restart.
+    CHECK_THAT(log, Contains("tracer runqueue_latency options changed: restarting"));
+    // Both restarted on the new object: the run-queue total went on from where it was, and
+    // so did the context switches.
     m = scrape(s.port);
     CHECK(sample(m, runq_total).value_or(0) >= runq0);
     CHECK(sample(m, voluntary).value_or(0) >= voluntary0);

@@ -357,3 +357,31 @@ TEST_CASE("a tracer's slow option: threshold required, bounded, no unknown keys"
   CHECK_THAT(error_of(head + "      threshold: 10ms\n      limit: 5\n"),
              StartsWith("test.yaml:5:") && Contains("limit: unknown key"));
 }
+
+TEST_CASE(
+    "the scheduler tracers are one group: each knows the other's options, and a change "
+    "to either section restarts both") {
+  const auto parse = [](const std::string& offcpu) {
+    return parse_config("tracers:\n  runqueue_latency:\n    enabled: true\n  offcpu_time:\n" +
+                            offcpu + "  syscall_latency:\n    enabled: true\n",
+                        "test.yaml");
+  };
+  const Config a = parse("    enabled: true\n    comm: true\n");
+  const TracerConfig& runq = tracer(a, "runqueue_latency");
+  CHECK(runq.peers.size() == 2);
+  CHECK(runq.peers.count("offcpu_time") == 1);
+  CHECK(tracer(a, "offcpu_time").peers.size() == 2);
+  CHECK(tracer(a, "syscall_latency").peers.empty());
+
+  // offcpu_time's section alone changes: runqueue_latency's fingerprint changes too.
+  const Config b = parse("    enabled: true\n    comm: true\n    label_map_entries: 64\n");
+  CHECK(tracer(b, "runqueue_latency").fingerprint != runq.fingerprint);
+  CHECK(tracer(b, "syscall_latency").fingerprint == tracer(a, "syscall_latency").fingerprint);
+  // Disabled, it is no peer, and runqueue_latency restarts without it.
+  const Config c = parse("    enabled: false\n");
+  CHECK(tracer(c, "runqueue_latency").peers.size() == 1);
+  CHECK(tracer(c, "runqueue_latency").fingerprint != runq.fingerprint);
+  // The same sections: the same fingerprints, nothing restarts.
+  CHECK(tracer(parse("    enabled: true\n    comm: true\n"), "runqueue_latency").fingerprint ==
+        runq.fingerprint);
+}
