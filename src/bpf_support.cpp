@@ -1,4 +1,5 @@
 #include "ebpf_metricsd/bpf_support.h"
+#include "ebpf_metricsd/skeleton.h"
 
 #include <bpf/bpf.h>
 #include <bpf/btf.h>
@@ -182,6 +183,18 @@ std::vector<std::uint8_t> read_percpu_array_bytes(int map_fd, std::uint32_t entr
     }
   }
   return values;
+}
+
+std::vector<ProgramChoice> programs_of(std::span<const HookTwin> twins, HookKind kind) {
+  const bool btf = kind == HookKind::TpBtf;
+  std::vector<ProgramChoice> programs;
+  for (const HookTwin& t : twins) {
+    bpf_program* used = btf ? t.btf : t.raw;
+    bpf_program* other = btf ? t.raw : t.btf;
+    if (used) programs.push_back({used, t.wanted, t.attach});
+    if (other && other != used) programs.push_back({other, false});
+  }
+  return programs;
 }
 
 }  // namespace ebpf_metricsd

@@ -19,6 +19,21 @@
 
 namespace ebpf_metricsd {
 
+// One hook of a tracer in both kinds: the tp_btf and the raw_tp program of one tracepoint,
+// side by side in its .bpf.c (null where a kind has none, as a raw_tp-only cleanup hook; the
+// same program twice for one that serves both, as a perf event or fentry program).
+// `wanted` false: this start does not use it; `attach` false: the tracer attaches it itself.
+struct HookTwin {
+  bpf_program* btf;
+  bpf_program* raw;
+  bool wanted = true;
+  bool attach = true;
+};
+
+// The programs of `kind` among `twins` in their order (the attach order), the others'
+// autoload off.
+std::vector<ProgramChoice> programs_of(std::span<const HookTwin> twins, HookKind kind);
+
 template <typename Skel, Skel* (*Open)(const bpf_object_open_opts*), int (*Load)(Skel*),
           void (*Destroy)(Skel*)>
 class LoadedSkeleton {
@@ -31,8 +46,9 @@ class LoadedSkeleton {
 
   // Throws BpfError naming `tracer` and the kernel's reason. `drops` reads the object's
   // "drops" map where it has one, and the recursion misses of the chosen programs.
-  static LoadedSkeleton load(const std::string& tracer, DropAccounting& drops,
-                             const Choose& choose) {
+  // `hook`: what hook() says (the one kind of its programs, e.g. "perf_event").
+  static LoadedSkeleton load(const std::string& tracer, DropAccounting& drops, const Choose& choose,
+                             std::string hook) {
     std::string btf_path;
     const auto open_opts = skeleton_open_opts(btf_path);
     LoadedSkeleton l;
@@ -48,24 +64,30 @@ class LoadedSkeleton {
         tracer);
     const bpf_map* map = bpf_object__find_map_by_name(l.skel_->obj, "drops");
     drops.bind(map ? bpf_map__fd(map) : -1, programs);
+    l.hook_ = std::move(hook);
     return l;
   }
 
   // load() with probing first: the hook kinds every tracepoint of `tracepoints` accepts
   // under `preference`, best first, and the first kind whose object loads (a kind can pass
   // its attach probe and still fail to load where a map type or helper it needs is missing).
-  // `choose` gets the kind; `kind` is set to the one in use.
-  static LoadedSkeleton load_probed(
-      const std::string& tracer, DropAccounting& drops, HookProber& prober,
-      std::span<const std::string> tracepoints, HookPreference preference,
-      const std::function<std::vector<ProgramChoice>(Skel*, HookKind)>& choose, HookKind& kind) {
+  // `setup` sets the opened skeleton up for the kind it gets and returns the tracer's hooks;
+  // hook() then names the kind in use.
+  using Setup = std::function<std::vector<HookTwin>(Skel*, HookKind)>;
+  static LoadedSkeleton load_probed(const std::string& tracer, DropAccounting& drops,
+                                    HookProber& prober, std::span<const std::string> tracepoints,
+                                    HookPreference preference, const Setup& setup) {
     LoadedSkeleton l;
-    kind = start_first_loadable(
-        usable_hooks(prober, tracepoints, preference), tracer,
-        [&](HookKind k) { l = load(tracer, drops, [&](Skel* s) { return choose(s, k); }); });
+    start_first_loadable(usable_hooks(prober, tracepoints, preference), tracer, [&](HookKind k) {
+      l = load(
+          tracer, drops, [&](Skel* s) { return programs_of(setup(s, k), k); },
+          std::string(hook_name(k)));
+    });
     return l;
   }
 
+  // The hook kind in use, as tracer_up{hook} shows it.
+  const std::string& hook() const { return hook_; }
   Skel* operator->() const { return skel_.get(); }
   Skel* get() const { return skel_.get(); }
   explicit operator bool() const { return static_cast<bool>(skel_); }
@@ -73,6 +95,7 @@ class LoadedSkeleton {
  private:
   SkeletonPtr<Skel, Destroy> skel_;
   std::vector<BpfLink> links_;  // declared after skel_: detached before it is unloaded
+  std::string hook_;
 };
 
 // The LoadedSkeleton type of the bpftool skeleton `name` (bpf/<name>.bpf.c).

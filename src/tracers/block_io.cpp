@@ -72,31 +72,23 @@ class BlockIoTracer final : public Tracer {
     // block_rq_issue(rq) since 5.11, block_rq_issue(q, rq) before: ask the kernel's BTF.
     const auto args = tracepoint_arg_count("block_rq_issue");
     const bool with_queue = args && *args == 2;
-    HookKind kind{};
-    skel_ = Object::load_probed(
-        scope_.tracer(), drops_, prober, tps, preference,
-        [this, with_queue](block_io* s, HookKind k) {
-          s->rodata->emd_by_cgroup = labels_.on();
-          bpf_map__set_max_entries(s->maps.series_by_cgroup,
-                                   labels_.options().kernel_map_entries());
-          slow_.configure(s, BLOCKIO_MAX_IN_FLIGHT);
-          auto& p = s->progs;
-          const bool btf = k == HookKind::TpBtf;
-          return std::vector<ProgramChoice>{
-              {p.block_rq_issue_btf, btf && !with_queue},
-              {p.block_rq_issue_q_btf, btf && with_queue},
-              {p.block_rq_complete_btf, btf},
-              {p.block_rq_issue_raw, !btf && !with_queue},
-              {p.block_rq_issue_q_raw, !btf && with_queue},
-              {p.block_rq_complete_raw, !btf},
-          };
-        },
-        kind);
-    hook_ = std::string(hook_name(kind));
+    skel_ = Object::load_probed(scope_.tracer(), drops_, prober, tps, preference,
+                                [this, with_queue](block_io* s, HookKind) {
+                                  s->rodata->emd_by_cgroup = labels_.on();
+                                  bpf_map__set_max_entries(s->maps.series_by_cgroup,
+                                                           labels_.options().kernel_map_entries());
+                                  slow_.configure(s, BLOCKIO_MAX_IN_FLIGHT);
+                                  auto& p = s->progs;
+                                  return std::vector<HookTwin>{
+                                      {p.block_rq_issue_btf, p.block_rq_issue_raw, !with_queue},
+                                      {p.block_rq_issue_q_btf, p.block_rq_issue_q_raw, with_queue},
+                                      {p.block_rq_complete_btf, p.block_rq_complete_raw},
+                                  };
+                                });
     slow_.start(skel_->maps.slow_events);
   }
 
-  std::string hook() const override { return hook_; }
+  std::string hook() const override { return skel_.hook(); }
 
   void drain() override {
     static_assert(sizeof(blockio_value) == (BLOCKIO_SLOTS + 2) * 8);
@@ -157,7 +149,6 @@ class BlockIoTracer final : public Tracer {
   DropAccounting drops_;
   SlowCapture slow_;
   Object skel_;
-  std::string hook_;
 };
 
 }  // namespace

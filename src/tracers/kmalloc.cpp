@@ -74,32 +74,23 @@ class KmallocTracer final : public Tracer {
     }
     const bool caches = options_.caches;
     const std::uint32_t max_caches = options_.max_caches;
-    HookKind kind{};
     skel_ = Object::load_probed(
         scope_.tracer(), drops_, prober, tps, preference,
         [&prober, caches, max_caches](kmalloc* s, HookKind k) {
-          const bool btf = k == HookKind::TpBtf;
           // Before 6.1, kmalloc_node() fired a tracepoint of its own. (Its BTF answers for
           // tp_btf without libbpf warning about a missing name.)
-          const bool node = btf ? tracepoint_arg_count("kmalloc_node").has_value()
-                                : prober.can_attach(k, "kmalloc_node");
+          const bool node = k == HookKind::TpBtf ? tracepoint_arg_count("kmalloc_node").has_value()
+                                                 : prober.can_attach(k, "kmalloc_node");
           bpf_map__set_max_entries(s->maps.caches, max_caches);
           auto& p = s->progs;
-          return std::vector<ProgramChoice>{
-              {p.kmalloc_btf, btf},
-              {p.kmalloc_node_btf, btf && node},
-              {p.kfree_btf, btf},
-              {p.cache_alloc_btf, btf && caches},
-              {p.cache_free_btf, btf && caches},
-              {p.kmalloc_raw, !btf},
-              {p.kmalloc_node_raw, !btf && node},
-              {p.kfree_raw, !btf},
-              {p.cache_alloc_raw, !btf && caches},
-              {p.cache_free_raw, !btf && caches},
+          return std::vector<HookTwin>{
+              {p.kmalloc_btf, p.kmalloc_raw},
+              {p.kmalloc_node_btf, p.kmalloc_node_raw, node},
+              {p.kfree_btf, p.kfree_raw},
+              {p.cache_alloc_btf, p.cache_alloc_raw, caches},
+              {p.cache_free_btf, p.cache_free_raw, caches},
           };
-        },
-        kind);
-    hook_ = std::string(hook_name(kind));
+        });
   }
 
   // The per-cache programs read the slab cache from the tracepoints' third argument, which
@@ -116,7 +107,7 @@ class KmallocTracer final : public Tracer {
     }
   }
 
-  std::string hook() const override { return hook_; }
+  std::string hook() const override { return skel_.hook(); }
 
   void drain() override {
     static_assert(sizeof(kmalloc_totals) == 4 * 8);
@@ -151,7 +142,6 @@ class KmallocTracer final : public Tracer {
   Log2HistDrain sizes_;
   DropAccounting drops_;
   Object skel_;
-  std::string hook_;
 };
 
 }  // namespace

@@ -52,29 +52,22 @@ class NetXmitLatencyTracer final : public Tracer {
 
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 2> tps = {"net_dev_queue", "net_dev_xmit"};
-    HookKind kind{};
-    skel_ = Object::load_probed(
-        scope_.tracer(), drops_, prober, tps, preference,
-        [this](net_xmit_latency* s, HookKind k) {
-          s->rodata->emd_by_cgroup = labels_.on();
-          bpf_map__set_max_entries(s->maps.series_by_cgroup,
-                                   labels_.options().kernel_map_entries());
-          auto& p = s->progs;
-          const bool btf = k == HookKind::TpBtf;
-          // xmit before queue: a queue stamp without its xmit hook
-          // would only go stale.
-          return std::vector<ProgramChoice>{
-              {p.net_dev_xmit_btf, btf},
-              {p.net_dev_queue_btf, btf},
-              {p.net_dev_xmit_raw, !btf},
-              {p.net_dev_queue_raw, !btf},
-          };
-        },
-        kind);
-    hook_ = std::string(hook_name(kind));
+    skel_ = Object::load_probed(scope_.tracer(), drops_, prober, tps, preference,
+                                [this](net_xmit_latency* s, HookKind) {
+                                  s->rodata->emd_by_cgroup = labels_.on();
+                                  bpf_map__set_max_entries(s->maps.series_by_cgroup,
+                                                           labels_.options().kernel_map_entries());
+                                  auto& p = s->progs;
+                                  // xmit before queue: a queue stamp without its xmit hook
+                                  // would only go stale.
+                                  return std::vector<HookTwin>{
+                                      {p.net_dev_xmit_btf, p.net_dev_xmit_raw},
+                                      {p.net_dev_queue_btf, p.net_dev_queue_raw},
+                                  };
+                                });
   }
 
-  std::string hook() const override { return hook_; }
+  std::string hook() const override { return skel_.hook(); }
 
   void drain() override {
     static_assert(sizeof(netxmit_value) == (NETXMIT_SLOTS + 3) * 8);
@@ -123,7 +116,6 @@ class NetXmitLatencyTracer final : public Tracer {
   PerCpuDeltas cgroup_series_{NETXMIT_SLOTS + 3};
   DropAccounting drops_;
   Object skel_;
-  std::string hook_;
 };
 
 }  // namespace

@@ -51,22 +51,14 @@ class OomKillsTracer final : public Tracer {
           "6.9, 6.6.80, 6.1.130, 5.15.179 and 5.10.235");
     }
     static const std::array<std::string, 1> tps = {"mark_victim"};
-    HookKind kind{};
     skel_ = Object::load_probed(
-        scope_.tracer(), drops_, prober, tps, preference,
-        [this](oom_kills* s, HookKind k) {
+        scope_.tracer(), drops_, prober, tps, preference, [this](oom_kills* s, HookKind) {
           bpf_map__set_max_entries(s->maps.kills, labels_.options().map_entries);
-          const bool btf = k == HookKind::TpBtf;
-          return std::vector<ProgramChoice>{
-              {s->progs.mark_victim_btf, btf},
-              {s->progs.mark_victim_raw, !btf},
-          };
-        },
-        kind);
-    hook_ = std::string(hook_name(kind));
+          return std::vector<HookTwin>{{s->progs.mark_victim_btf, s->progs.mark_victim_raw}};
+        });
   }
 
-  std::string hook() const override { return hook_; }
+  std::string hook() const override { return skel_.hook(); }
 
   void drain() override {
     labels_.begin_pass();
@@ -93,7 +85,6 @@ class OomKillsTracer final : public Tracer {
   CounterDrain kills_;
   DropAccounting drops_;
   Object skel_;
-  std::string hook_;
 };
 
 }  // namespace

@@ -91,7 +91,6 @@ class PageCacheTracer final : public Tracer {
         }
         try {
           start_with(kind, a);
-          hook_ = access_prefix(a) + std::string(hook_name(kind));
           return;
         } catch (const BpfError& e) {
           why += (why.empty() ? "" : "; ") + std::string(hook_name(kind)) + " with " +
@@ -135,40 +134,35 @@ class PageCacheTracer final : public Tracer {
   }
 
   void start_with(HookKind kind, Access access) {
-    skel_ = Object::load(scope_.tracer(), drops_,
-                         [&](page_cache* s) { return choose(s, kind, access); });
+    skel_ = Object::load(
+        scope_.tracer(), drops_,
+        [&](page_cache* s) { return programs_of(choose(s, access), kind); },
+        access_prefix(access) + std::string(hook_name(kind)));
   }
 
-  std::vector<ProgramChoice> choose(page_cache* skel, HookKind kind, Access access) const {
+  std::vector<HookTwin> choose(page_cache* skel, Access access) const {
     skel->rodata->emd_by_cgroup = labels_.on();
     bpf_map__set_max_entries(skel->maps.totals_by_cgroup, labels_.options().kernel_map_entries());
     auto& p = skel->progs;
-    const bool btf = kind == HookKind::TpBtf;
     const bool tp_access = access == Access::Tracepoints;
     const bool dirty_folio = dirty_tp_ == "writeback_dirty_folio";
+    const auto either = [](bpf_program* prog, bool wanted) { return HookTwin{prog, prog, wanted}; };
     return {
-        {p.mark_accessed_fentry, access == Access::FolioFentry},
-        {p.mark_page_accessed_fentry, access == Access::PageFentry},
-        {p.mark_accessed_kprobe, access == Access::FolioKprobe},
-        {p.mark_page_accessed_kprobe, access == Access::PageKprobe},
-        {p.get_pages_btf, btf && tp_access},
-        {p.map_pages_btf, btf && tp_access},
-        {p.fault_btf, btf && tp_access},
-        {p.add_to_page_cache_btf, btf && folio_added_},
-        {p.add_page_to_page_cache_btf, btf && !folio_added_},
-        {p.dirty_folio_btf, btf && dirty_folio},
-        {p.dirty_page_btf, btf && !dirty_folio},
-        {p.get_pages_raw, !btf && tp_access},
-        {p.map_pages_raw, !btf && tp_access},
-        {p.fault_raw, !btf && tp_access},
-        {p.add_to_page_cache_raw, !btf && folio_added_},
-        {p.add_page_to_page_cache_raw, !btf && !folio_added_},
-        {p.dirty_folio_raw, !btf && dirty_folio},
-        {p.dirty_page_raw, !btf && !dirty_folio},
+        either(p.mark_accessed_fentry, access == Access::FolioFentry),
+        either(p.mark_page_accessed_fentry, access == Access::PageFentry),
+        either(p.mark_accessed_kprobe, access == Access::FolioKprobe),
+        either(p.mark_page_accessed_kprobe, access == Access::PageKprobe),
+        {p.get_pages_btf, p.get_pages_raw, tp_access},
+        {p.map_pages_btf, p.map_pages_raw, tp_access},
+        {p.fault_btf, p.fault_raw, tp_access},
+        {p.add_to_page_cache_btf, p.add_to_page_cache_raw, folio_added_},
+        {p.add_page_to_page_cache_btf, p.add_page_to_page_cache_raw, !folio_added_},
+        {p.dirty_folio_btf, p.dirty_folio_raw, dirty_folio},
+        {p.dirty_page_btf, p.dirty_page_raw, !dirty_folio},
     };
   }
 
-  std::string hook() const override { return hook_; }
+  std::string hook() const override { return skel_.hook(); }
 
   void drain() override {
     static_assert(sizeof(page_cache_totals) == 3 * 8);
@@ -202,7 +196,6 @@ class PageCacheTracer final : public Tracer {
   PerCpuDeltas totals_{3};
   DropAccounting drops_;
   Object skel_;
-  std::string hook_;
   bool folio_added_ = true;  // mm_filemap_add_to_page_cache passes a folio (5.16+)
   std::string dirty_tp_;
 };

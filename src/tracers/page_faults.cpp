@@ -4,9 +4,9 @@
 #include "ebpf_metricsd/bpf_support.h"
 #include "ebpf_metricsd/cgroup_labels.h"
 #include "ebpf_metricsd/drop_accounting.h"
-#include "ebpf_metricsd/host_safety.h"
 #include "ebpf_metricsd/map_deltas.h"
 #include "ebpf_metricsd/metric_scope.h"
+#include "ebpf_metricsd/skeleton.h"
 #include "ebpf_metricsd/tracer.h"
 #include "ebpf_metricsd/yaml_reader.h"
 
@@ -20,7 +20,7 @@ namespace ebpf_metricsd {
 
 namespace {
 
-using Skeleton = SkeletonPtr<page_faults, page_faults__destroy>;
+using Object = EBPF_METRICSD_SKELETON(page_faults);
 
 class PageFaultsTracer final : public Tracer {
  public:
@@ -35,25 +35,26 @@ class PageFaultsTracer final : public Tracer {
         drops_(scope, drop_reasons<PAGE_FAULT_DROP__COUNT>({"map_full"})) {}
 
   void start(HookProber&, HookPreference) override {
-    Skeleton skel(page_faults__open());
-    if (!skel) throw BpfError(bpf_error_text("open page_faults", errno));
-    skel->rodata->emd_by_cgroup = labels_.on();
-    bpf_map__set_max_entries(skel->maps.faults_by_cgroup, labels_.options().kernel_map_entries());
-    make_host_safe(skel->obj, "page_faults");
-    if (int err = page_faults__load(skel.get()))
-      throw BpfError(bpf_error_text("load page_faults", err));
+    skel_ = Object::load(
+        "page_faults", drops_,
+        [this](page_faults* s) {
+          s->rodata->emd_by_cgroup = labels_.on();
+          bpf_map__set_max_entries(s->maps.faults_by_cgroup,
+                                   labels_.options().kernel_map_entries());
+          // Attached below, to a perf event on every CPU.
+          return std::vector<ProgramChoice>{{s->progs.minor_fault, true, false},
+                                            {s->progs.major_fault, true, false}};
+        },
+        "perf_event");
     for (int cpu : online_cpus()) {
       links_.push_back(
-          attach_perf_sw_event(skel->progs.minor_fault, PERF_COUNT_SW_PAGE_FAULTS_MIN, cpu));
+          attach_perf_sw_event(skel_->progs.minor_fault, PERF_COUNT_SW_PAGE_FAULTS_MIN, cpu));
       links_.push_back(
-          attach_perf_sw_event(skel->progs.major_fault, PERF_COUNT_SW_PAGE_FAULTS_MAJ, cpu));
+          attach_perf_sw_event(skel_->progs.major_fault, PERF_COUNT_SW_PAGE_FAULTS_MAJ, cpu));
     }
-    drops_.bind(bpf_map__fd(skel->maps.drops),
-                {{skel->progs.minor_fault, true}, {skel->progs.major_fault, true}});
-    skel_ = std::move(skel);
   }
 
-  std::string hook() const override { return "perf_event"; }
+  std::string hook() const override { return skel_.hook(); }
 
   void drain() override {
     labels_.drain_indexed(
@@ -68,8 +69,8 @@ class PageFaultsTracer final : public Tracer {
   CgroupLabels labels_;
   CounterDrain faults_;
   DropAccounting drops_;
-  Skeleton skel_;
-  std::vector<BpfLink> links_;
+  Object skel_;
+  std::vector<BpfLink> links_;  // after skel_: detached first
 };
 
 }  // namespace

@@ -140,7 +140,8 @@ class ProfileTracer final : public Tracer {
 
   void start(HookProber& prober, HookPreference preference) override {
     const bool three_args = tracepoint_arg_count("sched_switch").value_or(4) == 3;
-    auto choose = [&](profile* s, std::optional<HookKind> kind) {
+    // `kind`: the off-CPU hooks' (none without off_cpu).
+    auto setup = [&](profile* s, std::optional<HookKind> kind) {
       s->rodata->on_cpu_on = options_.on_cpu;
       s->rodata->off_cpu_on = options_.off_cpu;
       s->rodata->offcpu_min_ns =
@@ -150,30 +151,28 @@ class ProfileTracer final : public Tracer {
       bpf_map__set_max_entries(s->maps.stacks, options_.max_stacks);
       bpf_map__set_max_entries(s->maps.counts_a, options_.max_aggregates);
       bpf_map__set_max_entries(s->maps.counts_b, options_.max_aggregates);
-      const bool btf = kind == HookKind::TpBtf, raw = kind == HookKind::RawTp;
+      const bool raw = kind == HookKind::RawTp, off = kind.has_value();
       bpf_map__set_max_entries(s->maps.offcpu_by_tid, raw ? 65536 : 1);
-      bpf_map__set_autocreate(s->maps.offcpu_task, btf);  // no task storage for tracing before 5.11
-      return std::vector<ProgramChoice>{
-          {s->progs.on_cpu_sample, options_.on_cpu, false},
-          {s->progs.offcpu_switch_btf, btf && !three_args},
-          {s->progs.offcpu_switch_raw, raw && !three_args},
-          {s->progs.offcpu_switch_3arg_btf, btf && three_args},
-          {s->progs.offcpu_switch_3arg_raw, raw && three_args},
-          {s->progs.offcpu_free_raw, raw},
-          {s->progs.profile_exec, true},
+      // No task storage for tracing before 5.11.
+      bpf_map__set_autocreate(s->maps.offcpu_task, off && !raw);
+      auto& p = s->progs;
+      return std::vector<HookTwin>{
+          {p.on_cpu_sample, p.on_cpu_sample, options_.on_cpu, /*attach=*/false},
+          {p.offcpu_switch_btf, p.offcpu_switch_raw, off && !three_args},
+          {p.offcpu_switch_3arg_btf, p.offcpu_switch_3arg_raw, off && three_args},
+          {nullptr, p.offcpu_free_raw, raw},
+          {p.profile_exec, p.profile_exec},
       };
     };
     if (options_.off_cpu) {
       static const std::array<std::string, 2> tracepoints = {"sched_switch", "sched_process_free"};
-      HookKind kind{};
-      skel_ = Skeleton::load_probed(
-          "profile", drops_, prober, tracepoints, preference,
-          [&](profile* s, HookKind k) { return choose(s, k); }, kind);
-      hook_ = std::string(hook_name(kind));
+      skel_ = Skeleton::load_probed("profile", drops_, prober, tracepoints, preference,
+                                    [&](profile* s, HookKind k) { return setup(s, k); });
     } else {
-      skel_ =
-          Skeleton::load("profile", drops_, [&](profile* s) { return choose(s, std::nullopt); });
-      hook_ = "perf_event";
+      skel_ = Skeleton::load(
+          "profile", drops_,
+          [&](profile* s) { return programs_of(setup(s, std::nullopt), HookKind::TpBtf); },
+          "perf_event");
     }
     if (options_.on_cpu) {
       perf_event_attr attr{};
@@ -201,7 +200,7 @@ class ProfileTracer final : public Tracer {
     started_ = true;
   }
 
-  std::string hook() const override { return hook_; }
+  std::string hook() const override { return skel_.hook(); }
 
   void drain() override {
     cut();
@@ -487,7 +486,6 @@ class ProfileTracer final : public Tracer {
   profiling::ProfileStore* store_;
   Skeleton skel_;
   std::vector<BpfLink> perf_links_;
-  std::string hook_;
   bool started_ = false;
 
   std::mutex cut_mutex_;  // one cut at a time: the drain's and a reader's

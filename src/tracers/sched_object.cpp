@@ -9,6 +9,7 @@
 #include "ebpf_metricsd/log2_histogram.h"
 #include "ebpf_metricsd/map_deltas.h"
 #include "ebpf_metricsd/metric_scope.h"
+#include "ebpf_metricsd/skeleton.h"
 #include "ebpf_metricsd/slow_capture.h"
 #include "ebpf_metricsd/slow_options.h"
 #include "ebpf_metricsd/yaml_reader.h"
@@ -26,85 +27,58 @@ std::weak_ptr<SchedObject> g_newest;
 constexpr std::uint32_t kPidMapEntries = 65536;
 }  // namespace
 
-std::shared_ptr<SchedObject> SchedObject::get(const SchedPlan& plan, HookProber& prober) {
+struct SchedObject::Loaded {
+  EBPF_METRICSD_SKELETON(scheduler) skel;
+};
+
+std::shared_ptr<SchedObject> SchedObject::get(const SchedPlan& plan, HookProber& prober,
+                                              DropAccounting& drops) {
   std::lock_guard lock(g_mutex);
   if (auto live = g_newest.lock(); live && live->plan_ == plan) return live;
   std::shared_ptr<SchedObject> obj(new SchedObject(plan));
   // sched_switch gained prev_state in 5.18: the 3-argument programs read it from the task.
-  obj->switch_3arg_ = tracepoint_arg_count("sched_switch").value_or(4) == 3;
+  const bool switch_3arg = tracepoint_arg_count("sched_switch").value_or(4) == 3;
+  const SchedPlan::Kind& r = plan.kinds[kRunqMap];
+  const SchedPlan::Kind& o = plan.kinds[kOffcpuMap];
   static const std::array<std::string, 4> tracepoints = {"sched_wakeup", "sched_wakeup_new",
                                                          "sched_switch", "sched_process_free"};
-  obj->kind_ = start_first_loadable(usable_hooks(prober, tracepoints, plan.preference), "scheduler",
-                                    [&](HookKind kind) { obj->load(kind); });
+  obj->loaded_ = std::make_unique<Loaded>();
+  obj->loaded_->skel = decltype(Loaded::skel)::load_probed(
+      "scheduler", drops, prober, tracepoints, plan.preference, [&](scheduler* s, HookKind kind) {
+        const bool btf = kind == HookKind::TpBtf;
+        // tp_btf keeps per-task state in task storage, raw_tp in the pid map: one is made.
+        bpf_map__set_autocreate(s->maps.tstate, btf);
+        bpf_map__set_max_entries(s->maps.tstate_by_pid, btf ? 1 : kPidMapEntries);
+        bpf_map__set_max_entries(s->maps.runq_hist_labelled, r.label_sets);
+        bpf_map__set_max_entries(s->maps.offcpu_hist_labelled, o.label_sets);
+        // Set before load and never after: what the object counts is fixed with it.
+        s->bss->sched_cfg = {r.on, r.by_cgroup, r.by_comm, o.on, o.by_cgroup, o.by_comm};
+        SlowCapture::configure(s, plan.slow, /*origins=*/0, /*keeps_stacks=*/true);
+        auto& p = s->progs;
+        const std::vector<HookTwin> hooks = {
+            {nullptr, p.sched_free_raw},  // raw_tp: a gone task's state leaves the pid map
+            {p.sched_wakeup_btf, p.sched_wakeup_raw, r.on},
+            {p.sched_wakeup_new_btf, p.sched_wakeup_new_raw, r.on},
+            {p.sched_switch_btf, p.sched_switch_raw, !switch_3arg},
+            {p.sched_switch_3arg_btf, p.sched_switch_3arg_raw, switch_3arg},
+        };
+        obj->programs_ = programs_of(hooks, kind);
+        return hooks;
+      });
   spdlog::info(
       "scheduler: BPF object loaded for{}{}, labelled maps of {} and {} label sets, slow "
       "off-CPU waits {}",
-      plan.kinds[kRunqMap].on ? " runqueue_latency" : "",
-      plan.kinds[kOffcpuMap].on ? " offcpu_time" : "", plan.kinds[kRunqMap].label_sets,
-      plan.kinds[kOffcpuMap].label_sets,
+      r.on ? " runqueue_latency" : "", o.on ? " offcpu_time" : "", r.label_sets, o.label_sets,
       plan.slow.on() ? "from " + std::to_string(plan.slow.threshold_ns) + " ns" : "off");
   g_newest = obj;
   return obj;
 }
 
-void SchedObject::load(HookKind kind) {
-  kind_ = kind;
-  links_.clear();
-  std::string btf_path;
-  const auto open_opts = skeleton_open_opts(btf_path);
-  skel_.reset(scheduler__open_opts(&open_opts));
-  if (!skel_) throw BpfError(bpf_error_text("open scheduler", errno));
-  scheduler* s = skel_.get();
-  const bool btf = !raw();
-  const bool runq = plan_.kinds[kRunqMap].on;
-  for (bpf_program* p :
-       {s->progs.sched_wakeup_btf, s->progs.sched_wakeup_new_btf, s->progs.sched_switch_btf,
-        s->progs.sched_switch_3arg_btf, s->progs.sched_wakeup_raw, s->progs.sched_wakeup_new_raw,
-        s->progs.sched_switch_raw, s->progs.sched_switch_3arg_raw, s->progs.sched_free_raw}) {
-    bpf_program__set_autoload(p, false);
-  }
-  bpf_program__set_autoload(wakeup_program(), runq);
-  bpf_program__set_autoload(wakeup_new_program(), runq);
-  bpf_program__set_autoload(switch_program(), true);
-  bpf_program__set_autoload(s->progs.sched_free_raw, !btf);
-  // tp_btf keeps per-task state in task storage, raw_tp in the pid map: only one is made.
-  bpf_map__set_autocreate(s->maps.tstate, btf);
-  bpf_map__set_max_entries(s->maps.tstate_by_pid, btf ? 1 : kPidMapEntries);
-  const SchedPlan::Kind& r = plan_.kinds[kRunqMap];
-  const SchedPlan::Kind& o = plan_.kinds[kOffcpuMap];
-  bpf_map__set_max_entries(s->maps.runq_hist_labelled, r.label_sets);
-  bpf_map__set_max_entries(s->maps.offcpu_hist_labelled, o.label_sets);
-  // Set before load and never after: what the object counts is fixed with it.
-  s->bss->sched_cfg = {r.on, r.by_cgroup, r.by_comm, o.on, o.by_cgroup, o.by_comm};
-  SlowCapture::configure(s, plan_.slow, /*origins=*/0, /*keeps_stacks=*/true);
-  make_host_safe(s->obj, "scheduler");
-  if (int err = scheduler__load(s)) throw BpfError(bpf_error_text("load scheduler", err));
-  if (!btf) links_.push_back(attach_program(s->progs.sched_free_raw));
-  if (runq) {
-    links_.push_back(attach_program(wakeup_program()));
-    links_.push_back(attach_program(wakeup_new_program()));
-  }
-  links_.push_back(attach_program(switch_program()));
-}
-
-std::vector<ProgramChoice> SchedObject::programs() const {
-  const bool runq = plan_.kinds[kRunqMap].on;
-  return {{switch_program(), true}, {wakeup_program(), runq}, {wakeup_new_program(), runq}};
-}
-
+SchedObject::SchedObject(const SchedPlan& plan) : plan_(plan) {}
 SchedObject::~SchedObject() = default;
 
-bpf_program* SchedObject::switch_program() const {
-  if (switch_3arg_)
-    return raw() ? skel_->progs.sched_switch_3arg_raw : skel_->progs.sched_switch_3arg_btf;
-  return raw() ? skel_->progs.sched_switch_raw : skel_->progs.sched_switch_btf;
-}
-bpf_program* SchedObject::wakeup_program() const {
-  return raw() ? skel_->progs.sched_wakeup_raw : skel_->progs.sched_wakeup_btf;
-}
-bpf_program* SchedObject::wakeup_new_program() const {
-  return raw() ? skel_->progs.sched_wakeup_new_raw : skel_->progs.sched_wakeup_new_btf;
-}
+scheduler* SchedObject::skel() const { return loaded_->skel.get(); }
+const std::string& SchedObject::hook() const { return loaded_->skel.hook(); }
 
 SchedLabelOptions SchedLabelOptions::read(YamlMapReader& options, const Log2Layout& default_buckets,
                                           bool slow_capture) {
@@ -175,7 +149,7 @@ void SchedHistTracer::rebase_next() {
 
 void SchedHistTracer::start(HookProber& prober, HookPreference preference) {
   plan_.preference = preference;
-  obj_ = SchedObject::get(plan_, prober);
+  obj_ = SchedObject::get(plan_, prober, drops_);
   drops_.bind(bpf_map__fd(skel()->maps.drops), obj_->programs());
   rebase_next();
   drain();

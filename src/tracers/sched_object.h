@@ -48,32 +48,28 @@ class SchedObject {
   enum LabelledMap : std::size_t { kRunqMap = 0, kOffcpuMap = 1 };
 
   // The object loaded with `plan`, its programs attached: the live one when it was loaded
-  // with the same plan, else a new one. Nothing in an object changes after it is loaded: a
-  // tracer with other options gets another object, and the old one goes with its last user.
-  static std::shared_ptr<SchedObject> get(const SchedPlan& plan, HookProber& prober);
+  // with the same plan, else a new one (`drops` bound to it). Nothing in an object changes
+  // after it is loaded: a tracer with other options gets another object, and the old one
+  // goes with its last user.
+  static std::shared_ptr<SchedObject> get(const SchedPlan& plan, HookProber& prober,
+                                          DropAccounting& drops);
   ~SchedObject();
   SchedObject(const SchedObject&) = delete;
   SchedObject& operator=(const SchedObject&) = delete;
 
-  scheduler* skel() const { return skel_.get(); }
-  bool raw() const { return kind_ == HookKind::RawTp; }
-  std::string hook() const { return std::string(hook_name(kind_)); }
-  // The programs attached, for drop accounting.
-  std::vector<ProgramChoice> programs() const;
+  scheduler* skel() const;
+  const std::string& hook() const;
+  // The programs this object loaded, for drop accounting.
+  const std::vector<ProgramChoice>& programs() const { return programs_; }
 
  private:
-  explicit SchedObject(const SchedPlan& plan) : plan_(plan) {}
-  void load(HookKind kind);  // open, load and attach the programs of `kind`
-  bpf_program* switch_program() const;
-  bpf_program* wakeup_program() const;
-  bpf_program* wakeup_new_program() const;
-  // A plain function pointer: the skeleton's functions are static, so they cannot be
-  // template arguments of a type in a header.
-  std::unique_ptr<scheduler, void (*)(scheduler*)> skel_{nullptr, scheduler__destroy};
+  explicit SchedObject(const SchedPlan& plan);
+  // Its LoadedSkeleton (in sched_object.cpp: the type names the skeleton's functions, which
+  // are static in each file that includes the skeleton).
+  struct Loaded;
+  std::unique_ptr<Loaded> loaded_;
   SchedPlan plan_;
-  HookKind kind_ = HookKind::TpBtf;
-  bool switch_3arg_ = false;    // sched_switch without prev_state (before 5.18)
-  std::vector<BpfLink> links_;  // declared after skel_: detached first
+  std::vector<ProgramChoice> programs_;
 };
 
 // The options of the scheduler histograms: labels, buckets and (offcpu_time) slow capture.

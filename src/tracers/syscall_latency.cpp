@@ -115,16 +115,13 @@ class SyscallLatencyTracer final : public Tracer {
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 3> tracepoints = {"sys_enter", "sys_exit",
                                                            "sched_process_exit"};
-    HookKind kind{};
-    skel_ = Object::load_probed(
-        scope_.tracer(), drops_, prober, tracepoints, preference,
-        [this](syscall_latency* s, HookKind k) { return choose(s, k); }, kind);
-    hook_ = std::string(hook_name(kind));
+    skel_ = Object::load_probed(scope_.tracer(), drops_, prober, tracepoints, preference,
+                                [this](syscall_latency* s, HookKind k) { return choose(s, k); });
     names_.resize(SYSLAT_MAX_SYSCALLS);
     slow_.start(skel_->maps.slow_events);
   }
 
-  std::vector<ProgramChoice> choose(syscall_latency* skel, HookKind kind) const {
+  std::vector<HookTwin> choose(syscall_latency* skel, HookKind kind) const {
     for (int nr = 0; nr < SYSLAT_MAX_SYSCALLS; ++nr) {
       const bool wanted = options_.include.empty() || options_.include.count(nr);
       skel->rodata->traced[nr] = wanted && !options_.exclude.count(nr);
@@ -137,14 +134,16 @@ class SyscallLatencyTracer final : public Tracer {
     bpf_map__set_autocreate(skel->maps.start, btf);
     bpf_map__set_max_entries(skel->maps.start_by_tid, btf ? 1 : kThreadMapEntries);
     // Exits before enters: an enter without its exit attached would only leave stale stamps.
+    // raw_tp removes the stamps of exiting threads from its hash (task storage goes with
+    // the task).
     return {
-        {skel->progs.sys_exit_btf, btf},     {skel->progs.sys_enter_btf, btf},
-        {skel->progs.thread_exit_raw, !btf}, {skel->progs.sys_exit_raw, !btf},
-        {skel->progs.sys_enter_raw, !btf},
+        {nullptr, skel->progs.thread_exit_raw},
+        {skel->progs.sys_exit_btf, skel->progs.sys_exit_raw},
+        {skel->progs.sys_enter_btf, skel->progs.sys_enter_raw},
     };
   }
 
-  std::string hook() const override { return hook_; }
+  std::string hook() const override { return skel_.hook(); }
 
   void drain() override {
     static_assert(sizeof(syscall_latency_hist) == (SYSLAT_SLOTS + 1) * 8);
@@ -181,7 +180,6 @@ class SyscallLatencyTracer final : public Tracer {
   SlowCapture slow_;
   // Links before the skeleton in destruction order: detach, then unload.
   Object skel_;
-  std::string hook_;
   std::vector<std::string> names_;
 };
 

@@ -53,26 +53,19 @@ class TcpConnectLatencyTracer final : public Tracer {
 
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 1> tps = {"inet_sock_set_state"};
-    HookKind kind{};
     skel_ = Object::load_probed(
-        scope_.tracer(), drops_, prober, tps, preference,
-        [this](tcp_connect_latency* s, HookKind k) {
+        scope_.tracer(), drops_, prober, tps, preference, [this](tcp_connect_latency* s, HookKind) {
           s->rodata->emd_by_cgroup = labels_.on();
           for (bpf_map* m : {s->maps.latency_by_cgroup, s->maps.failures_by_cgroup})
             bpf_map__set_max_entries(m, labels_.options().kernel_map_entries());
           slow_.configure(s, TCPCONN_MAX_IN_FLIGHT);
-          const bool btf = k == HookKind::TpBtf;
-          return std::vector<ProgramChoice>{
-              {s->progs.inet_sock_set_state_btf, btf},
-              {s->progs.inet_sock_set_state_raw, !btf},
-          };
-        },
-        kind);
-    hook_ = std::string(hook_name(kind));
+          return std::vector<HookTwin>{
+              {s->progs.inet_sock_set_state_btf, s->progs.inet_sock_set_state_raw}};
+        });
     slow_.start(skel_->maps.slow_events);
   }
 
-  std::string hook() const override { return hook_; }
+  std::string hook() const override { return skel_.hook(); }
 
   void drain() override {
     const auto family = [](std::uint32_t f) { return MetricStore::LabelValues{family_name(f)}; };
@@ -102,7 +95,6 @@ class TcpConnectLatencyTracer final : public Tracer {
   DropAccounting drops_;
   SlowCapture slow_;
   Object skel_;
-  std::string hook_;
 };
 
 }  // namespace
