@@ -94,36 +94,41 @@ void PerCpuDeltas::drain_hash(int map_fd, std::size_t key_size, const Visit& vis
   rebase_ = false;
 }
 
-PerCpuDeltas::Visit Log2HistDrain::visitor(const Labels& labels) {
+namespace {
+std::size_t value_width(const std::vector<ValueColumn>& columns) {
+  std::size_t width = 0;
+  for (const ValueColumn& c : columns) width += c.slots ? c.slots + 1 : 1;
+  return width;
+}
+}  // namespace
+
+SeriesDrain::SeriesDrain(MetricScope& scope, std::vector<ValueColumn> columns)
+    : scope_(scope), columns_(std::move(columns)), deltas_(value_width(columns_)) {}
+
+PerCpuDeltas::Visit SeriesDrain::visitor(const Labels& labels) {
   return [this, &labels](const void* key, const std::uint64_t* delta) {
-    scope_.add_slots(metric_, labels(key), std::span<const std::uint64_t>(delta, slots_),
-                     delta[slots_]);
+    const MetricStore::LabelValues values = labels(key);
+    for (const ValueColumn& c : columns_) {
+      MetricStore::LabelValues v = values;
+      v.insert(v.end(), c.labels.begin(), c.labels.end());
+      if (c.slots) {
+        scope_.add_slots(c.metric, v, std::span<const std::uint64_t>(delta, c.slots),
+                         delta[c.slots]);
+        delta += c.slots + 1;
+      } else {
+        scope_.add(c.metric, v, *delta++);
+      }
+    }
   };
 }
 
-void Log2HistDrain::drain_array(int map_fd, std::uint32_t entries, const Labels& labels) {
+void SeriesDrain::drain_array(int map_fd, std::uint32_t entries, const Labels& labels) {
   deltas_.drain_array(map_fd, entries, visitor(labels));
 }
 
-void Log2HistDrain::drain_hash(int map_fd, std::size_t key_size, const Labels& labels,
-                               const PerCpuDeltas::Retire& retire) {
+void SeriesDrain::drain_hash(int map_fd, std::size_t key_size, const Labels& labels,
+                             const PerCpuDeltas::Retire& retire) {
   deltas_.drain_hash(map_fd, key_size, visitor(labels), retire);
-}
-
-void CounterDrain::drain_array(int map_fd, std::uint32_t entries, const Labels& labels) {
-  deltas_.drain_array(map_fd, entries, [&](const void* key, const std::uint64_t* delta) {
-    scope_.add(metric_, labels(key), delta[0]);
-  });
-}
-
-void CounterDrain::drain_hash(int map_fd, std::size_t key_size, const Labels& labels,
-                              const PerCpuDeltas::Retire& retire) {
-  deltas_.drain_hash(
-      map_fd, key_size,
-      [&](const void* key, const std::uint64_t* delta) {
-        scope_.add(metric_, labels(key), delta[0]);
-      },
-      retire);
 }
 
 std::uint64_t sweep_stale_stamps(int map_fd, std::chrono::nanoseconds max_age) {

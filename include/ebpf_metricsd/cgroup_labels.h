@@ -47,7 +47,7 @@ class CgroupLabels {
 
   // One drain of a labelled map whose key is a struct `Key` with a `cgroup` id: `own(key)`
   // gives the tracer's own label values, the workload labels are appended, idle entries
-  // of gone cgroups retired. `Drain` is a Log2HistDrain or CounterDrain.
+  // of gone cgroups retired. `Drain` is a SeriesDrain.
   template <typename Key, typename Drain, typename Own>
   void drain(Drain& drain, int map_fd, const Own& own) {
     begin_pass();
@@ -74,20 +74,6 @@ class CgroupLabels {
         return own(*static_cast<const std::uint32_t*>(key));
       });
     }
-  }
-  // The same for a map whose values go to several metrics: `add(labels, values)`.
-  template <typename Key, typename Own, typename Add>
-  void drain_deltas(PerCpuDeltas& deltas, int map_fd, const Own& own, const Add& add) {
-    begin_pass();
-    deltas.drain_hash(
-        map_fd, sizeof(Key),
-        [&](const void* key, const std::uint64_t* d) {
-          const Key& k = *static_cast<const Key*>(key);
-          MetricStore::LabelValues v = own(k);
-          append(v, k.cgroup);
-          add(v, d);
-        },
-        retire([](const void* key) { return static_cast<const Key*>(key)->cgroup; }));
   }
 
  private:

@@ -48,11 +48,20 @@ class PerCpuDeltas {
   std::map<std::vector<std::uint8_t>, std::vector<std::uint64_t>> last_;
 };
 
-// The common value layouts: a log2 histogram {u64 slots[n]; u64 sum;} and a plain counter.
-class Log2HistDrain {
+// How a column of a map's value becomes series: one u64 added to a counter, or, for a
+// histogram, `slots` u64 slots and the sum after them; under the key's label values and
+// then the column's own (`labels`, e.g. kind="requested").
+struct ValueColumn {
+  MetricScope::Metric metric;
+  std::size_t slots = 0;  // 0: a counter
+  MetricStore::LabelValues labels = {};
+};
+
+// A per-CPU map whose value is `columns` side by side, drained into their metrics: per key,
+// what was added since the last drain, under the label values `labels(key)` gives.
+class SeriesDrain {
  public:
-  Log2HistDrain(MetricScope& scope, MetricScope::Metric metric, std::size_t slots)
-      : scope_(scope), metric_(metric), slots_(slots), deltas_(slots + 1) {}
+  SeriesDrain(MetricScope& scope, std::vector<ValueColumn> columns);
   using Labels = std::function<MetricStore::LabelValues(const void* key)>;
   void drain_array(int map_fd, std::uint32_t entries, const Labels& labels);
   void drain_hash(int map_fd, std::size_t key_size, const Labels& labels,
@@ -62,24 +71,7 @@ class Log2HistDrain {
  private:
   PerCpuDeltas::Visit visitor(const Labels& labels);
   MetricScope& scope_;
-  MetricScope::Metric metric_;
-  std::size_t slots_;
-  PerCpuDeltas deltas_;
-};
-
-class CounterDrain {
- public:
-  CounterDrain(MetricScope& scope, MetricScope::Metric metric)
-      : scope_(scope), metric_(metric), deltas_(1) {}
-  using Labels = std::function<MetricStore::LabelValues(const void* key)>;
-  void drain_array(int map_fd, std::uint32_t entries, const Labels& labels);
-  void drain_hash(int map_fd, std::size_t key_size, const Labels& labels,
-                  const PerCpuDeltas::Retire& retire = {});
-  void rebase_next() { deltas_.rebase_next(); }
-
- private:
-  MetricScope& scope_;
-  MetricScope::Metric metric_;
+  std::vector<ValueColumn> columns_;
   PerCpuDeltas deltas_;
 };
 

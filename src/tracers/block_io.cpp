@@ -93,30 +93,25 @@ class BlockIoTracer final : public Tracer {
   void drain() override {
     static_assert(sizeof(blockio_value) == (BLOCKIO_SLOTS + 2) * 8);
     slow_.begin_drain();
-    const auto add = [&](const MetricStore::LabelValues& labels, const std::uint64_t* d) {
-      scope_.add_slots(latency_, labels, std::span<const std::uint64_t>(d, BLOCKIO_SLOTS),
-                       d[BLOCKIO_SLOTS]);
-      scope_.add(bytes_, labels, d[BLOCKIO_SLOTS + 1]);
-    };
+    // The same value in three maps: by cgroup when labelled, else by queue slot, and by
+    // name for the disks past the slots.
     if (labels_.on()) {
-      labels_.drain_deltas<blockio_cgroup_key>(
+      labels_.drain<blockio_cgroup_key>(
           cgroup_series_, bpf_map__fd(skel_->maps.series_by_cgroup),
           [](const blockio_cgroup_key& k) {
             return MetricStore::LabelValues{fixed_name(k.disk), op_name(k.op)};
-          },
-          add);
+          });
     }
-    slot_series_.drain_array(bpf_map__fd(skel_->maps.slot_series),
-                             BLOCKIO_QUEUE_SLOTS * BLOCKIO_OPS,
-                             [&](const void* key, const std::uint64_t* d) {
-                               const auto k = *static_cast<const std::uint32_t*>(key);
-                               add({slot_disk(k / BLOCKIO_OPS), op_name(k % BLOCKIO_OPS)}, d);
-                             });
-    series_.drain_hash(bpf_map__fd(skel_->maps.series), sizeof(blockio_key),
-                       [&](const void* key, const std::uint64_t* d) {
-                         const auto* k = static_cast<const blockio_key*>(key);
-                         add({fixed_name(k->disk), op_name(k->op)}, d);
-                       });
+    slot_series_.drain_array(
+        bpf_map__fd(skel_->maps.slot_series), BLOCKIO_QUEUE_SLOTS * BLOCKIO_OPS,
+        [&](const void* key) {
+          const auto k = *static_cast<const std::uint32_t*>(key);
+          return MetricStore::LabelValues{slot_disk(k / BLOCKIO_OPS), op_name(k % BLOCKIO_OPS)};
+        });
+    series_.drain_hash(bpf_map__fd(skel_->maps.series), sizeof(blockio_key), [](const void* key) {
+      const auto* k = static_cast<const blockio_key*>(key);
+      return MetricStore::LabelValues{fixed_name(k->disk), op_name(k->op)};
+    });
     static const std::vector<std::string> names = {"device", "op"};
     slow_.drain(
         [](std::uint64_t op, std::string_view disk) {
@@ -143,9 +138,10 @@ class BlockIoTracer final : public Tracer {
   MetricScope& scope_;
   CgroupLabels labels_;
   MetricScope::Metric latency_, bytes_;
-  PerCpuDeltas series_{BLOCKIO_SLOTS + 2};
-  PerCpuDeltas slot_series_{BLOCKIO_SLOTS + 2};
-  PerCpuDeltas cgroup_series_{BLOCKIO_SLOTS + 2};
+  // Its value: {latency slots, sum of ns, bytes}.
+  SeriesDrain series_{scope_, {{latency_, BLOCKIO_SLOTS}, {bytes_}}};
+  SeriesDrain slot_series_{scope_, {{latency_, BLOCKIO_SLOTS}, {bytes_}}};
+  SeriesDrain cgroup_series_{scope_, {{latency_, BLOCKIO_SLOTS}, {bytes_}}};
   DropAccounting drops_;
   SlowCapture slow_;
   Object skel_;

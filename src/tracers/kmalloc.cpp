@@ -45,23 +45,23 @@ class KmallocTracer final : public Tracer {
                               "(allocated, rounded up to the slab size).",
                               MetricType::Counter,
                               {"kind"}})),
-        sizes_(scope,
-               scope.declare({"ebpf_kmalloc_size_bytes",
-                              "Requested kmalloc() sizes.",
-                              MetricType::Histogram,
-                              {},
-                              options.buckets}),
-               KMALLOC_SLOTS),
+        sizes_(scope, {{scope.declare({"ebpf_kmalloc_size_bytes",
+                                       "Requested kmalloc() sizes.",
+                                       MetricType::Histogram,
+                                       {},
+                                       options.buckets}),
+                        KMALLOC_SLOTS}}),
         drops_(scope, drop_reasons<KMALLOC_DROP__COUNT>({"map_full"})) {
     if (options_.caches) {
-      cache_alloc_ = scope.declare({"ebpf_kmem_cache_alloc_calls_total",
-                                    "kmem_cache_alloc() calls, by slab cache.",
-                                    MetricType::Counter,
-                                    {"cache"}});
-      cache_free_ = scope.declare({"ebpf_kmem_cache_free_calls_total",
-                                   "kmem_cache_free() calls, by slab cache.",
-                                   MetricType::Counter,
-                                   {"cache"}});
+      caches_.emplace(scope, std::vector<ValueColumn>{
+                                 {scope.declare({"ebpf_kmem_cache_alloc_calls_total",
+                                                 "kmem_cache_alloc() calls, by slab cache.",
+                                                 MetricType::Counter,
+                                                 {"cache"}})},
+                                 {scope.declare({"ebpf_kmem_cache_free_calls_total",
+                                                 "kmem_cache_free() calls, by slab cache.",
+                                                 MetricType::Counter,
+                                                 {"cache"}})}});
     }
   }
 
@@ -112,22 +112,15 @@ class KmallocTracer final : public Tracer {
   void drain() override {
     static_assert(sizeof(kmalloc_totals) == 4 * 8);
     totals_.drain_array(bpf_map__fd(skel_->maps.totals), 1,
-                        [&](const void*, const std::uint64_t* d) {
-                          scope_.add(kmalloc_calls_, {}, d[0]);
-                          scope_.add(kfree_calls_, {}, d[1]);
-                          scope_.add(bytes_, {"requested"}, d[2]);
-                          scope_.add(bytes_, {"allocated"}, d[3]);
-                        });
+                        [](const void*) { return MetricStore::LabelValues{}; });
     sizes_.drain_array(bpf_map__fd(skel_->maps.sizes), 1,
                        [](const void*) { return MetricStore::LabelValues{}; });
     if (options_.caches) {
-      caches_.drain_hash(bpf_map__fd(skel_->maps.caches), sizeof(kmalloc_cache_key),
-                         [&](const void* key, const std::uint64_t* d) {
-                           const auto* k = static_cast<const kmalloc_cache_key*>(key);
-                           const std::string name = fixed_name(k->name);
-                           scope_.add(*cache_alloc_, {name}, d[0]);
-                           scope_.add(*cache_free_, {name}, d[1]);
-                         });
+      caches_->drain_hash(bpf_map__fd(skel_->maps.caches), sizeof(kmalloc_cache_key),
+                          [](const void* key) {
+                            return MetricStore::LabelValues{
+                                fixed_name(static_cast<const kmalloc_cache_key*>(key)->name)};
+                          });
     }
     drops_.drain();
   }
@@ -136,10 +129,12 @@ class KmallocTracer final : public Tracer {
   MetricScope& scope_;
   KmallocOptions options_;
   MetricScope::Metric kmalloc_calls_, kfree_calls_, bytes_;
-  std::optional<MetricScope::Metric> cache_alloc_, cache_free_;
-  PerCpuDeltas totals_{4};
-  PerCpuDeltas caches_{2};
-  Log2HistDrain sizes_;
+  // {kmalloc calls, kfree calls, bytes requested, bytes allocated}
+  SeriesDrain totals_{
+      scope_,
+      {{kmalloc_calls_}, {kfree_calls_}, {bytes_, 0, {"requested"}}, {bytes_, 0, {"allocated"}}}};
+  std::optional<SeriesDrain> caches_;  // {allocations, frees} by cache, with `caches: true`
+  SeriesDrain sizes_;
   DropAccounting drops_;
   Object skel_;
 };

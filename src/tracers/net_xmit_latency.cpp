@@ -71,36 +71,25 @@ class NetXmitLatencyTracer final : public Tracer {
 
   void drain() override {
     static_assert(sizeof(netxmit_value) == (NETXMIT_SLOTS + 3) * 8);
-    const auto add_labelled = [&](const MetricStore::LabelValues& labels, const std::uint64_t* d) {
-      scope_.add_slots(latency_, labels, std::span<const std::uint64_t>(d, NETXMIT_SLOTS),
-                       d[NETXMIT_SLOTS]);
-      scope_.add(packets_, labels, d[NETXMIT_SLOTS + 1]);
-      scope_.add(bytes_, labels, d[NETXMIT_SLOTS + 2]);
-    };
-    const auto add = [&](const std::string& ifname, const std::uint64_t* d) {
-      add_labelled({ifname}, d);
-    };
+    // The same value in three maps: by cgroup when labelled, else by device slot, and by
+    // name for the devices past the slots.
     if (labels_.on()) {
-      labels_.drain_deltas<netxmit_cgroup_key>(
-          cgroup_series_, bpf_map__fd(skel_->maps.series_by_cgroup),
-          [](const netxmit_cgroup_key& k) {
-            return MetricStore::LabelValues{fixed_name(k.ifname)};
-          },
-          add_labelled);
+      labels_.drain<netxmit_cgroup_key>(cgroup_series_, bpf_map__fd(skel_->maps.series_by_cgroup),
+                                        [](const netxmit_cgroup_key& k) {
+                                          return MetricStore::LabelValues{fixed_name(k.ifname)};
+                                        });
     }
     dev_series_.drain_array(bpf_map__fd(skel_->maps.dev_series), NETXMIT_DEV_SLOTS,
-                            [&](const void* key, const std::uint64_t* d) {
+                            [&](const void* key) {
                               netxmit_dev dev{};
                               if (bpf_map_lookup_elem(bpf_map__fd(skel_->maps.devs), key, &dev)) {
                                 throw BpfError(bpf_error_text("read net_xmit device slot", errno));
                               }
-                              add(fixed_name(dev.ifname), d);
+                              return MetricStore::LabelValues{fixed_name(dev.ifname)};
                             });
-    series_.drain_hash(bpf_map__fd(skel_->maps.series), sizeof(netxmit_key),
-                       [&](const void* key, const std::uint64_t* d) {
-                         const auto* k = static_cast<const netxmit_key*>(key);
-                         add(fixed_name(k->ifname), d);
-                       });
+    series_.drain_hash(bpf_map__fd(skel_->maps.series), sizeof(netxmit_key), [](const void* key) {
+      return MetricStore::LabelValues{fixed_name(static_cast<const netxmit_key*>(key)->ifname)};
+    });
     drops_.drain();
     // A packet still not transmitted after 10 s was dropped on the way (or split into GSO
     // segments, which reach the driver as other skbs): its stamp is removed and counted.
@@ -111,9 +100,10 @@ class NetXmitLatencyTracer final : public Tracer {
   MetricScope& scope_;
   CgroupLabels labels_;
   MetricScope::Metric latency_, packets_, bytes_;
-  PerCpuDeltas series_{NETXMIT_SLOTS + 3};
-  PerCpuDeltas dev_series_{NETXMIT_SLOTS + 3};
-  PerCpuDeltas cgroup_series_{NETXMIT_SLOTS + 3};
+  // Its value: {latency slots, sum of ns, packets, bytes}.
+  SeriesDrain series_{scope_, {{latency_, NETXMIT_SLOTS}, {packets_}, {bytes_}}};
+  SeriesDrain dev_series_{scope_, {{latency_, NETXMIT_SLOTS}, {packets_}, {bytes_}}};
+  SeriesDrain cgroup_series_{scope_, {{latency_, NETXMIT_SLOTS}, {packets_}, {bytes_}}};
   DropAccounting drops_;
   Object skel_;
 };

@@ -27,11 +27,11 @@ class OffcpuTimeTracer final : public SchedHistTracer {
                          drop_reasons<SCHED_DROP__COUNT>(
                              {"task_state", "", "map_full", "slow_limited", "slow_ring_full"})},
                         options, peers),
-        switches_(scope, scope.declare({"ebpf_context_switches_total",
-                                        "Context switches: voluntary (the task blocked) or "
-                                        "involuntary (it was preempted while runnable).",
-                                        MetricType::Counter,
-                                        {"kind"}})),
+        switches_(scope, {{scope.declare({"ebpf_context_switches_total",
+                                          "Context switches: voluntary (the task blocked) or "
+                                          "involuntary (it was preempted while runnable).",
+                                          MetricType::Counter,
+                                          {"kind"}})}}),
         slow_(scope, metric(), "ebpf_offcpu_seconds", options.slow, cgroups()) {}
 
   void start(HookProber& prober, HookPreference preference) override {
@@ -63,7 +63,7 @@ class OffcpuTimeTracer final : public SchedHistTracer {
   }
 
  private:
-  CounterDrain switches_;
+  SeriesDrain switches_;
   SlowCapture slow_;  // after what it reads: its thread stops first
 };
 

@@ -33,12 +33,12 @@ class OomKillsTracer final : public Tracer {
   OomKillsTracer(MetricScope& scope, const CgroupLabelOptions& options)
       : scope_(scope),
         labels_(always_labelled(options)),
-        kills_(scope, scope.declare(labels_.with_labels(
+        kills_(scope, {{scope.declare(labels_.with_labels(
                           {"ebpf_oom_kills_total",
                            "Processes killed by the OOM killer (of the system or of a memory "
                            "cgroup), by the victim's cgroup.",
                            MetricType::Counter,
-                           {}}))),
+                           {}}))}}),
         drops_(scope, drop_reasons<OOM_DROP__COUNT>({"map_full"})) {}
 
   void start(HookProber& prober, HookPreference preference) override {
@@ -82,7 +82,7 @@ class OomKillsTracer final : public Tracer {
  private:
   MetricScope& scope_;
   CgroupLabels labels_;
-  CounterDrain kills_;
+  SeriesDrain kills_;
   DropAccounting drops_;
   Object skel_;
 };

@@ -166,25 +166,20 @@ class PageCacheTracer final : public Tracer {
 
   void drain() override {
     static_assert(sizeof(page_cache_totals) == 3 * 8);
-    const auto add = [&](const MetricStore::LabelValues& labels, const std::uint64_t* d) {
-      scope_.add(accesses_, labels, d[0]);
-      scope_.add(misses_, labels, d[1]);
-      scope_.add(dirtied_, labels, d[2]);
-    };
     if (labels_.on()) {
       labels_.begin_pass();
       const auto id_of = [](const void* key) { return *static_cast<const std::uint64_t*>(key); };
       totals_.drain_hash(
           bpf_map__fd(skel_->maps.totals_by_cgroup), sizeof(std::uint64_t),
-          [&](const void* key, const std::uint64_t* d) {
+          [&](const void* key) {
             MetricStore::LabelValues v;
             labels_.append(v, id_of(key));
-            add(v, d);
+            return v;
           },
           labels_.retire(id_of));
     } else {
       totals_.drain_array(bpf_map__fd(skel_->maps.totals), 1,
-                          [&](const void*, const std::uint64_t* d) { add({}, d); });
+                          [](const void*) { return MetricStore::LabelValues{}; });
     }
     drops_.drain();
   }
@@ -193,7 +188,7 @@ class PageCacheTracer final : public Tracer {
   MetricScope& scope_;
   CgroupLabels labels_;
   MetricScope::Metric accesses_, misses_, dirtied_;
-  PerCpuDeltas totals_{3};
+  SeriesDrain totals_{scope_, {{accesses_}, {misses_}, {dirtied_}}};
   DropAccounting drops_;
   Object skel_;
   bool folio_added_ = true;  // mm_filemap_add_to_page_cache passes a folio (5.16+)

@@ -27,11 +27,11 @@ class PageFaultsTracer final : public Tracer {
   using Options = CgroupLabelOptions;
   PageFaultsTracer(MetricScope& scope, const CgroupLabelOptions& cgroup)
       : labels_(cgroup),
-        faults_(scope, scope.declare(labels_.with_labels(
+        faults_(scope, {{scope.declare(labels_.with_labels(
                            {"ebpf_page_faults_total",
                             "Page faults: minor (no I/O) or major (the page had to be read in).",
                             MetricType::Counter,
-                            {"type"}}))),
+                            {"type"}}))}}),
         drops_(scope, drop_reasons<PAGE_FAULT_DROP__COUNT>({"map_full"})) {}
 
   void start(HookProber&, HookPreference) override {
@@ -67,7 +67,7 @@ class PageFaultsTracer final : public Tracer {
 
  private:
   CgroupLabels labels_;
-  CounterDrain faults_;
+  SeriesDrain faults_;
   DropAccounting drops_;
   Object skel_;
   std::vector<BpfLink> links_;  // after skel_: detached first

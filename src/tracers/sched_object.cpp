@@ -138,7 +138,7 @@ SchedHistTracer::SchedHistTracer(MetricScope& scope, SchedHistKind kind, SchedLa
       labels_(std::move(labels)),
       plan_(plan_for(peers, kind_.map, labels_)),
       metric_(scope.declare(with_labels(kind_.spec, labels_))),
-      hist_(scope, metric_, SCHED_SLOTS),
+      hist_(scope, {{metric_, SCHED_SLOTS}}),
       drops_(scope, kind_.drop_reasons),
       cgroups_(labels_.cgroup) {}
 

@@ -119,7 +119,7 @@ class SchedHistTracer : public Tracer {
   SchedLabelOptions labels_;
   SchedPlan plan_;
   MetricScope::Metric metric_;
-  Log2HistDrain hist_;
+  SeriesDrain hist_;
   DropAccounting drops_;
   CgroupLabels cgroups_;
   std::shared_ptr<SchedObject> obj_;

@@ -107,7 +107,7 @@ class SyscallLatencyTracer final : public Tracer {
         options_(std::move(options)),
         labels_(options_.cgroup),
         latency_(scope.declare(labels_.with_labels(latency_spec(options_.buckets)))),
-        hists_(scope, latency_, SYSLAT_SLOTS),
+        hists_(scope, {{latency_, SYSLAT_SLOTS}}),
         drops_(scope, drop_reasons<SYSLAT_DROP__COUNT>({"map_full", "unknown_syscall", "map_full",
                                                         "slow_limited", "slow_ring_full"})),
         slow_(scope, latency_, latency_spec(options_.buckets).name, options_.slow, labels_) {}
@@ -175,7 +175,7 @@ class SyscallLatencyTracer final : public Tracer {
   SyscallLatencyOptions options_;
   CgroupLabels labels_;
   MetricScope::Metric latency_;
-  Log2HistDrain hists_;
+  SeriesDrain hists_;
   DropAccounting drops_;
   SlowCapture slow_;
   // Links before the skeleton in destruction order: detach, then unload.

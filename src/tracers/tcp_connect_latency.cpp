@@ -38,13 +38,13 @@ class TcpConnectLatencyTracer final : public Tracer {
              MetricType::Histogram,
              {"family"},
              options.buckets}))),
-        latency_(scope, latency_metric_, TCPCONN_SLOTS),
-        failures_(scope, scope.declare(labels_.with_labels(
+        latency_(scope, {{latency_metric_, TCPCONN_SLOTS}}),
+        failures_(scope, {{scope.declare(labels_.with_labels(
                              {"ebpf_tcp_connect_failures_total",
                               "Active TCP opens that went from SYN_SENT to CLOSE (refused, "
                               "timed out, reset).",
                               MetricType::Counter,
-                              {"family"}}))),
+                              {"family"}}))}}),
         drops_(scope,
                drop_reasons<TCPCONN_DROP__COUNT>(
                    {"map_full", "map_full", "slow_limited", "slow_ring_full", "slow_origin_full"}),
@@ -90,8 +90,8 @@ class TcpConnectLatencyTracer final : public Tracer {
   MetricScope& scope_;
   CgroupLabels labels_;
   MetricScope::Metric latency_metric_;
-  Log2HistDrain latency_;
-  CounterDrain failures_;
+  SeriesDrain latency_;
+  SeriesDrain failures_;
   DropAccounting drops_;
   SlowCapture slow_;
   Object skel_;
