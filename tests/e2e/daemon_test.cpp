@@ -3,6 +3,7 @@
 #include <sys/syscall.h>
 
 #include <catch2/catch.hpp>
+#include <map>
 #include <optional>
 #include <set>
 
@@ -168,22 +169,22 @@ TEST_CASE("flags: --version, --help, unknown flags") {
 }
 
 TEST_CASE("every tracer, with every optional label, up at once and valid for promtool") {
-  Setup s(
-      "  syscall_latency:\n    enabled: true\n    cgroup: true\n"
-      "  runqueue_latency:\n    enabled: true\n    cgroup: true\n    comm: true\n"
-      "  offcpu_time:\n    enabled: true\n    cgroup: true\n"
-      "  page_faults:\n    enabled: true\n    cgroup: true\n"
-      "  kmalloc:\n    enabled: true\n    caches: true\n"
-      "  tcp_connect_latency:\n    enabled: true\n    cgroup: true\n"
-      "  net_xmit_latency:\n    enabled: true\n    cgroup: true\n"
-      "  block_io:\n    enabled: true\n    cgroup: true\n"
-      "  page_cache:\n    enabled: true\n    cgroup: true\n"
-      "  oom_kills:\n    enabled: true\n"
-      "  profile:\n    enabled: true\n    cgroup: true\n");
-  DaemonProcess d(DAEMON_PATH, s.log, {s.args(), false, {}, {}});
-  // Every registered tracer: one added to the registry and not to the config above fails here.
+  // Every registered tracer, each with `cgroup: true` but where its options say otherwise.
+  const std::map<std::string, std::string> other_options = {
+      {"runqueue_latency", "    cgroup: true\n    comm: true\n"},
+      {"kmalloc", "    caches: true\n"},
+      {"oom_kills", ""},  // always labelled by cgroup
+  };
   std::vector<std::string> tracers;
-  for (const auto& desc : ebpf_metricsd::tracer_registry()) tracers.push_back(desc.name);
+  std::string sections;
+  for (const auto& desc : ebpf_metricsd::tracer_registry()) {
+    tracers.push_back(desc.name);
+    const auto other = other_options.find(desc.name);
+    sections += "  " + desc.name + ":\n    enabled: true\n" +
+                (other == other_options.end() ? "    cgroup: true\n" : other->second);
+  }
+  Setup s(sections);
+  DaemonProcess d(DAEMON_PATH, s.log, {s.args(), false, {}, {}});
   // Scraping over loopback TCP is itself a connect and packets on lo; the rest comes by itself.
   const std::vector<std::string> expected = {
       "ebpf_runqueue_latency_seconds_count{",

@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include "daemon_process.h"
+#include "ebpf_metricsd/tracer.h"
 
 using namespace ebpf_metricsd::test;
 using Catch::Matchers::Contains;
@@ -18,15 +19,23 @@ TEST_CASE("cpack builds a .deb that installs, checks its config, and removes cle
   REQUIRE_FALSE(deb.empty());
   const std::string control = run_capture("dpkg-deb -f " + deb + " Depends");
   CHECK_THAT(control, Contains("libbpf1"));
+  // The description names every tracer (made from the registry at configure time).
+  const std::string description = run_capture("dpkg-deb -f " + deb + " Description");
+  for (const auto& t : ebpf_metricsd::tracer_registry()) {
+    INFO("the package description: " << description);
+    CHECK((description.find(" " + t.name + ",") != std::string::npos ||
+           description.find(" " + t.name + ".") != std::string::npos));
+  }
 
   REQUIRE(run_command("dpkg -i " + deb + " >" + dir + "/dpkg.log 2>&1") == 0);
   const std::string files = run_capture("dpkg -L ebpf-metricsd");
-  for (const char* f : {"/usr/bin/ebpf-metricsd", "/etc/ebpf-metricsd/config.yaml",
-                        "/lib/systemd/system/ebpf-metricsd.service",
-                        "/usr/share/ebpf-metricsd/systemd/profile.conf",
-                        "/usr/share/ebpf-metricsd/dashboards/ebpf-metricsd.json",
-                        "/usr/share/ebpf-metricsd/prometheus/rules.yml",
-                        "/usr/share/doc/ebpf-metricsd/README.md"}) {
+  for (const char* f :
+       {"/usr/bin/ebpf-metricsd", "/etc/ebpf-metricsd/config.yaml",
+        "/lib/systemd/system/ebpf-metricsd.service",
+        "/usr/share/ebpf-metricsd/systemd/profile.conf",
+        "/usr/share/ebpf-metricsd/dashboards/ebpf-metricsd.json",
+        "/usr/share/ebpf-metricsd/prometheus/rules.yml", "/usr/share/doc/ebpf-metricsd/README.md",
+        "/usr/share/doc/ebpf-metricsd/docs/architecture.md"}) {
     INFO(f);
     CHECK_THAT(files, Contains(std::string(f) + "\n"));
   }

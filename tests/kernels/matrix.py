@@ -63,18 +63,10 @@ def default_jobs():
 # from the chrooted modprobe.
 BOOT_MODULES = ["virtio_pci", "virtio_blk", "ext4", "9pnet_virtio", "9p"]
 
-# Which tracers each BPF test file proves.
+# Which tracers each BPF test file proves: tests/bpf/<tracer>_test.cpp proves <tracer>, and
+# these files prove the tracers named.
 TEST_FILE_TRACERS = {
-    "syscall_latency_test.cpp": ["syscall_latency"],
     "scheduler_test.cpp": ["runqueue_latency", "offcpu_time"],
-    "page_faults_test.cpp": ["page_faults"],
-    "kmalloc_test.cpp": ["kmalloc"],
-    "tcp_connect_latency_test.cpp": ["tcp_connect_latency"],
-    "net_xmit_latency_test.cpp": ["net_xmit_latency"],
-    "block_io_test.cpp": ["block_io"],
-    "page_cache_test.cpp": ["page_cache"],
-    "oom_kills_test.cpp": ["oom_kills"],
-    "profile_test.cpp": ["profile"],
 }
 # Test files whose cases each prove the tracers their name begins with
 # ("syscall_latency by cgroup: ...", "runqueue_latency and offcpu_time by cgroup: ...").
@@ -85,7 +77,9 @@ def case_tracers(fname, case_name, tracers):
     if fname in TEST_CASE_NAMES_TRACERS:
         head = case_name.split(" by ")[0]
         return [t for t in tracers if t in head.replace(",", " ").split()]
-    return TEST_FILE_TRACERS.get(fname, [])
+    if fname in TEST_FILE_TRACERS:
+        return TEST_FILE_TRACERS[fname]
+    return [t for t in tracers if fname == t + "_test.cpp"]
 
 
 def tracer_names(build_dir):
