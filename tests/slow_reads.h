@@ -17,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -72,28 +73,73 @@ __attribute__((noinline)) inline long connect_in_known_function(int fd, const vo
 #endif
 }
 
-class SlowReader {
+// A forked child that, its work done, stays until finish(), so that its mappings are there
+// when its events are symbolized.
+class HeldChild {
+ public:
+  pid_t pid() const { return pid_; }
+  // Lets the child exit and returns its exit status (0: its work succeeded).
+  int finish() {
+    if (pid_ <= 0) return status_;
+    if (write(go_[1], "x", 1) != 1) kill(pid_, SIGKILL);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -pid_;
+    status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+    return status_;
+  }
+  HeldChild(const HeldChild&) = delete;
+  HeldChild& operator=(const HeldChild&) = delete;
+
+ protected:
+  HeldChild() {
+    if (pipe(go_) != 0) throw std::runtime_error("pipe");
+  }
+  ~HeldChild() {
+    finish();
+    close(go_[0]);
+    close(go_[1]);
+  }
+  // Forks a child that runs `work` (true: it succeeded) and then waits for finish().
+  void fork_child(const std::function<bool()>& work) {
+    pid_ = fork();
+    if (pid_ < 0) throw std::runtime_error("fork");
+    if (pid_ == 0) {
+      const bool ok = work();
+      char c;
+      _exit(ok && read(go_[0], &c, 1) == 1 ? 0 : 1);
+    }
+  }
+
+ private:
+  int go_[2]{-1, -1};
+  pid_t pid_ = 0;
+  int status_ = 0;
+};
+
+// A child that blocks `reads` times in slow_read_in_known_function's read of a pipe, each time
+// for at least `delay` (the write comes only once it is seen blocked).
+class SlowReader : public HeldChild {
  public:
   static constexpr const char* kComm = "emd-slowreader";
   SlowReader(int reads, std::chrono::milliseconds delay) {
-    if (pipe(data_) != 0 || pipe(done_) != 0 || pipe(go_) != 0) throw std::runtime_error("pipe");
+    if (pipe(data_) != 0 || pipe(done_) != 0) throw std::runtime_error("pipe");
     void* shared = mmap(nullptr, sizeof(std::atomic<long>), PROT_READ | PROT_WRITE,
                         MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (shared == MAP_FAILED) throw std::runtime_error("mmap");
     before_ = new (shared) std::atomic<long>(-1);
-    pid_ = fork();
-    if (pid_ < 0) throw std::runtime_error("fork");
-    if (pid_ == 0) {
+    fork_child([&] {
       // A name of its own: the series of comm-labelled histograms it lands in are its alone.
       prctl(PR_SET_NAME, kComm);
       char c;
       for (int i = 0; i < reads; ++i) {
         *before_ = TestCgroup::voluntary_switches_of_this_thread();
-        if (slow_read_in_known_function(data_[0], &c) != 1 || write(done_[1], &c, 1) != 1) _exit(1);
+        if (slow_read_in_known_function(data_[0], &c) != 1 || write(done_[1], &c, 1) != 1)
+          return false;
       }
-      _exit(read(go_[0], &c, 1) == 1 ? 0 : 1);
-    }
-    const std::string status = "/proc/" + std::to_string(pid_) + "/status";
+      return true;
+    });
+    const std::string status = "/proc/" + std::to_string(pid()) + "/status";
     for (int i = 0; i < reads; ++i) {
       if (!TestCgroup::wait_blocked(status, before_)) throw std::runtime_error("reader gone");
       std::this_thread::sleep_for(delay);
@@ -104,76 +150,34 @@ class SlowReader {
       }
     }
   }
-  pid_t pid() const { return pid_; }
-  // Lets the child exit and returns its exit status (0: every read returned its byte).
-  int finish() {
-    if (pid_ <= 0) return status_;
-    if (write(go_[1], "x", 1) != 1) kill(pid_, SIGKILL);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    pid_ = -pid_;
-    status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-    return status_;
-  }
   ~SlowReader() {
     finish();
-    for (int fd : {data_[0], data_[1], done_[0], done_[1], go_[0], go_[1]}) close(fd);
+    for (int fd : {data_[0], data_[1], done_[0], done_[1]}) close(fd);
     munmap(before_, sizeof(std::atomic<long>));
   }
-  SlowReader(const SlowReader&) = delete;
-  SlowReader& operator=(const SlowReader&) = delete;
 
  private:
-  int data_[2]{-1, -1}, done_[2]{-1, -1}, go_[2]{-1, -1};
+  int data_[2]{-1, -1}, done_[2]{-1, -1};
   std::atomic<long>* before_ = nullptr;
-  pid_t pid_ = 0;
-  int status_ = 0;
 };
 
 // A child process that writes `n` 4 KiB blocks to the block device `dev` with O_DIRECT, by
-// write_in_known_function, every other block from the start (each one request), and stays
-// until finish() so that its mappings are there when its events are symbolized.
-class DirectWriter {
+// write_in_known_function, every other block from the start (each one request).
+class DirectWriter : public HeldChild {
  public:
   DirectWriter(const std::string& dev, int n) {
-    if (pipe(go_) != 0) throw std::runtime_error("pipe");
-    pid_ = fork();
-    if (pid_ < 0) throw std::runtime_error("fork");
-    if (pid_ == 0) {
+    fork_child([&] {
       const int fd = open(dev.c_str(), O_WRONLY | O_DIRECT);
       void* buf = nullptr;
-      if (fd < 0 || posix_memalign(&buf, 4096, 4096) != 0) _exit(1);
+      if (fd < 0 || posix_memalign(&buf, 4096, 4096) != 0) return false;
       std::memset(buf, 0xcd, 4096);
       for (int i = 0; i < n; ++i) {
-        if (write_in_known_function(fd, buf, 4096, static_cast<long>(i) * 8192) != 4096) _exit(1);
+        if (write_in_known_function(fd, buf, 4096, static_cast<long>(i) * 8192) != 4096)
+          return false;
       }
-      char c;
-      _exit(read(go_[0], &c, 1) == 1 ? 0 : 1);
-    }
+      return true;
+    });
   }
-  pid_t pid() const { return pid_; }
-  // Lets the child exit and returns its exit status (0: every write was whole).
-  int finish() {
-    if (pid_ <= 0) return status_;
-    if (write(go_[1], "x", 1) != 1) kill(pid_, SIGKILL);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    pid_ = -pid_;
-    status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-    return status_;
-  }
-  ~DirectWriter() {
-    finish();
-    close(go_[0]);
-    close(go_[1]);
-  }
-  DirectWriter(const DirectWriter&) = delete;
-  DirectWriter& operator=(const DirectWriter&) = delete;
-
- private:
-  int go_[2]{-1, -1};
-  pid_t pid_ = 0;
-  int status_ = 0;
 };
 
 }  // namespace ebpf_metricsd::test

@@ -48,7 +48,7 @@ class LoadedSkeleton {
   // "drops" map where it has one, and the recursion misses of the chosen programs.
   // `hook`: what hook() says (the one kind of its programs, e.g. "perf_event").
   static LoadedSkeleton load(const std::string& tracer, DropAccounting& drops, const Choose& choose,
-                             std::string hook) {
+                             const std::string& hook) {
     std::string btf_path;
     const auto open_opts = skeleton_open_opts(btf_path);
     LoadedSkeleton l;
@@ -64,7 +64,7 @@ class LoadedSkeleton {
         tracer);
     const bpf_map* map = bpf_object__find_map_by_name(l.skel_->obj, "drops");
     drops.bind(map ? bpf_map__fd(map) : -1, programs);
-    l.hook_ = std::move(hook);
+    l.hook_ = hook;
     return l;
   }
 

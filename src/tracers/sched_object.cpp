@@ -55,7 +55,7 @@ std::shared_ptr<SchedObject> SchedObject::get(const SchedPlan& plan, HookProber&
         s->bss->sched_cfg = {r.on, r.by_cgroup, r.by_comm, o.on, o.by_cgroup, o.by_comm};
         SlowCapture::configure(s, plan.slow, /*origins=*/0, /*keeps_stacks=*/true);
         auto& p = s->progs;
-        const std::vector<HookTwin> hooks = {
+        std::vector<HookTwin> hooks = {
             {nullptr, p.sched_free_raw},  // raw_tp: a gone task's state leaves the pid map
             {p.sched_wakeup_btf, p.sched_wakeup_raw, r.on},
             {p.sched_wakeup_new_btf, p.sched_wakeup_new_raw, r.on},
@@ -135,7 +135,7 @@ SchedPlan plan_for(const TracerPeers& peers, SchedObject::LabelledMap own,
 SchedHistTracer::SchedHistTracer(MetricScope& scope, SchedHistKind kind, SchedLabelOptions labels,
                                  const TracerPeers& peers)
     : kind_(std::move(kind)),
-      labels_(std::move(labels)),
+      labels_(labels),
       plan_(plan_for(peers, kind_.map, labels_)),
       metric_(scope.declare(with_labels(kind_.spec, labels_))),
       hist_(scope, {{metric_, SCHED_SLOTS}}),
