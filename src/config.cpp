@@ -72,11 +72,15 @@ Config parse_config(const std::string& yaml_text, const std::string& file_name) 
     const std::string hook = t.get_string("hook", "auto");
     const auto pref = parse_hook_preference(hook);
     if (!pref) t.fail("hook", "expected auto, tp_btf or raw_tp, got " + quoted_excerpt(hook));
-    if (!desc.single_hook.empty() && *pref != HookPreference::Auto) {
-      t.fail("hook", desc.name + " has a single hook kind (" + desc.single_hook +
+    if (!desc.traits.single_hook.empty() && *pref != HookPreference::Auto) {
+      t.fail("hook", desc.name + " has a single hook kind (" + desc.traits.single_hook +
                          "); only auto is accepted");
     }
     tc.hook = *pref;
+    if (desc.traits.owner == EventOwner::None && t.has("cgroup"))
+      t.fail("cgroup", desc.name + "'s events have no owner to label by cgroup");
+    if (desc.traits.owner == EventOwner::Always && t.has("cgroup"))
+      t.fail("cgroup", desc.name + " is always labelled by cgroup");
     tc.options = desc.parse_options(t);
     t.finish();
     if (tracers.node()[desc.name]) {
@@ -93,13 +97,13 @@ Config parse_config(const std::string& yaml_text, const std::string& file_name) 
   std::map<std::string, std::string> group_sections;
   std::map<std::string, TracerPeers> group_peers;
   for (const TracerConfig& tc : cfg.tracers) {
-    const std::string& group = find_tracer(tc.name)->group;
+    const std::string& group = find_tracer(tc.name)->traits.group;
     if (group.empty()) continue;
     group_sections[group] += tc.name + ":\n" + tc.fingerprint + "\n";
     if (tc.enabled) group_peers[group].emplace(tc.name, tc.options);
   }
   for (TracerConfig& tc : cfg.tracers) {
-    const std::string& group = find_tracer(tc.name)->group;
+    const std::string& group = find_tracer(tc.name)->traits.group;
     if (group.empty()) continue;
     tc.fingerprint = group_sections[group];
     tc.peers = group_peers[group];

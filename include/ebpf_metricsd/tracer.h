@@ -54,6 +54,23 @@ const Options* peer_options(const TracerPeers& peers, std::string_view name) {
   return typed ? &typed->value : nullptr;
 }
 
+// Whose its events are, for the workload labels (`cgroup: true`, cgroup_labels.h).
+enum class EventOwner {
+  Task,    // a task's: `cgroup` is an option
+  None,    // nobody's in particular (kmalloc): no `cgroup` option
+  Always,  // always labelled by the owner's cgroup (oom_kills): no `cgroup` option
+};
+
+// What a tracer declares beside its options.
+struct TracerTraits {
+  // Set for tracers with one fixed hook kind (nothing to probe): `hook` must stay auto.
+  std::string single_hook = {};
+  // Tracers of one group share a BPF object: each gets the others' options (TracerPeers),
+  // and a change to any of them restarts them all.
+  std::string group = {};
+  EventOwner owner = EventOwner::Task;
+};
+
 // A tracer as the registry knows it. Adding a tracer = one declare_tracer() + one registry
 // line.
 struct TracerDescriptor {
@@ -67,11 +84,7 @@ struct TracerDescriptor {
   std::function<std::unique_ptr<Tracer>(MetricScope& scope, const TracerOptions& options,
                                         const TracerPeers& peers)>
       create;
-  // Set for tracers with one fixed hook kind (nothing to probe): `hook` must stay auto.
-  std::string single_hook = {};
-  // Tracers of one group share a BPF object: each gets the others' options (TracerPeers),
-  // and a change to any of them restarts them all.
-  std::string group = {};
+  TracerTraits traits = {};
 };
 
 // Declares tracer T: `parse` reads its section into a T::Options, and T is built from it
@@ -80,11 +93,10 @@ struct TracerDescriptor {
 template <class T>
 TracerDescriptor declare_tracer(std::string name, std::string summary,
                                 std::function<typename T::Options(YamlMapReader&)> parse,
-                                std::string single_hook = {}, std::string group = {}) {
+                                TracerTraits traits = {}) {
   using Options = typename T::Options;
   return {
-      std::move(name),
-      std::move(summary),
+      std::move(name), std::move(summary),
       [parse = std::move(parse)](YamlMapReader& section) -> std::shared_ptr<const TracerOptions> {
         return std::make_shared<TypedOptions<Options>>(parse(section));
       },
@@ -100,8 +112,7 @@ TracerDescriptor declare_tracer(std::string name, std::string summary,
           return std::make_unique<T>(scope, o);
         }
       },
-      std::move(single_hook),
-      std::move(group)};
+      std::move(traits)};
 }
 
 // All tracers this build ships, in the order they are started.

@@ -142,15 +142,16 @@ class KmallocTracer final : public Tracer {
 }  // namespace
 
 TracerDescriptor kmalloc_descriptor() {
-  return declare_tracer<KmallocTracer>(
-      "kmalloc", "kmalloc/kfree calls and sizes", [](YamlMapReader& options) {
-        KmallocOptions o;
-        o.caches = options.get_bool("caches", false);
-        o.max_caches =
-            static_cast<std::uint32_t>(options.get_int("max_caches", KMALLOC_MAX_CACHES, 1, 65536));
-        o.buckets = read_buckets(options, o.buckets);
-        return o;
-      });
+  return declare_tracer<KmallocTracer>("kmalloc", "kmalloc/kfree calls and sizes",
+                                       [](YamlMapReader& options) {
+                                         KmallocOptions o;
+                                         o.caches = options.get_bool("caches", false);
+                                         o.max_caches = static_cast<std::uint32_t>(options.get_int(
+                                             "max_caches", KMALLOC_MAX_CACHES, 1, 65536));
+                                         o.buckets = read_buckets(options, o.buckets);
+                                         return o;
+                                       },
+                                       {.owner = EventOwner::None});
 }
 
 }  // namespace ebpf_metricsd

@@ -76,7 +76,7 @@ TracerDescriptor offcpu_time_descriptor() {
         // 1us .. 64s: from a short lock wait to an idle worker.
         return SchedLabelOptions::read(options, Log2Layout::seconds(-20, 6), /*slow_capture=*/true);
       },
-      {}, "scheduler");
+      {.group = "scheduler"});
 }
 
 }  // namespace ebpf_metricsd

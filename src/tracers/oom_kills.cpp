@@ -90,11 +90,8 @@ class OomKillsTracer final : public Tracer {
 }  // namespace
 
 TracerDescriptor oom_kills_descriptor() {
-  return declare_tracer<OomKillsTracer>(
-      "oom_kills", "OOM kills, by the victim's cgroup", [](YamlMapReader& options) {
-        if (options.has("cgroup")) options.fail("cgroup", "oom_kills is always labelled by cgroup");
-        return CgroupLabelOptions::read(options);
-      });
+  return declare_tracer<OomKillsTracer>("oom_kills", "OOM kills, by the victim's cgroup",
+                                        &CgroupLabelOptions::read, {.owner = EventOwner::Always});
 }
 
 }  // namespace ebpf_metricsd

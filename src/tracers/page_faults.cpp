@@ -77,7 +77,7 @@ class PageFaultsTracer final : public Tracer {
 
 TracerDescriptor page_faults_descriptor() {
   return declare_tracer<PageFaultsTracer>("page_faults", "Page faults, minor and major",
-                                          &CgroupLabelOptions::read, "perf_event");
+                                          &CgroupLabelOptions::read, {.single_hook = "perf_event"});
 }
 
 }  // namespace ebpf_metricsd

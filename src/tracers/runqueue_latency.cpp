@@ -37,7 +37,7 @@ TracerDescriptor runqueue_latency_descriptor() {
         return SchedLabelOptions::read(options, Log2Layout::seconds(-20, 0),
                                        /*slow_capture=*/false);
       },
-      {}, "scheduler");
+      {.group = "scheduler"});
 }
 
 }  // namespace ebpf_metricsd

@@ -51,15 +51,25 @@ TEST_CASE("syscall_latency by cgroup: the calls of a process in a test cgroup", 
       test::start_tracer(store, "syscall_latency",
                          "    hook: " + hook + "\n    cgroup: true\n    per_syscall: [getppid]\n");
   constexpr long kCalls = 5000;
+  tracer->drain();
+  const double missed0 = test::recursion_misses(store, "syscall_latency");
   cg.run([] { workload::getppid_calls(kCalls); });
   tracer->drain();
+  // Every call, but those whose program the kernel skipped (a task preempted inside the
+  // program on the same CPU, under a loaded host), which are counted as such.
+  const auto missed =
+      static_cast<std::uint64_t>(test::recursion_misses(store, "syscall_latency") - missed0);
   const auto labels = in_cgroup(cg, {{"syscall", "getppid"}});
-  CHECK(test::histogram_count(store, "ebpf_syscall_latency_seconds", labels) == kCalls);
+  const std::uint64_t counted =
+      test::histogram_count(store, "ebpf_syscall_latency_seconds", labels);
+  INFO("recursion misses in the window: " << missed);
+  CHECK(counted <= kCalls);
+  CHECK(counted + missed >= kCalls);
   // Nothing of the test process itself (it is not in that cgroup) lands there.
   tracer->drain();
   workload::getppid_calls(100);
   tracer->drain();
-  CHECK(test::histogram_count(store, "ebpf_syscall_latency_seconds", labels) == kCalls);
+  CHECK(test::histogram_count(store, "ebpf_syscall_latency_seconds", labels) == counted);
 }
 
 TEST_CASE("page_faults by cgroup: equal to the faults the kernel accounted to the process",

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "../metrics_lookup.h"
 #include "ebpf_metricsd/config.h"
 #include "ebpf_metricsd/exposition_format.h"
 #include "ebpf_metricsd/hook_probe.h"
@@ -70,6 +71,13 @@ inline StartedTracer start_tracer(MetricStore& store, const std::string& name,
     return t;
   }
   throw std::runtime_error("tracer " + name + " is not registered");
+}
+
+// What the kernel skipped of `tracer`'s programs so far, as counted in the store: runs that
+// would have re-entered a program on a CPU (a task preempted inside it, or an NMI).
+inline double recursion_misses(const MetricStore& store, const std::string& tracer) {
+  return counter_value(store, "ebpf_metricsd_dropped_events_total",
+                       {{"tracer", tracer}, {"reason", "recursion"}});
 }
 
 // The two scheduler tracers from one config, as the daemon starts them: one shared object

@@ -99,12 +99,12 @@ inline std::string all_tracers_enabled() {
   return yaml;
 }
 
-// Every tracer enabled, those whose events have an owner with `cgroup: true`.
+// Every tracer enabled, those whose `cgroup` is an option with `cgroup: true`.
 inline std::string all_tracers_labelled() {
   std::string yaml;
   for (const auto& d : tracer_registry()) {
     yaml += "  " + d.name + ":\n    enabled: true\n";
-    if (d.name != "kmalloc" && d.name != "oom_kills") yaml += "    cgroup: true\n";
+    if (d.traits.owner == EventOwner::Task) yaml += "    cgroup: true\n";
   }
   return yaml;
 }

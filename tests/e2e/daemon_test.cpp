@@ -169,19 +169,20 @@ TEST_CASE("flags: --version, --help, unknown flags") {
 }
 
 TEST_CASE("every tracer, with every optional label, up at once and valid for promtool") {
-  // Every registered tracer, each with `cgroup: true` but where its options say otherwise.
+  // Every registered tracer, with `cgroup: true` where it is an option, and the other
+  // optional labels below.
   const std::map<std::string, std::string> other_options = {
-      {"runqueue_latency", "    cgroup: true\n    comm: true\n"},
+      {"runqueue_latency", "    comm: true\n"},
       {"kmalloc", "    caches: true\n"},
-      {"oom_kills", ""},  // always labelled by cgroup
   };
   std::vector<std::string> tracers;
   std::string sections;
   for (const auto& desc : ebpf_metricsd::tracer_registry()) {
     tracers.push_back(desc.name);
-    const auto other = other_options.find(desc.name);
-    sections += "  " + desc.name + ":\n    enabled: true\n" +
-                (other == other_options.end() ? "    cgroup: true\n" : other->second);
+    sections += "  " + desc.name + ":\n    enabled: true\n";
+    if (desc.traits.owner == ebpf_metricsd::EventOwner::Task) sections += "    cgroup: true\n";
+    if (const auto other = other_options.find(desc.name); other != other_options.end())
+      sections += other->second;
   }
   Setup s(sections);
   DaemonProcess d(DAEMON_PATH, s.log, {s.args(), false, {}, {}});

@@ -385,3 +385,20 @@ TEST_CASE(
   CHECK(tracer(parse("    enabled: true\n    comm: true\n"), "runqueue_latency").fingerprint ==
         runq.fingerprint);
 }
+
+TEST_CASE("`cgroup` is an option only of tracers whose events have an owner") {
+  CHECK(error_of("tracers:\n  kmalloc:\n    cgroup: true\n") ==
+        "test.yaml:3:13: tracers.kmalloc.cgroup: kmalloc's events have no owner to label by "
+        "cgroup");
+  CHECK(error_of("tracers:\n  oom_kills:\n    cgroup: false\n") ==
+        "test.yaml:3:13: tracers.oom_kills.cgroup: oom_kills is always labelled by cgroup");
+  for (const auto& d : tracer_registry()) {
+    INFO(d.name);
+    const std::string yaml = "tracers:\n  " + d.name + ":\n    cgroup: true\n";
+    if (d.traits.owner == EventOwner::Task) {
+      CHECK(error_of(yaml) == "<no error>");
+    } else {
+      CHECK_THAT(error_of(yaml), StartsWith("test.yaml:3:13: tracers." + d.name + ".cgroup: "));
+    }
+  }
+}
