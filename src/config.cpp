@@ -64,6 +64,12 @@ Config parse_config(const std::string& yaml_text, const std::string& file_name) 
       tracers.fail_key(name, "unknown tracer (known: " + known + ")");
     }
   }
+  // Per group, the first hook kind one of its enabled members names.
+  struct GroupHook {
+    HookPreference preference;
+    std::string text, tracer;
+  };
+  std::map<std::string, GroupHook> group_hooks;
   for (const auto& desc : tracer_registry()) {
     YamlMapReader t = tracers.get_map(desc.name);
     TracerConfig tc;
@@ -77,6 +83,16 @@ Config parse_config(const std::string& yaml_text, const std::string& file_name) 
                          "); only auto is accepted");
     }
     tc.hook = *pref;
+    // A group's members share one object, loaded with one hook kind.
+    if (!desc.traits.group.empty() && tc.enabled && *pref != HookPreference::Auto) {
+      const auto [named, inserted] =
+          group_hooks.emplace(desc.traits.group, GroupHook{*pref, hook, desc.name});
+      if (!inserted && named->second.preference != *pref) {
+        t.fail("hook", desc.name + " shares one BPF object with " + named->second.tracer +
+                           ", whose hook is " + named->second.text +
+                           ": make them the same, or leave one auto");
+      }
+    }
     if (desc.traits.owner == EventOwner::None && t.has("cgroup"))
       t.fail("cgroup", desc.name + "'s events have no owner to label by cgroup");
     if (desc.traits.owner == EventOwner::Always && t.has("cgroup"))
@@ -107,6 +123,8 @@ Config parse_config(const std::string& yaml_text, const std::string& file_name) 
     if (group.empty()) continue;
     tc.fingerprint = group_sections[group];
     tc.peers = group_peers[group];
+    if (const auto h = group_hooks.find(group); h != group_hooks.end())
+      tc.hook = h->second.preference;
   }
   tracers.finish();
   top.finish();

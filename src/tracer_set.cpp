@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <set>
 
 namespace ebpf_metricsd {
 
@@ -38,6 +39,25 @@ TracerSet::~TracerSet() { stop_all(); }
 std::vector<std::string> TracerSet::apply(const std::vector<TracerConfig>& configs) {
   std::lock_guard lock(slots_mutex_);
   std::vector<std::string> failed;
+  // The tracers of a group share one BPF object loaded with what all of them ask for: when
+  // any of them is enabled, disabled or changed, all stop before any starts again, so that
+  // the object is loaded anew.
+  std::set<std::string> restarting;
+  for (const TracerConfig& tc : configs) {
+    const TracerDescriptor* d = find_tracer(tc.name);
+    if (!d || d->traits.group.empty()) continue;
+    const auto it = std::find_if(slots_.begin(), slots_.end(),
+                                 [&](const Slot& s) { return s.config.name == tc.name; });
+    const bool was_enabled = it != slots_.end();
+    if (tc.enabled != was_enabled || (was_enabled && it->config.fingerprint != tc.fingerprint))
+      restarting.insert(d->traits.group);
+  }
+  for (Slot& slot : slots_) {
+    const TracerDescriptor* d = find_tracer(slot.config.name);
+    if (!slot.tracer || !d || !restarting.count(d->traits.group)) continue;
+    spdlog::info("tracer {}: its group {} restarts", slot.config.name, d->traits.group);
+    detach(slot);  // its series and their owner stay until it restarts below
+  }
   for (const TracerConfig& tc : configs) {
     auto it = std::find_if(slots_.begin(), slots_.end(),
                            [&](const Slot& s) { return s.config.name == tc.name; });
@@ -94,13 +114,16 @@ void TracerSet::start(Slot& slot) {
   spdlog::info("tracer {} attached via {}", name, hook);
 }
 
+void TracerSet::detach(Slot& slot) {
+  if (!slot.tracer) return;
+  bool ok = true;
+  drain(slot, ok);      // what it counted since the last drain is not lost
+  slot.tracer.reset();  // detaches and unloads its BPF side
+}
+
 void TracerSet::stop(Slot& slot, bool keep_series) {
   const std::string& name = slot.config.name;
-  if (slot.tracer) {
-    bool ok = true;
-    drain(slot, ok);      // what it counted since the last drain is not lost
-    slot.tracer.reset();  // detaches and unloads its BPF side
-  }
+  detach(slot);
   store_.release_owner(name);
   store_.erase_series_with(tracer_up_, "tracer", name);
   if (keep_series) return;

@@ -62,6 +62,8 @@ class TracerSet {
     std::unique_ptr<Tracer> tracer;  // null when not running
   };
   void start(Slot& slot);
+  // Drains it a last time and unloads it; its series stay owned by it.
+  void detach(Slot& slot);
   // keep_series: a restart follows, which declares the metrics again and adds to them.
   void stop(Slot& slot, bool keep_series);
   void drain(Slot& slot, bool& all_ok);

@@ -21,6 +21,7 @@ class OffcpuTimeTracer final : public SchedHistTracer {
                           MetricType::Histogram,
                           {},
                           {}},  // buckets from the options
+                         /*wakeups=*/false,
                          [](scheduler* s) { return s->maps.offcpu_hist; },
                          [](scheduler* s) { return s->maps.offcpu_hist_labelled; },
                          SchedObject::kOffcpuMap,

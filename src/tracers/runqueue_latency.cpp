@@ -20,6 +20,7 @@ class RunqueueLatencyTracer final : public SchedHistTracer {
               MetricType::Histogram,
               {},
               {}},  // buckets from the options
+             /*wakeups=*/true,
              [](scheduler* s) { return s->maps.runq_hist; },
              [](scheduler* s) { return s->maps.runq_hist_labelled; },
              SchedObject::kRunqMap,

@@ -55,14 +55,22 @@ std::shared_ptr<SchedObject> SchedObject::get(const SchedPlan& plan, HookProber&
         s->bss->sched_cfg = {r.on, r.by_cgroup, r.by_comm, o.on, o.by_cgroup, o.by_comm};
         SlowCapture::configure(s, plan.slow, /*origins=*/0, /*keeps_stacks=*/true);
         auto& p = s->progs;
-        std::vector<HookTwin> hooks = {
-            {nullptr, p.sched_free_raw},  // raw_tp: a gone task's state leaves the pid map
-            {p.sched_wakeup_btf, p.sched_wakeup_raw, r.on},
-            {p.sched_wakeup_new_btf, p.sched_wakeup_new_raw, r.on},
+        // sched_switch first: a wakeup's stamp without the switch that ends it would go stale.
+        const std::vector<HookTwin> switches = {
             {p.sched_switch_btf, p.sched_switch_raw, !switch_3arg},
             {p.sched_switch_3arg_btf, p.sched_switch_3arg_raw, switch_3arg},
         };
-        obj->programs_ = programs_of(hooks, kind);
+        const std::vector<HookTwin> wakeups = {
+            {p.sched_wakeup_btf, p.sched_wakeup_raw, r.on},
+            {p.sched_wakeup_new_btf, p.sched_wakeup_new_raw, r.on},
+        };
+        obj->switch_programs_ = programs_of(switches, kind);
+        obj->wakeup_programs_ = programs_of(wakeups, kind);
+        std::vector<HookTwin> hooks = {
+            {nullptr, p.sched_free_raw},  // raw_tp: a gone task's state leaves the pid map
+        };
+        hooks.insert(hooks.end(), switches.begin(), switches.end());
+        hooks.insert(hooks.end(), wakeups.begin(), wakeups.end());
         return hooks;
       });
   spdlog::info(
@@ -78,6 +86,12 @@ SchedObject::SchedObject(const SchedPlan& plan) : plan_(plan) {}
 SchedObject::~SchedObject() = default;
 
 scheduler* SchedObject::skel() const { return loaded_->skel.get(); }
+
+std::vector<ProgramChoice> SchedObject::programs(bool wakeups) const {
+  std::vector<ProgramChoice> programs = switch_programs_;
+  if (wakeups) programs.insert(programs.end(), wakeup_programs_.begin(), wakeup_programs_.end());
+  return programs;
+}
 const std::string& SchedObject::hook() const { return loaded_->skel.hook(); }
 
 SchedLabelOptions SchedLabelOptions::read(YamlMapReader& options, const Log2Layout& default_buckets,
@@ -150,7 +164,7 @@ void SchedHistTracer::rebase_next() {
 void SchedHistTracer::start(HookProber& prober, HookPreference preference) {
   plan_.preference = preference;
   obj_ = SchedObject::get(plan_, prober, drops_);
-  drops_.bind(bpf_map__fd(skel()->maps.drops), obj_->programs());
+  drops_.bind(bpf_map__fd(skel()->maps.drops), obj_->programs(kind_.wakeups));
   rebase_next();
   drain();
 }

@@ -59,8 +59,9 @@ class SchedObject {
 
   scheduler* skel() const;
   const std::string& hook() const;
-  // The programs this object loaded, for drop accounting.
-  const std::vector<ProgramChoice>& programs() const { return programs_; }
+  // The programs a kind runs, for its drop accounting: sched_switch, and with `wakeups`
+  // sched_wakeup and sched_wakeup_new.
+  std::vector<ProgramChoice> programs(bool wakeups) const;
 
  private:
   explicit SchedObject(const SchedPlan& plan);
@@ -69,7 +70,7 @@ class SchedObject {
   struct Loaded;
   std::unique_ptr<Loaded> loaded_;
   SchedPlan plan_;
-  std::vector<ProgramChoice> programs_;
+  std::vector<ProgramChoice> switch_programs_, wakeup_programs_;
 };
 
 // The options of the scheduler histograms: labels, buckets and (offcpu_time) slow capture.
@@ -89,6 +90,7 @@ struct SchedLabelOptions {
 // in the data below.
 struct SchedHistKind {
   MetricSpec spec;  // labels are appended per the options
+  bool wakeups;     // its events start at sched_wakeup and sched_wakeup_new too
   bpf_map* (*plain_map)(scheduler*);
   bpf_map* (*labelled_map)(scheduler*);
   SchedObject::LabelledMap map;           // the same map, as SchedObject names it

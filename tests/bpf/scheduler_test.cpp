@@ -5,12 +5,14 @@
 
 #include <sys/syscall.h>
 
+#include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <string_view>
 #include <thread>
 
 #include "../cgroup_fixture.h"
@@ -28,6 +30,29 @@ using test::histogram_count;
 
 namespace {
 
+// The id of the newest BPF program loaded on this machine.
+__u32 newest_prog_id() {
+  __u32 newest = 0;
+  for (__u32 id = 0; bpf_prog_get_next_id(id, &id) == 0;) newest = id;
+  return newest;
+}
+
+// BPF programs named sched_switch* (the scheduler object's) loaded after program `after`.
+std::size_t sched_switch_programs_since(__u32 after) {
+  std::size_t n = 0;
+  for (__u32 id = after; bpf_prog_get_next_id(id, &id) == 0;) {
+    const int fd = bpf_prog_get_fd_by_id(id);
+    if (fd < 0) continue;
+    bpf_prog_info info{};
+    __u32 len = sizeof info;
+    if (bpf_obj_get_info_by_fd(fd, &info, &len) == 0 &&
+        std::string_view(info.name).starts_with("sched_switch"))
+      ++n;
+    close(fd);
+  }
+  return n;
+}
+
 std::uint64_t context_switches(const MetricStore& store) {
   return static_cast<std::uint64_t>(
       test::counter_value(store, "ebpf_context_switches_total", {{"kind", "voluntary"}}) +
@@ -43,10 +68,12 @@ TEST_CASE("run-queue latency sees every wakeup of a pipe ping-pong", "[scheduler
   const std::string hook = GENERATE(std::string("auto"), std::string("raw_tp"));
   INFO("hook " << hook);
   MetricStore store;
-  auto [runq, offcpu] =
-      test::start_scheduler_tracers(store, "    hook: " + hook + "\n", "    hook: " + hook + "\n");
+  // The hook one of them names is both's: one object, one sched_switch program.
+  const __u32 before = newest_prog_id();
+  auto [runq, offcpu] = test::start_scheduler_tracers(store, "    hook: " + hook + "\n", "");
   CHECK(runq->hook() == (hook == "auto" ? test::auto_hook_for_scheduler() : "raw_tp"));
   CHECK(offcpu->hook() == runq->hook());
+  CHECK(sched_switch_programs_since(before) == 1);
 
   const std::uint64_t ctxt0 = test::proc_counter("/proc/stat", "ctxt");
   runq->drain();

@@ -381,6 +381,15 @@ TEST_CASE(
   const Config c = parse("    enabled: false\n");
   CHECK(tracer(c, "runqueue_latency").peers.size() == 1);
   CHECK(tracer(c, "runqueue_latency").fingerprint != runq.fingerprint);
+  // One object, one hook kind: what one member names is the group's; two different ones are
+  // an error.
+  const Config raw = parse("    enabled: true\n    hook: raw_tp\n");
+  CHECK(tracer(raw, "runqueue_latency").hook == HookPreference::RawTp);
+  CHECK(tracer(raw, "offcpu_time").hook == HookPreference::RawTp);
+  CHECK(error_of("tracers:\n  runqueue_latency:\n    enabled: true\n    hook: tp_btf\n"
+                 "  offcpu_time:\n    enabled: true\n    hook: raw_tp\n") ==
+        "test.yaml:7:11: tracers.offcpu_time.hook: offcpu_time shares one BPF object with "
+        "runqueue_latency, whose hook is tp_btf: make them the same, or leave one auto");
   // The same sections: the same fingerprints, nothing restarts.
   CHECK(tracer(parse("    enabled: true\n    comm: true\n"), "runqueue_latency").fingerprint ==
         runq.fingerprint);
