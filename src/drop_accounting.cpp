@@ -40,11 +40,8 @@ void DropAccounting::drain() {
     __u32 len = sizeof info;
     if (bpf_obj_get_info_by_fd(fd, &info, &len) == 0) misses += info.recursion_misses;
   }
-  if (misses > last_misses_ && !rebase_misses_) {
-    scope_.add_dropped("recursion", misses - last_misses_);
-  }
+  if (misses > last_misses_) scope_.add_dropped("recursion", misses - last_misses_);
   last_misses_ = misses;
-  rebase_misses_ = false;
 }
 
 void DropAccounting::sweep(int stamps_map_fd, std::chrono::nanoseconds max_age) {

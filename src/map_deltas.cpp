@@ -33,7 +33,7 @@ bool PerCpuDeltas::account(const void* key, std::size_t key_size, const std::uin
   }
   if (!changed) return false;
   last = std::move(total);
-  if (!rebase_) visit(key, delta.data());
+  visit(key, delta.data());
   return true;
 }
 
@@ -45,7 +45,6 @@ void PerCpuDeltas::drain_array(int map_fd, std::uint32_t entries, const Visit& v
     std::memcpy(per_cpu.data(), values.data() + k * cpus * width_ * 8, per_cpu.size() * 8);
     account(&k, sizeof k, per_cpu.data(), visit);
   }
-  rebase_ = false;
 }
 
 void PerCpuDeltas::drain_hash(int map_fd, std::size_t key_size, const Visit& visit,
@@ -91,7 +90,6 @@ void PerCpuDeltas::drain_hash(int map_fd, std::size_t key_size, const Visit& vis
     last_.erase(k);
     ++retired_;
   }
-  rebase_ = false;
 }
 
 namespace {

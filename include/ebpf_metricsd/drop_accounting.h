@@ -34,11 +34,6 @@ class DropAccounting {
   // wanted ones of the list).
   void bind(int drops_map_fd, const std::vector<ProgramChoice>& programs);
   void drain();
-  // The next drain takes what the map and programs already counted as its baseline.
-  void rebase_next() {
-    deltas_.rebase_next();
-    rebase_misses_ = true;
-  }
   // Deletes stamps older than max_age from an in-flight map (sweep_stale_stamps) and counts
   // them under the swept reason.
   void sweep(int stamps_map_fd, std::chrono::nanoseconds max_age);
@@ -51,7 +46,6 @@ class DropAccounting {
   int map_fd_ = -1;
   std::vector<int> prog_fds_;
   std::uint64_t last_misses_ = 0;
-  bool rebase_misses_ = false;
 };
 
 }  // namespace ebpf_metricsd

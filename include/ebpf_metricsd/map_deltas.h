@@ -30,10 +30,6 @@ class PerCpuDeltas {
   void drain_hash(int map_fd, std::size_t key_size, const Visit& visit, const Retire& retire = {});
   // Entries deleted so far by drain_hash.
   std::uint64_t retired() const { return retired_; }
-  // The next drain only takes the map's current values as the baseline, visiting nothing:
-  // for a map that already held counts when this drain started reading it (an object
-  // shared with another tracer that stayed loaded).
-  void rebase_next() { rebase_ = true; }
 
  private:
   // Returns whether the key's value changed.
@@ -43,7 +39,6 @@ class PerCpuDeltas {
   std::uint64_t retired_ = 0;
   enum class Support { Unknown, Yes, No };
   Support lookup_and_delete_ = Support::Unknown;  // of per-CPU hashes, by this kernel
-  bool rebase_ = false;
   BatchReads batch_ = BatchReads::Unknown;
   std::map<std::vector<std::uint8_t>, std::vector<std::uint64_t>> last_;
 };
@@ -66,7 +61,6 @@ class SeriesDrain {
   void drain_array(int map_fd, std::uint32_t entries, const Labels& labels);
   void drain_hash(int map_fd, std::size_t key_size, const Labels& labels,
                   const PerCpuDeltas::Retire& retire = {});
-  void rebase_next() { deltas_.rebase_next(); }
 
  private:
   PerCpuDeltas::Visit visitor(const Labels& labels);

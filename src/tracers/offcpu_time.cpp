@@ -57,12 +57,6 @@ class OffcpuTimeTracer final : public SchedHistTracer {
         });
   }
 
- protected:
-  void rebase_next() override {
-    SchedHistTracer::rebase_next();
-    switches_.rebase_next();
-  }
-
  private:
   SeriesDrain switches_;
   SlowCapture slow_;  // after what it reads: its thread stops first

@@ -156,17 +156,12 @@ SchedHistTracer::SchedHistTracer(MetricScope& scope, SchedHistKind kind, SchedLa
       drops_(scope, kind_.drop_reasons),
       cgroups_(labels_.cgroup) {}
 
-void SchedHistTracer::rebase_next() {
-  hist_.rebase_next();
-  drops_.rebase_next();
-}
-
 void SchedHistTracer::start(HookProber& prober, HookPreference preference) {
   plan_.preference = preference;
   obj_ = SchedObject::get(plan_, prober, drops_);
+  // No baseline: only this kind's tracer reads its maps, so what they hold, counted since
+  // the object was loaded for this group start, is this tracer's to report.
   drops_.bind(bpf_map__fd(skel()->maps.drops), obj_->programs(kind_.wakeups));
-  rebase_next();
-  drain();
 }
 
 void SchedHistTracer::drain() {

@@ -109,9 +109,6 @@ class SchedHistTracer : public Tracer {
 
  protected:
   scheduler* skel() const { return obj_->skel(); }
-  // The next drain takes the maps' counts as its baseline: the object may be shared with the
-  // other tracer, loaded and counting before this one started. Overrides add their drains.
-  virtual void rebase_next();
   MetricScope::Metric metric() const { return metric_; }
   const SchedLabelOptions& options() const { return labels_; }
   CgroupLabels& cgroups() { return cgroups_; }
