@@ -1,26 +1,27 @@
 #!/usr/bin/env bash
-# Scrape cost of a running daemon: all tracers on, runqueue_latency and offcpu_time labelled
-# by comm; N scrapes of /metrics, plain and gzip. Prints series, bytes and latency
-# percentiles, in the text and the protobuf format. Root; run from the repository root after
-# building.
+# Scrape cost of a running daemon: every tracer of `--list-tracers` but the profile (whose
+# stacks are served apart from /metrics) on, kmalloc by slab cache, runqueue_latency and
+# offcpu_time labelled by comm; N scrapes of /metrics, plain and gzip. Prints series, bytes
+# and latency percentiles, in the text and the protobuf format. Root; run from the repository
+# root after building.
 #   bash bench/scrape_bench.sh [scrapes]
 set -euo pipefail
 n=${1:-200}
 . "$(dirname "$0")/daemon.sh"
-cat >"$dir/config.yaml" <<CONF
-web: {listen_address: "127.0.0.1:$port"}
-drain_interval: 1s
-tracers:
-  syscall_latency: {enabled: true}
-  runqueue_latency: {enabled: true, comm: true}
-  offcpu_time: {enabled: true, comm: true}
-  page_faults: {enabled: true}
-  kmalloc: {enabled: true, caches: true}
-  tcp_connect_latency: {enabled: true}
-  net_xmit_latency: {enabled: true}
-  block_io: {enabled: true}
-  page_cache: {enabled: true}
-CONF
+options() {
+  case $1 in
+  runqueue_latency | offcpu_time) echo ", comm: true" ;;
+  kmalloc) echo ", caches: true" ;;
+  esac
+}
+{
+  echo "web: {listen_address: \"127.0.0.1:$port\"}"
+  echo "drain_interval: 1s"
+  echo "tracers:"
+  for t in $("$bin" --list-tracers); do
+    [[ $t == profile ]] || echo "  $t: {enabled: true$(options "$t")}"
+  done
+} >"$dir/config.yaml"
 start_daemon "$dir/config.yaml"
 sleep 3  # a few drains, so that label sets have appeared
 series=$(curl -s "$url" | grep -vc '^#')

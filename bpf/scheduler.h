@@ -41,7 +41,8 @@ enum sched_drop_reason {
 	SCHED_DROP__COUNT,
 };
 
-/* Switched at run time by user space (.bss): one object serves both tracers. */
+/* Set by user space in .bss before the object loads, never changed after: one object
+ * serves both tracers. */
 struct sched_config {
 	__u8 runq_on;
 	__u8 runq_by_cgroup;

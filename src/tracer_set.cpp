@@ -40,8 +40,9 @@ std::vector<std::string> TracerSet::apply(const std::vector<TracerConfig>& confi
   std::lock_guard lock(slots_mutex_);
   std::vector<std::string> failed;
   // The tracers of a group share one BPF object loaded with what all of them ask for: when
-  // any of them is enabled, disabled or changed, all stop before any starts again, so that
-  // the object is loaded anew.
+  // any of them is enabled, disabled, changed or retried after it failed to start, all stop
+  // before any starts again, so that the object is loaded anew (one a member never read
+  // would otherwise hand it everything counted since it was loaded).
   std::set<std::string> restarting;
   for (const TracerConfig& tc : configs) {
     const TracerDescriptor* d = find_tracer(tc.name);
@@ -49,7 +50,8 @@ std::vector<std::string> TracerSet::apply(const std::vector<TracerConfig>& confi
     const auto it = std::find_if(slots_.begin(), slots_.end(),
                                  [&](const Slot& s) { return s.config.name == tc.name; });
     const bool was_enabled = it != slots_.end();
-    if (tc.enabled != was_enabled || (was_enabled && it->config.fingerprint != tc.fingerprint))
+    if (tc.enabled != was_enabled ||
+        (was_enabled && (it->config.fingerprint != tc.fingerprint || !it->tracer)))
       restarting.insert(d->traits.group);
   }
   for (Slot& slot : slots_) {
@@ -74,8 +76,7 @@ std::vector<std::string> TracerSet::apply(const std::vector<TracerConfig>& confi
     if (it != slots_.end()) {
       const bool unchanged = it->config.fingerprint == tc.fingerprint;
       if (unchanged && it->tracer) continue;
-      spdlog::info("tracer {} {}: restarting", tc.name,
-                   unchanged ? "was not up" : "options changed");
+      spdlog::info("tracer {}{}: restarting", tc.name, unchanged ? "" : " options changed");
       stop(*it, /*keep_series=*/true);
       it->config = tc;
     } else {

@@ -71,8 +71,8 @@ struct TracerTraits {
   EventOwner owner = EventOwner::Task;
 };
 
-// A tracer as the registry knows it. Adding a tracer = one declare_tracer() + one registry
-// line.
+// A tracer as the registry knows it. Adding a tracer = one declare_tracer() + its entry in
+// the registry (docs/architecture.md, "Adding a tracer").
 struct TracerDescriptor {
   std::string name;
   std::string summary;

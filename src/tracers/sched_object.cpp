@@ -159,8 +159,8 @@ SchedHistTracer::SchedHistTracer(MetricScope& scope, SchedHistKind kind, SchedLa
 void SchedHistTracer::start(HookProber& prober, HookPreference preference) {
   plan_.preference = preference;
   obj_ = SchedObject::get(plan_, prober, drops_);
-  // No baseline: only this kind's tracer reads its maps, so what they hold, counted since
-  // the object was loaded for this group start, is this tracer's to report.
+  // Only this kind's tracer reads its maps, and the object was loaded for this start of the
+  // group (TracerSet restarts a group whole): what they hold is this tracer's to report.
   drops_.bind(bpf_map__fd(skel()->maps.drops), obj_->programs(kind_.wakeups));
 }
 

@@ -552,21 +552,29 @@ TEST_CASE("Ten thousand short-lived cgroups leave maps, series and memory bounde
   // maps are far smaller than what the passing cgroups would need without retiring the
   // entries of removed ones (page_faults: ~10,000 sets; syscall_latency: ~10 syscalls each),
   // so a single map_full drop means retirement failed.
+  // Every registry tracer whose events have a task owner but the profile (which labels
+  // stacks, not series of a label map), each with its map of label sets.
+  const std::map<std::string, std::string> map_entries = {
+      {"syscall_latency", "16384"}, {"runqueue_latency", ""}, {"offcpu_time", ""}};
   std::string tracers;
-  for (const std::string t :
-       {"page_faults", "tcp_connect_latency", "net_xmit_latency", "block_io", "page_cache"}) {
-    tracers += "  " + t + ":\n    enabled: true\n    cgroup: true\n    label_map_entries: 2000\n";
+  std::vector<std::string> labelled;
+  for (const auto& desc : ebpf_metricsd::tracer_registry()) {
+    if (desc.traits.owner != ebpf_metricsd::EventOwner::Task || desc.name == "profile") continue;
+    const auto it = map_entries.find(desc.name);
+    const std::string entries = it == map_entries.end() ? "2000" : it->second;
+    tracers += "  " + desc.name + ":\n    enabled: true\n    cgroup: true\n";
+    if (!entries.empty()) tracers += "    label_map_entries: " + entries + "\n";
+    labelled.push_back(desc.name);
   }
-  tracers +=
-      "  syscall_latency:\n    enabled: true\n    cgroup: true\n"
-      "    label_map_entries: 16384\n";
-  tracers += "  runqueue_latency:\n    enabled: true\n    cgroup: true\n";
-  tracers += "  offcpu_time:\n    enabled: true\n    cgroup: true\n";
+  REQUIRE(labelled.size() >= 8);
   Setup s(tracers);
   s.prepend("max_series: 300\n");  // fewer than the cgroups that stay
   DaemonProcess d(DAEMON_PATH, s.log, {s.args(), false, {}, {}});
   REQUIRE(wait_until(
-      [&] { return count_lines_starting(scrape(s.port), "ebpf_metricsd_tracer_up{") == 8; }, 20s));
+      [&] {
+        return count_lines_starting(scrape(s.port), "ebpf_metricsd_tracer_up{") == labelled.size();
+      },
+      20s));
   std::this_thread::sleep_for(1s);
   const long rss0 = rss_kib(d.pid());
 
@@ -602,8 +610,7 @@ TEST_CASE("Ten thousand short-lived cgroups leave maps, series and memory bounde
   WARN(kCgroups << " cgroups in " << seconds << " s; daemon RSS " << rss0 << " KiB before, " << rss1
                 << " KiB after");
   // Not one event lost for want of room: idle entries of removed cgroups were retired.
-  for (const std::string t :
-       {"syscall_latency", "page_faults", "page_cache", "runqueue_latency", "offcpu_time"}) {
+  for (const std::string& t : labelled) {
     INFO(t);
     CHECK(sample(m, "ebpf_metricsd_dropped_events_total{tracer=\"" + t + "\",reason=\"map_full\"}")
               .value_or(-1) == 0);
