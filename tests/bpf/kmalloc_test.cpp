@@ -82,6 +82,18 @@ TEST_CASE("kmalloc counts agree with an independent counter of the same tracepoi
       "    caches: " + std::string(caches ? "true" : "false") + "\n    hook: " + hook + "\n");
 
   constexpr int kReads = 20000;
+  // Calls the oracle missed: a kmalloc or kfree from an interrupt that came while the
+  // oracle's program of that tracepoint ran on the CPU (our program, another one, runs).
+  const auto misses = [&](std::initializer_list<const bpf_program*> progs) {
+    std::uint64_t n = 0;
+    for (const bpf_program* p : progs) n += recursion_misses(p);
+    return n;
+  };
+  const auto alloc_misses = [&] {
+    return misses({oracle->progs.oracle_kmalloc, oracle->progs.oracle_kmalloc_node});
+  };
+  const auto free_misses = [&] { return misses({oracle->progs.oracle_kfree}); };
+  const std::uint64_t am0 = alloc_misses(), fm0 = free_misses();
   // The oracle's window encloses ours: read it first and last.
   const OracleCounts o0 = read_oracle(oracle.get());
   tracer->drain();
@@ -93,6 +105,8 @@ TEST_CASE("kmalloc counts agree with an independent counter of the same tracepoi
   workload::read_proc_files(kReads);
   tracer->drain();
   const OracleCounts o1 = read_oracle(oracle.get());
+  const double alloc_missed = static_cast<double>(alloc_misses() - am0);
+  const double free_missed = static_cast<double>(free_misses() - fm0);
 
   const double calls = value(store, "ebpf_kmalloc_calls_total") - calls0;
   const double frees = value(store, "ebpf_kfree_calls_total") - frees0;
@@ -105,18 +119,19 @@ TEST_CASE("kmalloc counts agree with an independent counter of the same tracepoi
   const double o_req = static_cast<double>(o1.requested - o0.requested);
   INFO("kmalloc " << calls << " (oracle " << o_calls << "), kfree " << frees << " (oracle "
                   << o_frees << "), requested bytes " << req << " (oracle " << o_req
-                  << "), seq_file allocs " << seq);
+                  << "), seq_file allocs " << seq << "; the oracle missed " << alloc_missed
+                  << " kmallocs, " << free_missed << " kfrees");
   // Every read opened a seq_file (kmem_cache) and kmalloc'ed its buffer.
   CHECK(calls >= kReads);
   if (caches) CHECK(seq >= kReads);
   CHECK(alloc >= req);
   // Only the allocations of the two drains themselves (bpf syscalls) and the instants
   // between an oracle read and a drain can differ.
-  CHECK(calls <= o_calls + edge_events());
+  CHECK(calls <= o_calls + alloc_missed + edge_events());
   CHECK(calls >= o_calls * 0.99 - 200);
-  CHECK(frees <= o_frees + edge_events());
+  CHECK(frees <= o_frees + free_missed + edge_events());
   CHECK(frees >= o_frees * 0.99 - 200);
-  CHECK(req <= o_req + edge_events() * 8192);
+  CHECK(req <= o_req + (alloc_missed + edge_events()) * 8192);
   CHECK(req >= o_req * 0.99 - 200 * 4096);
 }
 
