@@ -40,6 +40,10 @@ class SchedOracle {
   std::uint64_t returns_from_queue() const {
     return __atomic_load_n(&skel_->bss->returns_from_queue, __ATOMIC_SEQ_CST);
   }
+  // Time from each blocking switch-out to the switch-in after it, in seconds.
+  double blocked_seconds() const {
+    return static_cast<double>(__atomic_load_n(&skel_->bss->blocked_ns, __ATOMIC_SEQ_CST)) / 1e9;
+  }
   // Switch-outs of the target in which it was not runnable, as the tracepoint saw them.
   std::uint64_t blocked_switch_outs() const {
     return __atomic_load_n(&skel_->bss->blocked_switch_outs, __ATOMIC_SEQ_CST);

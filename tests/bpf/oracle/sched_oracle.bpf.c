@@ -7,7 +7,8 @@
  *  - returns_from_queue: switch-ins that follow a wakeup, the wakeup of a new
  *    task, or a switch-out in which it stayed runnable;
  *  - blocked_switch_outs: switch-outs in which the task was not runnable (a test
- *    waits on it to know that its workload really blocked).
+ *    waits on it to know that its workload really blocked);
+ *  - blocked_ns: the time from each such switch-out to the switch-in after it.
  * One task of the target at a time: the state is kept once, not per task (and
  * cleared by user space with a new target: a task's last switch-out, at its exit,
  * leaves it set).
@@ -22,6 +23,8 @@ volatile __u64 target_cgroup = 0;
 __u64 returns_from_blocking = 0;
 __u64 returns_from_queue = 0;
 __u64 blocked_switch_outs = 0;
+__u64 blocked_ns = 0;
+__u64 blocked_at = 0;
 bool blocked_out = false;
 bool queued = false;
 
@@ -43,14 +46,18 @@ static __always_inline void on_switch(struct task_struct *prev,
 	if (is_target(prev)) {
 		if (blocked) {
 			blocked_out = true;
+			blocked_at = bpf_ktime_get_ns();
 			__sync_fetch_and_add(&blocked_switch_outs, 1);
 		} else {
 			queued = true;
 		}
 	}
 	if (is_target(next)) {
-		if (blocked_out)
+		if (blocked_out) {
 			__sync_fetch_and_add(&returns_from_blocking, 1);
+			__sync_fetch_and_add(&blocked_ns,
+					     bpf_ktime_get_ns() - blocked_at);
+		}
 		if (queued)
 			__sync_fetch_and_add(&returns_from_queue, 1);
 		blocked_out = false;
