@@ -196,10 +196,11 @@ TEST_CASE("off-CPU time of a sleeping thread matches its sleeps", "[scheduler]")
   CHECK(m->histogram.sample_count == blocked);
   CHECK(blocked >= kSleeps);
   // The same periods' time as the oracle measures it at the same switches: the two programs'
-  // clock reads differ by their run time only. The thread may block outside its reads too (a
-  // page fault on a slow disk), which both count: the reads are a lower bound.
+  // clock reads differ by their run time, and where a host stalls a guest's CPU between them,
+  // by the stall (5.7 ms in 0.5 s seen). The thread may block outside its reads too (a page
+  // fault on a slow disk), which both count: the reads are a lower bound.
   CHECK(std::abs(m->histogram.sample_sum - blocked_s) <=
-        1e-3 + 1e-4 * static_cast<double>(blocked));
+        1e-3 + 1e-4 * static_cast<double>(blocked) + 0.02 * blocked_s);
   CHECK(m->histogram.sample_sum > slept * 0.8);
   CHECK(test::counter_value(store, "ebpf_context_switches_total", {{"kind", "voluntary"}}) -
             static_cast<double>(vol0) >=
