@@ -19,9 +19,9 @@
 #include <string>
 #include <vector>
 
-#include "ebpf_metricsd/exposition.h"
+#include "ebpf_metricsd/daemon/exposition.h"
 #include "ebpf_metricsd/http/server.h"
-#include "ebpf_metricsd/metric_store.h"
+#include "ebpf_metricsd/metrics/metric_store.h"
 
 using namespace ebpf_metricsd;
 using Clock = std::chrono::steady_clock;

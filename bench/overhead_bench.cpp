@@ -25,10 +25,10 @@
 #include <thread>
 #include <vector>
 
-#include "ebpf_metricsd/bpf_support.h"
-#include "ebpf_metricsd/config.h"
-#include "ebpf_metricsd/metric_scope.h"
-#include "ebpf_metricsd/tracer.h"
+#include "ebpf_metricsd/bpf/bpf_support.h"
+#include "ebpf_metricsd/daemon/config.h"
+#include "ebpf_metricsd/metrics/metric_scope.h"
+#include "ebpf_metricsd/tracers/registry.h"
 #include "floors.skel.h"
 #include "kernel_fixtures.h"
 #include "workloads.h"

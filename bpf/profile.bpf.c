@@ -10,16 +10,16 @@
  *    offcpu_min, its kernel stack is taken where it still waits and the wait
  *    is added to its (kernel stack, user stack). A shorter wait costs one
  *    comparison more.
- * Stacks are kept once each in `stacks`, keyed by a 64-bit hash of their
- * frames; aggregates in the inner map that `counts_slot` points to. User space
+ * Stacks are kept once each by a 64-bit hash of their frames
+ * (common/stacks.bpf.h); aggregates in the inner map that `counts_slot`
+ * points to. User space
  * swaps that inner map for an empty one (the update waits for programs still
  * running with the old one) and reads the old one whole: nothing is lost
  * between reads. What cannot be kept is counted in `drops`.
  * A process is announced to user space (new_processes) the first time it is
  * seen, and again after it execs, so that its mappings are read while it lives:
  * a process that exits before the next read is still symbolized.
- * The sched_switch hook exists as tp_btf (per-thread state in task storage)
- * and raw_tp (a tid hash, removed at sched_process_free), as in scheduler.bpf.c.
+ * The off-CPU state machine is common/offcpu.bpf.h, as offcpu_time's.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_core_read.h>
@@ -29,7 +29,8 @@
 #include "common/cgroup.bpf.h"
 #include "common/maps.bpf.h"
 #include "common/read.bpf.h"
-#include "common/sched_switch.bpf.h"
+#include "common/offcpu.bpf.h"
+#include "common/stacks.bpf.h"
 #include "profile.h"
 
 #define PF_EXITING 0x00000004
@@ -40,46 +41,6 @@ const volatile __u8 on_cpu_on = 1;
 const volatile __u8 off_cpu_on = 1;
 const volatile __u64 offcpu_min_ns = 1000000;
 const volatile __u32 nr_workloads = 0; /* 0: every workload */
-
-struct offcpu_start {
-	__u64 ts; /* ns when it switched out blocked, 0 = not blocked */
-	__u64 kstack;
-	__u64 ustack;
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, int);
-	__type(value, struct offcpu_start);
-} offcpu_task SEC(".maps");
-
-/* raw_tp only; user space sizes it (1 entry when tp_btf is used). */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct offcpu_start);
-} offcpu_by_tid SEC(".maps");
-
-/* Every stack once; user space sizes it (max_stacks) and empties it as it
- * reads. Preallocated: an allocation on first use can fail in the interrupt
- * that takes a sample, and the stack would be lost. */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 8192);
-	__type(key, __u64);
-	__type(value, struct profile_stack);
-} stacks SEC(".maps");
-
-/* Where bpf_get_stack writes before the stack is hashed: one slot per use
- * (on-CPU kernel and user, off-CPU kernel and user) on each CPU. */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 4);
-	__type(key, __u32);
-	__type(value, struct profile_stack);
-} scratch SEC(".maps");
 
 /* Two aggregate maps, one of them in counts_slot at a time. Preallocated:
  * an inner map's flags must match the slot's template on every kernel. */
@@ -151,84 +112,6 @@ static __always_inline bool wanted(void)
 	return false;
 }
 
-static __always_inline __u64 mix(__u64 h, __u64 v)
-{
-	h ^= v;
-	h *= 0x9e3779b97f4a7c15ULL;
-	return h ^ (h >> 29);
-}
-
-/*
- * Keeps the len bytes of frames in scratch stack s in `stacks`. Returns their
- * hash, or 0 when there are none or they could not be kept.
- */
-static __always_inline __u64 keep(struct profile_stack *s, long len)
-{
-	struct profile_stack *old;
-	__u64 h;
-	long err;
-	__u32 i, nr;
-
-	if (len < 0) {
-		emd_count_drop(&drops, PROFILE_DROP_STACK_ERROR);
-		return 0;
-	}
-	nr = (__u32)len / 8;
-	if (nr == 0)
-		return 0;
-	if (nr >= PROFILE_MAX_DEPTH) {
-		nr = PROFILE_MAX_DEPTH;
-		emd_count_drop(&drops, PROFILE_DROP_TRUNCATED);
-	}
-	s->nr = nr;
-	h = mix(0x243f6a8885a308d3ULL, nr);
-	for (i = 0; i < PROFILE_MAX_DEPTH; i++) {
-		if (i >= nr)
-			break;
-		h = mix(h, s->ips[i]);
-	}
-	if (h == 0)
-		h = 1;
-	old = bpf_map_lookup_elem(&stacks, &h);
-	if (old) {
-		if (old->nr != nr || old->ips[0] != s->ips[0]) {
-			emd_count_drop(&drops, PROFILE_DROP_COLLISION);
-			return 0;
-		}
-		return h;
-	}
-	err = bpf_map_update_elem(&stacks, &h, s, BPF_NOEXIST);
-	if (err && err != -EMD_EEXIST) {
-		emd_count_drop(&drops, PROFILE_DROP_STACKS_FULL);
-		return 0;
-	}
-	return h;
-}
-
-/*
- * Takes the current task's kernel stack (flags 0) or user stack
- * (BPF_F_USER_STACK) into scratch slot `slot` and keeps it.
- */
-static __always_inline __u64 keep_stack(void *ctx, __u32 slot, __u64 flags)
-{
-	struct profile_stack *s = bpf_map_lookup_elem(&scratch, &slot);
-
-	if (!s)
-		return 0;
-	return keep(s, bpf_get_stack(ctx, s->ips, sizeof(s->ips), flags));
-}
-
-/* Keeps the kernel stack of task t, which is not running. */
-static __always_inline __u64 keep_task_stack(struct task_struct *t)
-{
-	__u32 slot = 2;
-	struct profile_stack *s = bpf_map_lookup_elem(&scratch, &slot);
-
-	if (!s)
-		return 0;
-	return keep(s, bpf_get_task_stack(t, s->ips, sizeof(s->ips), 0));
-}
-
 static __always_inline void add(struct profile_key *key, __u64 ns)
 {
 	static const struct profile_value zero = {};
@@ -270,35 +153,13 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	if (emd_by_cgroup)
 		key.cgroup = bpf_get_current_cgroup_id();
 	bpf_get_current_comm(&key.comm, sizeof(key.comm));
-	key.kstack = keep_stack(ctx, 0, 0);
+	key.kstack = emd_stack_take(ctx, 0, 0);
 	if (user_task()) {
-		key.ustack = keep_stack(ctx, 1, BPF_F_USER_STACK);
+		key.ustack = emd_stack_take(ctx, 1, BPF_F_USER_STACK);
 		announce(key.tgid);
 	}
 	add(&key, ctx->sample_period);
 	return 0;
-}
-
-static __always_inline struct offcpu_start *start_of(struct task_struct *t,
-						     bool create, bool raw)
-{
-	static const struct offcpu_start zero = {};
-	__u32 tid;
-
-	if (!raw) {
-		struct offcpu_start *s = bpf_task_storage_get(
-			&offcpu_task, t, 0,
-			create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
-
-		if (!s && create)
-			emd_count_drop(&drops, PROFILE_DROP_THREAD_STATE);
-		return s;
-	}
-	tid = BPF_CORE_READ(t, pid);
-	if (!create)
-		return bpf_map_lookup_elem(&offcpu_by_tid, &tid);
-	return emd_lookup_or_init(&offcpu_by_tid, &tid, &zero, &drops,
-				  PROFILE_DROP_THREAD_STATE);
 }
 
 static __always_inline int on_switch(void *ctx, bool preempt,
@@ -306,9 +167,9 @@ static __always_inline int on_switch(void *ctx, bool preempt,
 				     struct task_struct *next,
 				     unsigned int prev_state, bool raw)
 {
-	struct offcpu_start *s;
+	struct emd_offcpu *s;
 	struct profile_key key = {};
-	__u64 now, waited;
+	__u64 now, waited = 0;
 
 	if (!off_cpu_on)
 		return 0;
@@ -320,32 +181,29 @@ static __always_inline int on_switch(void *ctx, bool preempt,
 	 * runs again: with a BTF task pointer (tp_btf) it is taken then, and only
 	 * for a wait of at least offcpu_min; raw_tp has no task pointer the
 	 * helper accepts, so it takes it now. */
-	if (!preempt && prev_state != TASK_RUNNING &&
-	    EMD_READ(raw, prev, pid) != 0 &&
+	if (emd_offcpu_blocks(preempt, prev_state) &&
 	    !(EMD_READ(raw, prev, flags) & PF_EXITING) && wanted()) {
-		s = start_of(prev, true, raw);
+		s = emd_offcpu_block(prev, now, raw, &drops,
+				     PROFILE_DROP_THREAD_STATE);
 		if (s) {
-			s->kstack = raw ? keep_stack(ctx, 2, 0) : 0;
-			s->ustack = 0;
+			if (raw)
+				s->kstack = emd_stack_take(ctx, 2, 0);
 			if (!(EMD_READ(raw, prev, flags) & PF_KTHREAD)) {
-				s->ustack = keep_stack(ctx, 3, BPF_F_USER_STACK);
+				s->ustack = emd_stack_take(ctx, 3,
+							   BPF_F_USER_STACK);
 				announce(EMD_READ(raw, prev, tgid));
 			}
-			s->ts = now;
 		}
 	}
 
-	s = start_of(next, false, raw);
-	if (!s || !s->ts)
-		return 0;
-	waited = now - s->ts;
-	s->ts = 0;
-	if (waited < offcpu_min_ns)
+	s = emd_offcpu_wake(next, now, &waited, raw, false, &drops,
+			    PROFILE_DROP_THREAD_STATE);
+	if (!s || waited < offcpu_min_ns)
 		return 0;
 	key.tgid = EMD_READ(raw, next, tgid);
 	key.tid = EMD_READ(raw, next, pid);
 	key.kind = PROFILE_OFF_CPU;
-	key.kstack = raw ? s->kstack : keep_task_stack(next);
+	key.kstack = raw ? s->kstack : emd_stack_take_task(next, 2);
 	key.ustack = s->ustack;
 	if (emd_by_cgroup)
 		key.cgroup = EMD_READ(raw, next, cgroups, dfl_cgrp, kn, id);
@@ -366,16 +224,6 @@ int BPF_PROG(profile_exec, struct task_struct *p)
 	__u32 tgid = BPF_CORE_READ(p, tgid);
 
 	bpf_map_delete_elem(&announced, &tgid);
-	return 0;
-}
-
-/* raw_tp keeps per-thread state in a tid map: drop it with the thread. */
-SEC("raw_tp/sched_process_free")
-int BPF_PROG(offcpu_free_raw, struct task_struct *p)
-{
-	__u32 tid = BPF_CORE_READ(p, pid);
-
-	bpf_map_delete_elem(&offcpu_by_tid, &tid);
 	return 0;
 }
 

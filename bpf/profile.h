@@ -6,16 +6,6 @@
 #ifndef EBPF_METRICSD_PROFILE_H
 #define EBPF_METRICSD_PROFILE_H
 
-/* perf's own ceiling (sysctl kernel.perf_event_max_stack defaults to it). */
-#define PROFILE_MAX_DEPTH 127
-
-/* A stack as bpf_get_stack writes it: return addresses, innermost first. */
-struct profile_stack {
-	__u32 nr; /* frames in ips */
-	__u32 pad;
-	__u64 ips[PROFILE_MAX_DEPTH];
-};
-
 enum profile_kind {
 	PROFILE_ON_CPU = 0,  /* a CPU-clock sample */
 	PROFILE_OFF_CPU = 1, /* a wait of at least offcpu_min */
@@ -23,7 +13,7 @@ enum profile_kind {
 
 /*
  * One aggregate: a thread and its kernel and user stacks, by the 64-bit hash
- * that keys each stack in the stacks map (0: none, or not kept; the drop is
+ * that keys each stack in emd_stacks (0: none, or not kept; the drop is
  * counted). cgroup is 0 unless `cgroup: true`.
  */
 struct profile_key {
@@ -47,12 +37,8 @@ struct profile_value {
 
 enum profile_drop_reason {
 	PROFILE_DROP_COUNTS_FULL = 0,  /* no room for another aggregate */
-	PROFILE_DROP_STACKS_FULL = 1,  /* no room for another stack: kept as none */
-	PROFILE_DROP_COLLISION = 2,    /* two stacks with one hash: kept as none */
-	PROFILE_DROP_TRUNCATED = 3,    /* deeper than PROFILE_MAX_DEPTH: cut */
-	PROFILE_DROP_STACK_ERROR = 4,  /* bpf_get_stack failed: kept as none */
-	PROFILE_DROP_THREAD_STATE = 5, /* no per-thread slot for a blocked thread */
-	PROFILE_DROP_ANNOUNCE = 6,     /* a new process not announced (ring full) */
+	PROFILE_DROP_THREAD_STATE = 1, /* no per-thread slot for a blocked thread */
+	PROFILE_DROP_ANNOUNCE = 2,     /* a new process not announced (ring full) */
 	PROFILE_DROP__COUNT,
 };
 

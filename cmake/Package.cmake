@@ -16,11 +16,11 @@ install(DIRECTORY ${CMAKE_SOURCE_DIR}/docs/ DESTINATION share/doc/ebpf-metricsd/
         FILES_MATCHING PATTERN "*.md")
 
 # The tracers the description names, read from the registry's table in
-# src/tracer_registry.cpp (one "TracerDescriptor <name>_descriptor();" line each), in its
+# src/tracers/registry.cpp (one "TracerDescriptor <name>_descriptor();" line each), in its
 # order, wrapped as Debian wants an extended description.
 set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
-                                     ${CMAKE_SOURCE_DIR}/src/tracer_registry.cpp)
-file(STRINGS ${CMAKE_SOURCE_DIR}/src/tracer_registry.cpp registry_lines
+                                     ${CMAKE_SOURCE_DIR}/src/tracers/registry.cpp)
+file(STRINGS ${CMAKE_SOURCE_DIR}/src/tracers/registry.cpp registry_lines
      REGEX "^TracerDescriptor [a-z0-9_]+_descriptor\\(\\);$")
 set(description_lines "")
 set(line "Tracers:")

@@ -23,7 +23,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "ebpf_metricsd/cgroup_names.h"
+#include "ebpf_metricsd/base/cgroup_names.h"
 
 namespace ebpf_metricsd::test {
 

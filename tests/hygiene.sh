@@ -11,7 +11,7 @@ for tool in clang-format clang-tidy; do
   command -v "$tool" >/dev/null || { echo "$tool is not installed (install-deps.sh --with-tests)" >&2; exit 1; }
 done
 
-mapfile -t cxx < <(find src include tests bench \( -name '*.cpp' -o -name '*.h' \) | sort)
+mapfile -t cxx < <(find src tests bench \( -name '*.cpp' -o -name '*.h' \) | sort)
 unformatted=()
 for f in "${cxx[@]}"; do
   clang-format --dry-run -Werror "$f" >/dev/null 2>&1 || unformatted+=("$f")

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "ebpf_metricsd/metric_store.h"
+#include "ebpf_metricsd/metrics/metric_store.h"
 
 namespace ebpf_metricsd::test {
 

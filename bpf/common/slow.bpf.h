@@ -6,9 +6,10 @@
  * it, at most emd_slow_per_second events a second (over all CPUs; a race at a
  * second's turn may let one more per CPU through) reserve a record, fill in
  * the stack that says why and submit it. The tracer counts what the limit
- * refuses and what finds the ring full under its own drop reasons; a record
- * whose kept stack was evicted carries length EMD_SLOW_STACK_LOST, which user
- * space counts.
+ * refuses and what finds the ring full under its own drop reasons. Stacks kept
+ * from an event's start to its end are kept in emd_stacks
+ * (common/stacks.bpf.h); a record whose kept stack was evicted carries length
+ * EMD_SLOW_STACK_LOST, which user space counts.
  */
 #ifndef EBPF_METRICSD_SLOW_BPF_H
 #define EBPF_METRICSD_SLOW_BPF_H
@@ -19,6 +20,7 @@
 #include "common/cgroup.bpf.h"
 #include "common/maps.bpf.h"
 #include "common/slow.h"
+#include "common/stacks.bpf.h"
 
 #ifndef PF_EXITING
 #define PF_EXITING 0x00000004
@@ -49,21 +51,6 @@ struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 4096);
 } slow_events SEC(".maps");
-
-/* Stacks of events' starts, by hash; sized by user space (1 when unused). */
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 1);
-	__type(key, __u64);
-	__type(value, struct emd_slow_stack);
-} slow_stacks SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 2);
-	__type(key, __u32);
-	__type(value, struct emd_slow_stack);
-} slow_scratch SEC(".maps");
 
 /* For events that end elsewhere than they start: their origins by the
  * tracer's key (a request, a socket), from emd_slow_start to emd_slow_end.
@@ -122,38 +109,6 @@ static __always_inline bool emd_slow(__u64 latency_ns, __u32 tgid)
 }
 
 /*
- * Keeps the current task's kernel (flags 0) or user (BPF_F_USER_STACK) stack
- * in slow_stacks; its hash, or 0 when there is none.
- */
-static __always_inline __u64 emd_slow_keep_stack(void *ctx, __u32 scratch,
-						 __u64 flags)
-{
-	struct emd_slow_stack *s = bpf_map_lookup_elem(&slow_scratch, &scratch);
-	__u64 h = 0x243f6a8885a308d3ULL;
-	long len;
-	__u32 i;
-
-	if (!s)
-		return 0;
-	len = bpf_get_stack(ctx, s->ips, sizeof(s->ips), flags);
-	if (len <= 0)
-		return 0;
-	s->nr = (__u32)len / 8;
-	for (i = 0; i < EMD_SLOW_MAX_DEPTH; i++) {
-		if (i >= s->nr)
-			break;
-		h ^= s->ips[i];
-		h *= 0x9e3779b97f4a7c15ULL;
-		h ^= h >> 29;
-	}
-	h = h ? h : 1;
-	/* A stack seen before is kept already (a lookup also marks it used). */
-	if (!bpf_map_lookup_elem(&slow_stacks, &h))
-		bpf_map_update_elem(&slow_stacks, &h, s, BPF_ANY);
-	return h;
-}
-
-/*
  * The current task as the origin of an event that ends elsewhere. Taken at
  * every start, so one stack only: a user task's user stack (the code that
  * asked), a kernel thread's kernel stack (it has no other). The kernel stack
@@ -169,23 +124,8 @@ static __always_inline void emd_slow_origin_here(void *ctx,
 	o->tgid = id >> 32;
 	o->tid = (__u32)id;
 	bpf_get_current_comm(&o->comm, sizeof(o->comm));
-	o->kstack = user ? 0 : emd_slow_keep_stack(ctx, 0, 0);
-	o->ustack = user ? emd_slow_keep_stack(ctx, 1, BPF_F_USER_STACK) : 0;
-}
-
-/* Copies the stack kept under hash h into an event's ips; its length. */
-static __always_inline __s32 emd_slow_copy_stack(__u64 h, __u64 *ips)
-{
-	struct emd_slow_stack *s;
-
-	if (!h)
-		return 0;
-	s = bpf_map_lookup_elem(&slow_stacks, &h);
-	if (!s || s->nr > EMD_SLOW_MAX_DEPTH)
-		return EMD_SLOW_STACK_LOST;
-	if (bpf_probe_read_kernel(ips, EMD_SLOW_MAX_DEPTH * 8, s->ips))
-		return EMD_SLOW_STACK_LOST;
-	return (__s32)(s->nr * 8);
+	o->kstack = user ? 0 : emd_stack_take(ctx, 0, 0);
+	o->ustack = user ? emd_stack_take(ctx, 1, BPF_F_USER_STACK) : 0;
 }
 
 /*
@@ -212,8 +152,8 @@ static __always_inline void emd_slow_record_origin(
 	e->pad = 0;
 	__builtin_memcpy(e->comm, o->comm, sizeof(e->comm));
 	bpf_probe_read_kernel_str(e->label, sizeof(e->label), label);
-	e->kstack_len = emd_slow_copy_stack(o->kstack, e->kstack);
-	e->ustack_len = emd_slow_copy_stack(o->ustack, e->ustack);
+	e->kstack_len = emd_stack_copy(o->kstack, e->kstack, EMD_SLOW_STACK_LOST);
+	e->ustack_len = emd_stack_copy(o->ustack, e->ustack, EMD_SLOW_STACK_LOST);
 	bpf_ringbuf_submit(e, 0);
 }
 
@@ -250,10 +190,8 @@ static __always_inline void emd_slow_record(void *ctx, __u64 now,
 	e->pad = 0;
 	bpf_get_current_comm(&e->comm, sizeof(e->comm));
 	e->label[0] = 0;
-	e->kstack_len = kernel_stack ?
-		bpf_get_stack(ctx, e->kstack, sizeof(e->kstack), 0) : 0;
-	e->ustack_len = bpf_get_stack(ctx, e->ustack, sizeof(e->ustack),
-				      BPF_F_USER_STACK);
+	e->kstack_len = kernel_stack ? emd_stack_take_into(ctx, e->kstack, 0) : 0;
+	e->ustack_len = emd_stack_take_into(ctx, e->ustack, BPF_F_USER_STACK);
 	bpf_ringbuf_submit(e, 0);
 }
 

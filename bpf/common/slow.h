@@ -7,7 +7,9 @@
 #ifndef EBPF_METRICSD_SLOW_H
 #define EBPF_METRICSD_SLOW_H
 
-#define EMD_SLOW_MAX_DEPTH 127
+#include "common/stacks.h"
+
+#define EMD_SLOW_MAX_DEPTH EMD_STACK_MAX_DEPTH
 /* A stack length: the stack was kept at the event's start but evicted since. */
 #define EMD_SLOW_STACK_LOST (-1000)
 
@@ -19,8 +21,8 @@ struct emd_slow_event {
 	__u32 tgid;
 	__u32 tid;
 	__u32 slot;	   /* the histogram slot the event was counted in */
-	__s32 kstack_len;  /* bytes of kstack, or a negative error */
-	__s32 ustack_len;  /* bytes of ustack, or a negative error (0: kernel thread) */
+	__s32 kstack_len;  /* bytes of kstack, or EMD_SLOW_STACK_LOST */
+	__s32 ustack_len;  /* bytes of ustack (0: a kernel thread), or EMD_SLOW_STACK_LOST */
 	__u32 pad;
 	char comm[16];
 	char label[32];	   /* the tracer's label text (a disk name...), or "" */
@@ -28,18 +30,11 @@ struct emd_slow_event {
 	__u64 ustack[EMD_SLOW_MAX_DEPTH];
 };
 
-/* A stack kept by hash (slow_stacks) from an event's start to its end. */
-struct emd_slow_stack {
-	__u32 nr;
-	__u32 pad;
-	__u64 ips[EMD_SLOW_MAX_DEPTH];
-};
-
 /* Who started an event that ends elsewhere (a block request issued by a task
  * and completed in an interrupt): kept from start to end. */
 struct emd_slow_origin {
 	__u64 cgroup;
-	__u64 kstack; /* hashes in slow_stacks, 0: none */
+	__u64 kstack; /* hashes in emd_stacks, 0: none */
 	__u64 ustack;
 	__u32 tgid;
 	__u32 tid;

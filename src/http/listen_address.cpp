@@ -2,8 +2,8 @@
 
 #include <stdexcept>
 
+#include "ebpf_metricsd/base/yaml_reader.h"
 #include "ebpf_metricsd/http/server.h"
-#include "ebpf_metricsd/yaml_reader.h"
 
 namespace ebpf_metricsd {
 

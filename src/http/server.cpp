@@ -20,7 +20,7 @@
 #include <thread>
 
 #include "deadline_watch.h"
-#include "ebpf_metricsd/gzip.h"
+#include "ebpf_metricsd/base/gzip.h"
 #include "ebpf_metricsd/http/basic_auth.h"
 #include "ebpf_metricsd/http/request_grammar.h"
 #include "ebpf_metricsd/http/tls.h"

@@ -1,9 +1,9 @@
 #include "ebpf_metricsd/http/web_config.h"
 
-#include "ebpf_metricsd/config_error.h"
+#include "ebpf_metricsd/base/config_error.h"
+#include "ebpf_metricsd/base/yaml_reader.h"
 #include "ebpf_metricsd/http/basic_auth.h"
 #include "ebpf_metricsd/http/tls.h"
-#include "ebpf_metricsd/yaml_reader.h"
 
 namespace ebpf_metricsd {
 

@@ -4,8 +4,8 @@
 #include <charconv>
 #include <stdexcept>
 
-#include "ebpf_metricsd/gzip.h"
-#include "ebpf_metricsd/log2_histogram.h"
+#include "ebpf_metricsd/base/gzip.h"
+#include "ebpf_metricsd/metrics/log2_histogram.h"
 #include "ebpf_metricsd/profile/flame_graph.h"
 #include "ebpf_metricsd/profile/pprof.h"
 

@@ -43,44 +43,6 @@ std::uint64_t hash_frames(const std::vector<Frame>& frames) {
 
 }  // namespace
 
-std::vector<Frame> SlowEventStore::symbolize(std::uint32_t pid_number,
-                                             std::span<const std::uint64_t> kernel_stack,
-                                             std::span<const std::uint64_t> user_stack) {
-  std::vector<Frame> frames;
-  frames.reserve(kernel_stack.size() + user_stack.size());
-  std::lock_guard lock(symbolize_mutex_);
-  // Once a second: forgetting processes that had exited a second ago (their events have
-  // arrived since), and for kernel frames the kernel's symbol table if modules or BPF
-  // programs changed.
-  const auto now = std::chrono::steady_clock::now();
-  if (now - last_forget_ >= std::chrono::seconds(1)) {
-    user_.forget_exited();
-    last_forget_ = now;
-  }
-  if (!kernel_stack.empty() && now - last_refresh_ >= std::chrono::seconds(1)) {
-    kernel_.refresh();
-    last_refresh_ = now;
-  }
-  for (std::size_t i = 0; i < kernel_stack.size(); ++i) {
-    // The innermost frame is where the stack was taken; every other is a return address.
-    frames.push_back(kernel_.resolve(kernel_stack[i], i > 0));
-  }
-  if (!user_stack.empty()) {
-    const auto pid = static_cast<pid_t>(pid_number);
-    user_.capture(pid);
-    for (std::size_t i = 0; i < user_stack.size(); ++i) {
-      Frame f = user_.resolve(pid, user_stack[i], i > 0);
-      if (i == 0 && f.module == "[unknown]") {
-        // Mapped since the mappings were captured (dlopen): read them again.
-        user_.capture(pid, true);
-        f = user_.resolve(pid, user_stack[i], false);
-      }
-      frames.push_back(std::move(f));
-    }
-  }
-  return frames;
-}
-
 std::uint64_t SlowEventStore::keep(SlowEvent e, std::vector<Frame> frames) {
   const std::uint64_t id = hash_frames(frames);
   std::lock_guard lock(mutex_);

@@ -8,12 +8,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <string_view>
 
 namespace ebpf_metricsd::profiling {
 
@@ -416,6 +418,97 @@ Frame UserSymbols::resolve(pid_t tgid, std::uint64_t address, bool return_addres
   }
   if (f.function.empty()) f.function = base_name(f.module) + "+" + hex(offset);
   return f;
+}
+
+// --- the rules --------------------------------------------------------------------------
+
+namespace {
+
+bool tracing_frame(const std::string& fn) {
+  static constexpr std::array<std::string_view, 6> prefixes = {
+      "bpf_prog_", "bpf_trace_run", "__bpf_trace_", "__traceiter_", "bpf_get_stack", "perf_trace_"};
+  for (auto p : prefixes) {
+    if (fn.rfind(p, 0) == 0) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+Symbolizer::Symbolizer(UserSymbols::Limits limits, std::string kallsyms, std::string modules)
+    : kernel_(std::move(kallsyms), std::move(modules)), user_(limits) {}
+
+void Symbolizer::refresh_kernel() {
+  // Modules and BPF programs come and go: the table is read again when they changed, looked
+  // at once a second at most.
+  const auto now = std::chrono::steady_clock::now();
+  if (now - kernel_read_ < std::chrono::seconds(1)) return;
+  kernel_.refresh();
+  kernel_read_ = now;
+}
+
+std::vector<Frame> Symbolizer::kernel_frames(std::span<const std::uint64_t> ips,
+                                             StackOrigin origin) {
+  std::vector<Frame> frames;
+  if (ips.empty()) return frames;
+  frames.reserve(ips.size());
+  std::lock_guard lock(mutex_);
+  refresh_kernel();
+  bool machinery = origin == StackOrigin::Tracepoint;
+  for (std::size_t i = 0; i < ips.size(); ++i) {
+    Frame f = kernel_.resolve(ips[i], i > 0);
+    if (machinery && tracing_frame(f.function)) continue;
+    machinery = false;
+    frames.push_back(std::move(f));
+  }
+  return frames;
+}
+
+std::vector<Frame> Symbolizer::user_frames(std::uint32_t pid_number,
+                                           std::span<const std::uint64_t> ips) {
+  std::vector<Frame> frames;
+  if (ips.empty()) return frames;
+  frames.reserve(ips.size());
+  const auto pid = static_cast<pid_t>(pid_number);
+  std::lock_guard lock(mutex_);
+  user_.capture(pid);
+  for (std::size_t i = 0; i < ips.size(); ++i) {
+    Frame f = user_.resolve(pid, ips[i], i > 0);
+    if (f.module == "[unknown]" && i == 0) {
+      // Where the thread was is mapped since the mappings were read (dlopen): read them
+      // again. (An unknown caller is a walk gone astray, not a new mapping.)
+      user_.capture(pid, true);
+      f = user_.resolve(pid, ips[i], false);
+    }
+    if (f.module == "[unknown]") break;
+    frames.push_back(std::move(f));
+  }
+  return frames;
+}
+
+std::vector<Frame> Symbolizer::frames(std::uint32_t pid,
+                                      std::span<const std::uint64_t> kernel_stack,
+                                      std::span<const std::uint64_t> user_stack,
+                                      StackOrigin origin) {
+  std::vector<Frame> out = kernel_frames(kernel_stack, origin);
+  std::vector<Frame> user = user_frames(pid, user_stack);
+  out.insert(out.end(), std::make_move_iterator(user.begin()), std::make_move_iterator(user.end()));
+  return out;
+}
+
+void Symbolizer::capture(std::uint32_t pid) {
+  std::lock_guard lock(mutex_);
+  user_.capture(static_cast<pid_t>(pid), true);
+}
+
+void Symbolizer::end_round() {
+  std::lock_guard lock(mutex_);
+  user_.forget_exited();
+}
+
+Symbolizer::Sizes Symbolizer::sizes() {
+  std::lock_guard lock(mutex_);
+  return {user_.modules(), user_.processes(), user_.names(), kernel_.symbols()};
 }
 
 }  // namespace ebpf_metricsd::profiling

@@ -4,16 +4,16 @@
 
 #include <bpf/bpf.h>
 
-#include "ebpf_metricsd/bpf_support.h"
-#include "ebpf_metricsd/cgroup_labels.h"
-#include "ebpf_metricsd/drop_accounting.h"
-#include "ebpf_metricsd/log2_histogram.h"
-#include "ebpf_metricsd/map_deltas.h"
-#include "ebpf_metricsd/metric_scope.h"
-#include "ebpf_metricsd/skeleton.h"
-#include "ebpf_metricsd/slow_capture.h"
-#include "ebpf_metricsd/tracer.h"
-#include "ebpf_metricsd/tracer_options.h"
+#include "ebpf_metricsd/bpf/bpf_support.h"
+#include "ebpf_metricsd/bpf/cgroup_labels.h"
+#include "ebpf_metricsd/bpf/drop_accounting.h"
+#include "ebpf_metricsd/bpf/map_deltas.h"
+#include "ebpf_metricsd/bpf/skeleton.h"
+#include "ebpf_metricsd/metrics/log2_histogram.h"
+#include "ebpf_metricsd/metrics/metric_scope.h"
+#include "ebpf_metricsd/profile/slow_capture.h"
+#include "ebpf_metricsd/tracers/registry.h"
+#include "ebpf_metricsd/tracers/tracer_options.h"
 
 // clang-format off
 #include <linux/types.h>
@@ -45,7 +45,8 @@ const char* op_name(std::uint32_t op) {
 class BlockIoTracer final : public Tracer {
  public:
   using Options = OwnedHistogramOptions;
-  BlockIoTracer(MetricScope& scope, const OwnedHistogramOptions& options)
+  BlockIoTracer(MetricScope& scope, const OwnedHistogramOptions& options,
+                const TracerContext& context)
       : scope_(scope),
         labels_(options.cgroup),
         latency_(scope.declare(labels_.with_labels(
@@ -65,7 +66,8 @@ class BlockIoTracer final : public Tracer {
                                                   "map_full", "slow_limited", "slow_ring_full",
                                                   "slow_origin_full"}),
                "never_completed"),
-        slow_(scope, latency_, "ebpf_block_io_latency_seconds", options.slow, labels_) {}
+        slow_(scope, latency_, "ebpf_block_io_latency_seconds", options.slow, labels_,
+              context.profiles) {}
 
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 2> tps = {"block_rq_issue", "block_rq_complete"};

@@ -2,14 +2,14 @@
 #include <array>
 #include <cstring>
 
-#include "ebpf_metricsd/bpf_support.h"
-#include "ebpf_metricsd/drop_accounting.h"
-#include "ebpf_metricsd/log2_histogram.h"
-#include "ebpf_metricsd/map_deltas.h"
-#include "ebpf_metricsd/metric_scope.h"
-#include "ebpf_metricsd/skeleton.h"
-#include "ebpf_metricsd/tracer.h"
-#include "ebpf_metricsd/yaml_reader.h"
+#include "ebpf_metricsd/base/yaml_reader.h"
+#include "ebpf_metricsd/bpf/bpf_support.h"
+#include "ebpf_metricsd/bpf/drop_accounting.h"
+#include "ebpf_metricsd/bpf/map_deltas.h"
+#include "ebpf_metricsd/bpf/skeleton.h"
+#include "ebpf_metricsd/metrics/log2_histogram.h"
+#include "ebpf_metricsd/metrics/metric_scope.h"
+#include "ebpf_metricsd/tracers/registry.h"
 
 // clang-format off
 #include <linux/types.h>

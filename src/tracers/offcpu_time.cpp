@@ -1,65 +1,99 @@
 // offcpu_time: time tasks spend switched out while blocked, and context switches by kind;
 // waits at or above its `slow` threshold with the stacks where the task blocked.
-#include "ebpf_metricsd/drop_accounting.h"
-#include "ebpf_metricsd/log2_histogram.h"
-#include "ebpf_metricsd/map_deltas.h"
-#include "ebpf_metricsd/metric_scope.h"
-#include "ebpf_metricsd/slow_capture.h"
-#include "ebpf_metricsd/yaml_reader.h"
-#include "sched_object.h"
+#include <array>
+#include <string>
+#include <vector>
+
+#include "ebpf_metricsd/bpf/drop_accounting.h"
+#include "ebpf_metricsd/bpf/hook_probe.h"
+#include "ebpf_metricsd/bpf/map_deltas.h"
+#include "ebpf_metricsd/bpf/skeleton.h"
+#include "ebpf_metricsd/metrics/metric_scope.h"
+#include "ebpf_metricsd/profile/slow_capture.h"
+#include "ebpf_metricsd/tracers/registry.h"
+#include "task_histogram.h"
+
+// clang-format off
+#include <linux/types.h>
+#include "offcpu_time.h"
+#include "offcpu_time.skel.h"
+// clang-format on
 
 namespace ebpf_metricsd {
 
 namespace {
 
-class OffcpuTimeTracer final : public SchedHistTracer {
+class OffcpuTimeTracer final : public Tracer {
  public:
-  OffcpuTimeTracer(MetricScope& scope, const SchedLabelOptions& options, const TracerPeers& peers)
-      : SchedHistTracer(scope,
-                        {{"ebpf_offcpu_seconds",
-                          "Time tasks spent switched out while blocked, until switched in again.",
-                          MetricType::Histogram,
-                          {},
-                          {}},  // buckets from the options
-                         /*wakeups=*/false,
-                         [](scheduler* s) { return s->maps.offcpu_hist; },
-                         [](scheduler* s) { return s->maps.offcpu_hist_labelled; },
-                         SchedObject::kOffcpuMap,
-                         drop_reasons<SCHED_DROP__COUNT>(
-                             {"task_state", "", "map_full", "slow_limited", "slow_ring_full"})},
-                        options, peers),
+  using Options = TaskHistogramOptions;
+  OffcpuTimeTracer(MetricScope& scope, const Options& options, const TracerContext& context)
+      : scope_(scope),
+        options_(options),
+        hist_(scope,
+              {"ebpf_offcpu_seconds",
+               "Time tasks spent switched out while blocked, until switched in again.",
+               MetricType::Histogram,
+               {},
+               {}},  // labels and buckets from the options
+              options),
         switches_(scope, {{scope.declare({"ebpf_context_switches_total",
                                           "Context switches: voluntary (the task blocked) or "
                                           "involuntary (it was preempted while runnable).",
                                           MetricType::Counter,
                                           {"kind"}})}}),
-        slow_(scope, metric(), "ebpf_offcpu_seconds", options.slow, cgroups()) {}
+        drops_(scope, drop_reasons<OFFCPU_DROP__COUNT>({"task_state", "map_full", "slow_limited",
+                                                        "slow_ring_full", "slow_exiting"})),
+        slow_(scope, hist_.metric(), "ebpf_offcpu_seconds", options.slow, hist_.cgroups(),
+              context.profiles) {}
 
   void start(HookProber& prober, HookPreference preference) override {
-    SchedHistTracer::start(prober, preference);
-    slow_.start(skel()->maps.slow_events);
+    static const std::array<std::string, 2> tracepoints = {"sched_switch", "sched_process_free"};
+    // sched_switch gained prev_state in 5.18: the 3-argument programs read it from the task.
+    const bool switch_3arg = tracepoint_arg_count("sched_switch").value_or(4) == 3;
+    skel_ = Object::load_probed(
+        scope_.tracer(), drops_, prober, tracepoints, preference,
+        [&](offcpu_time* s, HookKind kind) {
+          configure_task_state(s->maps.emd_offcpu_task, s->maps.emd_offcpu_by_tid, kind);
+          hist_.configure(s, s->maps.offcpu_hist_labelled);
+          slow_.configure(s, /*origins=*/0, /*keeps_stacks=*/true);
+          auto& p = s->progs;
+          return std::vector<HookTwin>{
+              {nullptr, p.emd_offcpu_free},
+              {p.sched_switch_btf, p.sched_switch_raw, !switch_3arg},
+              {p.sched_switch_3arg_btf, p.sched_switch_3arg_raw, switch_3arg},
+          };
+        });
+    slow_.start(skel_->maps.slow_events);
   }
+  std::string hook() const override { return skel_.hook(); }
 
   void drain() override {
     slow_.begin_drain();
-    SchedHistTracer::drain();
+    hist_.drain(skel_->maps.offcpu_hist, skel_->maps.offcpu_hist_labelled);
     slow_.drain(
         [&](std::uint64_t, std::string_view comm) {
-          return options().comm ? MetricStore::LabelValues{std::string(comm)}
-                                : MetricStore::LabelValues{};
+          return options_.comm ? MetricStore::LabelValues{std::string(comm)}
+                               : MetricStore::LabelValues{};
         },
-        options().names());
+        options_.names());
     switches_.drain_array(
-        bpf_map__fd(skel()->maps.switches), SCHED_SWITCH__COUNT, [](const void* key) {
+        bpf_map__fd(skel_->maps.switches), OFFCPU_SWITCH__COUNT, [](const void* key) {
           const auto k = *static_cast<const std::uint32_t*>(key);
-          return MetricStore::LabelValues{k == SCHED_SWITCH_VOLUNTARY ? "voluntary"
-                                                                      : "involuntary"};
+          return MetricStore::LabelValues{k == OFFCPU_SWITCH_VOLUNTARY ? "voluntary"
+                                                                       : "involuntary"};
         });
+    drops_.drain();
   }
 
  private:
+  using Object = EBPF_METRICSD_SKELETON(offcpu_time);
+  MetricScope& scope_;
+  TaskHistogramOptions options_;
+  TaskHistogram hist_;
   SeriesDrain switches_;
-  SlowCapture slow_;  // after what it reads: its thread stops first
+  DropAccounting drops_;
+  SlowCapture slow_;
+  Object skel_;  // last: detached and unloaded first, before the capture's reader stops
 };
 
 }  // namespace
@@ -69,9 +103,9 @@ TracerDescriptor offcpu_time_descriptor() {
       "offcpu_time", "Off-CPU time while blocked, and context switches",
       [](YamlMapReader& options) {
         // 1us .. 64s: from a short lock wait to an idle worker.
-        return SchedLabelOptions::read(options, Log2Layout::seconds(-20, 6), /*slow_capture=*/true);
-      },
-      {.group = "scheduler"});
+        return TaskHistogramOptions::read(options, Log2Layout::seconds(-20, 6),
+                                          /*slow_capture=*/true);
+      });
 }
 
 }  // namespace ebpf_metricsd

@@ -1,14 +1,14 @@
 // page_faults: minor and major page faults, from perf software events with a BPF program.
 #include <linux/perf_event.h>
 
-#include "ebpf_metricsd/bpf_support.h"
-#include "ebpf_metricsd/cgroup_labels.h"
-#include "ebpf_metricsd/drop_accounting.h"
-#include "ebpf_metricsd/map_deltas.h"
-#include "ebpf_metricsd/metric_scope.h"
-#include "ebpf_metricsd/skeleton.h"
-#include "ebpf_metricsd/tracer.h"
-#include "ebpf_metricsd/yaml_reader.h"
+#include "ebpf_metricsd/base/yaml_reader.h"
+#include "ebpf_metricsd/bpf/bpf_support.h"
+#include "ebpf_metricsd/bpf/cgroup_labels.h"
+#include "ebpf_metricsd/bpf/drop_accounting.h"
+#include "ebpf_metricsd/bpf/map_deltas.h"
+#include "ebpf_metricsd/bpf/skeleton.h"
+#include "ebpf_metricsd/metrics/metric_scope.h"
+#include "ebpf_metricsd/tracers/registry.h"
 
 // clang-format off
 #include <linux/types.h>

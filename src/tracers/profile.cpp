@@ -13,26 +13,25 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
-#include <set>
-#include <stop_token>
-#include <thread>
+#include <span>
 #include <tuple>
 #include <unordered_map>
 #include <utility>
 
-#include "ebpf_metricsd/bpf_support.h"
-#include "ebpf_metricsd/cgroup_names.h"
-#include "ebpf_metricsd/drop_accounting.h"
-#include "ebpf_metricsd/host_safety.h"
-#include "ebpf_metricsd/metric_scope.h"
+#include "ebpf_metricsd/base/cgroup_names.h"
+#include "ebpf_metricsd/base/yaml_reader.h"
+#include "ebpf_metricsd/bpf/bpf_support.h"
+#include "ebpf_metricsd/bpf/drop_accounting.h"
+#include "ebpf_metricsd/bpf/ring_reader.h"
+#include "ebpf_metricsd/bpf/skeleton.h"
+#include "ebpf_metricsd/metrics/metric_scope.h"
 #include "ebpf_metricsd/profile/profile_store.h"
 #include "ebpf_metricsd/profile/symbols.h"
-#include "ebpf_metricsd/skeleton.h"
-#include "ebpf_metricsd/tracer.h"
-#include "ebpf_metricsd/yaml_reader.h"
+#include "ebpf_metricsd/tracers/registry.h"
 
 // clang-format off
 #include <linux/types.h>
+#include "common/stacks.h"
 #include "profile.h"
 #include "profile.skel.h"
 // clang-format on
@@ -99,26 +98,14 @@ std::string workload_directory(const std::string& root, const std::string& name)
   return "";
 }
 
-// Frames of the tracing machinery itself, innermost in an off-CPU kernel stack taken from
-// the sched_switch hook: not where the thread waits.
-bool tracing_frame(const std::string& fn) {
-  static constexpr std::array<std::string_view, 6> prefixes = {
-      "bpf_prog_", "bpf_trace_run", "__bpf_trace_", "__traceiter_", "bpf_get_stack", "perf_trace_"};
-  for (auto p : prefixes) {
-    if (fn.rfind(p, 0) == 0) return true;
-  }
-  return false;
-}
-
 class ProfileTracer final : public Tracer {
  public:
   using Options = ProfileOptions;
-  ProfileTracer(MetricScope& scope, ProfileOptions options)
+  ProfileTracer(MetricScope& scope, ProfileOptions options, const TracerContext& context)
       : scope_(scope),
         options_(std::move(options)),
-        drops_(scope, drop_reasons<PROFILE_DROP__COUNT>(
-                          {"map_full", "stack_map_full", "stack_collision", "stack_truncated",
-                           "stack_error", "thread_state", "announce_full"})),
+        drops_(scope,
+               drop_reasons<PROFILE_DROP__COUNT>({"map_full", "thread_state", "announce_full"})),
         caches_(scope.declare({"ebpf_metricsd_profile_cache_entries",
                                "Entries of the profile's symbolization caches and tables: "
                                "ELF files open, processes whose mappings are kept, names "
@@ -129,13 +116,13 @@ class ProfileTracer final : public Tracer {
                                 "On-CPU samples and off-CPU waits the profile recorded.",
                                 MetricType::Counter,
                                 {"state"}})),
-        store_(scope.profiles()) {
+        store_(context.profiles) {
     if (!store_) throw std::runtime_error("profile: this process keeps no profiles");
   }
 
   ~ProfileTracer() override {
     if (started_) store_->set_source(nullptr);
-    announce_thread_ = {};  // joins before the ring buffer goes
+    announcements_.stop();
   }
 
   void start(HookProber& prober, HookPreference preference) override {
@@ -148,19 +135,18 @@ class ProfileTracer final : public Tracer {
           static_cast<__u64>(std::chrono::nanoseconds(options_.offcpu_min).count());
       s->rodata->nr_workloads = static_cast<__u32>(options_.workloads.size());
       s->rodata->emd_by_cgroup = options_.cgroup;
-      bpf_map__set_max_entries(s->maps.stacks, options_.max_stacks);
+      bpf_map__set_max_entries(s->maps.emd_stacks, kept_stacks());
       bpf_map__set_max_entries(s->maps.counts_a, options_.max_aggregates);
       bpf_map__set_max_entries(s->maps.counts_b, options_.max_aggregates);
-      const bool raw = kind == HookKind::RawTp, off = kind.has_value();
-      bpf_map__set_max_entries(s->maps.offcpu_by_tid, raw ? 65536 : 1);
-      // No task storage for tracing before 5.11.
-      bpf_map__set_autocreate(s->maps.offcpu_task, off && !raw);
+      const bool off = kind.has_value();
+      configure_task_state(s->maps.emd_offcpu_task, s->maps.emd_offcpu_by_tid,
+                           kind.value_or(HookKind::RawTp), off);
       auto& p = s->progs;
       return std::vector<HookTwin>{
           {p.on_cpu_sample, p.on_cpu_sample, options_.on_cpu, /*attach=*/false},
           {p.offcpu_switch_btf, p.offcpu_switch_raw, off && !three_args},
           {p.offcpu_switch_3arg_btf, p.offcpu_switch_3arg_raw, off && three_args},
-          {nullptr, p.offcpu_free_raw, raw},
+          {nullptr, p.emd_offcpu_free, off},
           {p.profile_exec, p.profile_exec},
       };
     };
@@ -187,14 +173,12 @@ class ProfileTracer final : public Tracer {
     slot_fd_ = bpf_map__fd(skel_->maps.counts_slot);
     counts_fd_[0] = bpf_map__fd(skel_->maps.counts_a);
     counts_fd_[1] = bpf_map__fd(skel_->maps.counts_b);
-    stacks_fd_ = bpf_map__fd(skel_->maps.stacks);
+    stacks_fd_ = bpf_map__fd(skel_->maps.emd_stacks);
     resolve_workloads();
-    announcements_.reset(ring_buffer__new(bpf_map__fd(skel_->maps.new_processes),
-                                          &ProfileTracer::on_announce, this, nullptr));
-    if (!announcements_) throw BpfError(bpf_error_text("profile: ring buffer", errno));
-    announce_thread_ = std::jthread([this](const std::stop_token& stop) {
-      while (!stop.stop_requested()) ring_buffer__poll(announcements_.get(), 100);
-    });
+    announcements_ = RingReader(
+        skel_->maps.new_processes,
+        [this](std::span<const std::byte> record) { on_announce(record); },
+        "profile: process announcements");
     store_->set_frequency(options_.on_cpu ? options_.frequency : 0);
     store_->set_source([this] { cut(); });
     started_ = true;
@@ -211,24 +195,25 @@ class ProfileTracer final : public Tracer {
 
  private:
   using Skeleton = EBPF_METRICSD_SKELETON(profile);
-  struct RingBufferDeleter {
-    void operator()(ring_buffer* r) const { ring_buffer__free(r); }
-  };
+
+  // Stacks the kernel side keeps between reads (LRU): max_stacks, or 256 per possible CPU
+  // where that is more (the kernel's LRU keeps free entries per CPU in reserve).
+  std::uint32_t kept_stacks() const {
+    return std::max<std::uint32_t>(options_.max_stacks,
+                                   256 * static_cast<std::uint32_t>(std::max(possible_cpus(), 1)));
+  }
 
   // A process seen for the first time (or since it exec'd): its mappings are read now,
   // while it lives, so that its stacks can be symbolized after it has exited.
-  static int on_announce(void* ctx, void* data, std::size_t size) {
-    auto* self = static_cast<ProfileTracer*>(ctx);
-    if (size < sizeof(__u32)) return 0;
+  void on_announce(std::span<const std::byte> record) {
+    if (record.size() < sizeof(__u32)) return;
     __u32 tgid = 0;
-    std::memcpy(&tgid, data, sizeof tgid);
+    std::memcpy(&tgid, record.data(), sizeof tgid);
     try {
-      std::lock_guard lock(self->symbols_mutex_);
-      self->user_.capture(static_cast<pid_t>(tgid), true);
+      store_->symbolizer().capture(tgid);
     } catch (const std::exception& e) {
       spdlog::warn("profile: mappings of process {}: {}", tgid, e.what());
     }
-    return 0;  // never an exception through libbpf's C
   }
   struct RawStack {
     std::vector<std::uint64_t> ips;
@@ -297,14 +282,12 @@ class ProfileTracer final : public Tracer {
     }
     for (const auto& e : entries) bpf_map_delete_elem(full, &e.first);
     read_stacks(end);
-    kernel_.refresh();  // modules or BPF programs may have come or gone
 
     std::vector<Sample> samples;
     samples.reserve(entries.size());
     std::vector<std::vector<Frame>> stacks;
     std::map<std::tuple<std::uint32_t, __u64, __u64, __u32>, std::uint32_t> stack_index;
     std::vector<bool> expired;  // by stack index
-    std::set<std::uint32_t> recaptured;
     if (options_.cgroup) names_.begin_pass();
     std::uint64_t on = 0, off = 0;
     for (const auto& [k, v] : entries) {
@@ -321,7 +304,7 @@ class ProfileTracer final : public Tracer {
                                                        static_cast<std::uint32_t>(stacks.size()));
       if (fresh) {
         std::vector<Frame> frames = kernel_frames(k.kstack, s.kind);
-        const std::vector<Frame>& user = user_frames(k.tgid, k.ustack, recaptured);
+        const std::vector<Frame>& user = user_frames(k.tgid, k.ustack);
         // A stack hash whose frames were read once but are no longer kept: a wait longer
         // than stacks are kept, or more stacks than max_stacks * 4 since.
         expired.push_back((k.kstack && frames.empty()) || (k.ustack && user.empty()));
@@ -343,8 +326,6 @@ class ProfileTracer final : public Tracer {
     pending_.on_cpu += on;
     pending_.off_cpu += off;
     forget_unused();
-    std::lock_guard symbols(symbols_mutex_);
-    user_.forget_exited();
   }
 
   // The self-metrics, from the drain only: a cut made for a profile request takes no lock
@@ -361,15 +342,13 @@ class ProfileTracer final : public Tracer {
     const std::uint64_t store_dropped = store_->dropped_samples();
     scope_.add_dropped("store_full", store_dropped - store_dropped_);
     store_dropped_ = store_dropped;
-    {
-      std::lock_guard symbols(symbols_mutex_);
-      scope_.set(caches_, {"elf_files"}, static_cast<double>(user_.modules()));
-      scope_.set(caches_, {"processes"}, static_cast<double>(user_.processes()));
-      scope_.set(caches_, {"names"}, static_cast<double>(user_.names()));
-    }
+    const auto sizes = store_->symbolizer().sizes();
+    scope_.set(caches_, {"elf_files"}, static_cast<double>(sizes.elf_files));
+    scope_.set(caches_, {"processes"}, static_cast<double>(sizes.processes));
+    scope_.set(caches_, {"names"}, static_cast<double>(sizes.names));
+    scope_.set(caches_, {"kernel_symbols"}, static_cast<double>(sizes.kernel_symbols));
     {
       std::lock_guard lock(cut_mutex_);
-      scope_.set(caches_, {"kernel_symbols"}, static_cast<double>(kernel_.symbols()));
       scope_.set(caches_, {"stacks"}, static_cast<double>(raw_.size()));
     }
     scope_.set(caches_, {"frames"}, static_cast<double>(store_->frames_kept()));
@@ -389,10 +368,10 @@ class ProfileTracer final : public Tracer {
       prev = &key;
     }
     for (__u64 k : keys) {
-      profile_stack s{};
+      emd_stack s{};
       if (bpf_map_lookup_elem(stacks_fd_, &k, &s) == 0) {
         RawStack& r = raw_[k];
-        r.ips.assign(s.ips, s.ips + std::min<__u32>(s.nr, PROFILE_MAX_DEPTH));
+        r.ips.assign(s.ips, s.ips + std::min<__u32>(s.nr, EMD_STACK_MAX_DEPTH));
         r.seen = now;
       }
       bpf_map_delete_elem(stacks_fd_, &k);
@@ -413,22 +392,21 @@ class ProfileTracer final : public Tracer {
     if (it == kernel_cache_.end()) {
       const RawStack* r = raw_stack(hash);
       if (!r) return {};
-      std::vector<Frame> frames;
-      bool plumbing = kind == SampleKind::OffCpu;
-      for (std::size_t i = 0; i < r->ips.size(); ++i) {
-        Frame f = kernel_.resolve(r->ips[i], i > 0 || kind == SampleKind::OffCpu);
-        if (plumbing && tracing_frame(f.function)) continue;
-        plumbing = false;
-        frames.push_back(std::move(f));
-      }
-      it = kernel_cache_.emplace(key, Cached{std::move(frames), 0}).first;
+      // An on-CPU sample's stack is where the thread was interrupted; an off-CPU one was
+      // taken by the sched_switch program (raw_tp) or where the thread sleeps (tp_btf).
+      it = kernel_cache_
+               .emplace(key, Cached{store_->symbolizer().kernel_frames(
+                                        r->ips, kind == SampleKind::OffCpu
+                                                    ? profiling::StackOrigin::Tracepoint
+                                                    : profiling::StackOrigin::Thread),
+                                    0})
+               .first;
     }
     it->second.seen = generation_;
     return it->second.frames;
   }
 
-  const std::vector<Frame>& user_frames(std::uint32_t tgid, __u64 hash,
-                                        std::set<std::uint32_t>& recaptured) {
+  const std::vector<Frame>& user_frames(std::uint32_t tgid, __u64 hash) {
     static const std::vector<Frame> none;
     if (hash == 0) return none;
     const auto key = std::make_pair(tgid, hash);
@@ -436,23 +414,8 @@ class ProfileTracer final : public Tracer {
     if (it == user_cache_.end()) {
       const RawStack* r = raw_stack(hash);
       if (!r) return none;
-      std::lock_guard symbols(symbols_mutex_);
-      user_.capture(static_cast<pid_t>(tgid));
-      std::vector<Frame> frames;
-      for (std::size_t i = 0; i < r->ips.size(); ++i) {
-        Frame f = user_.resolve(static_cast<pid_t>(tgid), r->ips[i], i > 0);
-        if (i == 0 && f.module == "[unknown]" && recaptured.insert(tgid).second) {
-          // The innermost frame is mapped since the capture (dlopen): read the mappings
-          // again, once per cut. (Callers outside every mapping are unwinding gone astray.)
-          user_.capture(static_cast<pid_t>(tgid), true);
-          f = user_.resolve(static_cast<pid_t>(tgid), r->ips[i], i > 0);
-        }
-        // A caller outside every mapping is where frame-pointer unwinding went astray in
-        // code built without them: it and what follows are not frames.
-        if (i > 0 && f.module == "[unknown]") break;
-        frames.push_back(std::move(f));
-      }
-      it = user_cache_.emplace(key, Cached{std::move(frames), 0}).first;
+      it =
+          user_cache_.emplace(key, Cached{store_->symbolizer().user_frames(tgid, r->ips), 0}).first;
     }
     it->second.seen = generation_;
     return it->second.frames;
@@ -499,12 +462,8 @@ class ProfileTracer final : public Tracer {
   std::unordered_map<__u64, RawStack> raw_;
   std::map<std::pair<__u64, bool>, Cached> kernel_cache_;  // by (hash, off-CPU)
   std::map<std::pair<std::uint32_t, __u64>, Cached> user_cache_;
-  profiling::KernelSymbols kernel_;
-  std::mutex symbols_mutex_;  // guards user_: the cut and the announcements use it
-  profiling::UserSymbols user_;
   CgroupNames names_;
-  std::unique_ptr<ring_buffer, RingBufferDeleter> announcements_;
-  std::jthread announce_thread_;  // last: stops first
+  RingReader announcements_;  // last: stops first
 };
 
 }  // namespace

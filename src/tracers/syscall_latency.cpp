@@ -3,18 +3,18 @@
 #include <array>
 #include <set>
 
-#include "ebpf_metricsd/bpf_support.h"
-#include "ebpf_metricsd/cgroup_labels.h"
-#include "ebpf_metricsd/drop_accounting.h"
-#include "ebpf_metricsd/log2_histogram.h"
-#include "ebpf_metricsd/map_deltas.h"
-#include "ebpf_metricsd/metric_scope.h"
-#include "ebpf_metricsd/skeleton.h"
-#include "ebpf_metricsd/slow_capture.h"
-#include "ebpf_metricsd/slow_options.h"
-#include "ebpf_metricsd/syscall_names.h"
-#include "ebpf_metricsd/tracer.h"
-#include "ebpf_metricsd/yaml_reader.h"
+#include "ebpf_metricsd/base/syscall_names.h"
+#include "ebpf_metricsd/base/yaml_reader.h"
+#include "ebpf_metricsd/bpf/bpf_support.h"
+#include "ebpf_metricsd/bpf/cgroup_labels.h"
+#include "ebpf_metricsd/bpf/drop_accounting.h"
+#include "ebpf_metricsd/bpf/map_deltas.h"
+#include "ebpf_metricsd/bpf/skeleton.h"
+#include "ebpf_metricsd/metrics/log2_histogram.h"
+#include "ebpf_metricsd/metrics/metric_scope.h"
+#include "ebpf_metricsd/profile/slow_capture.h"
+#include "ebpf_metricsd/profile/slow_options.h"
+#include "ebpf_metricsd/tracers/registry.h"
 
 // clang-format off
 #include <linux/types.h>
@@ -102,7 +102,8 @@ constexpr std::uint32_t kThreadMapEntries = 65536;
 class SyscallLatencyTracer final : public Tracer {
  public:
   using Options = SyscallLatencyOptions;
-  SyscallLatencyTracer(MetricScope& scope, SyscallLatencyOptions options)
+  SyscallLatencyTracer(MetricScope& scope, SyscallLatencyOptions options,
+                       const TracerContext& context)
       : scope_(scope),
         options_(std::move(options)),
         labels_(options_.cgroup),
@@ -110,7 +111,8 @@ class SyscallLatencyTracer final : public Tracer {
         hists_(scope, {{latency_, SYSLAT_SLOTS}}),
         drops_(scope, drop_reasons<SYSLAT_DROP__COUNT>({"map_full", "unknown_syscall", "map_full",
                                                         "slow_limited", "slow_ring_full"})),
-        slow_(scope, latency_, latency_spec(options_.buckets).name, options_.slow, labels_) {}
+        slow_(scope, latency_, latency_spec(options_.buckets).name, options_.slow, labels_,
+              context.profiles) {}
 
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 3> tracepoints = {"sys_enter", "sys_exit",

@@ -1,16 +1,16 @@
 // tcp_connect_latency: active TCP opens, SYN_SENT to ESTABLISHED (latency) or CLOSE (failure).
 #include <array>
 
-#include "ebpf_metricsd/bpf_support.h"
-#include "ebpf_metricsd/cgroup_labels.h"
-#include "ebpf_metricsd/drop_accounting.h"
-#include "ebpf_metricsd/log2_histogram.h"
-#include "ebpf_metricsd/map_deltas.h"
-#include "ebpf_metricsd/metric_scope.h"
-#include "ebpf_metricsd/skeleton.h"
-#include "ebpf_metricsd/slow_capture.h"
-#include "ebpf_metricsd/tracer.h"
-#include "ebpf_metricsd/tracer_options.h"
+#include "ebpf_metricsd/bpf/bpf_support.h"
+#include "ebpf_metricsd/bpf/cgroup_labels.h"
+#include "ebpf_metricsd/bpf/drop_accounting.h"
+#include "ebpf_metricsd/bpf/map_deltas.h"
+#include "ebpf_metricsd/bpf/skeleton.h"
+#include "ebpf_metricsd/metrics/log2_histogram.h"
+#include "ebpf_metricsd/metrics/metric_scope.h"
+#include "ebpf_metricsd/profile/slow_capture.h"
+#include "ebpf_metricsd/tracers/registry.h"
+#include "ebpf_metricsd/tracers/tracer_options.h"
 
 // clang-format off
 #include <linux/types.h>
@@ -29,7 +29,8 @@ const char* family_name(std::uint32_t family) { return family == TCPCONN_IPV4 ? 
 class TcpConnectLatencyTracer final : public Tracer {
  public:
   using Options = OwnedHistogramOptions;
-  TcpConnectLatencyTracer(MetricScope& scope, const OwnedHistogramOptions& options)
+  TcpConnectLatencyTracer(MetricScope& scope, const OwnedHistogramOptions& options,
+                          const TracerContext& context)
       : scope_(scope),
         labels_(options.cgroup),
         latency_metric_(scope.declare(labels_.with_labels(
@@ -49,7 +50,8 @@ class TcpConnectLatencyTracer final : public Tracer {
                drop_reasons<TCPCONN_DROP__COUNT>(
                    {"map_full", "map_full", "slow_limited", "slow_ring_full", "slow_origin_full"}),
                "never_finished"),
-        slow_(scope, latency_metric_, "ebpf_tcp_connect_latency_seconds", options.slow, labels_) {}
+        slow_(scope, latency_metric_, "ebpf_tcp_connect_latency_seconds", options.slow, labels_,
+              context.profiles) {}
 
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 1> tps = {"inet_sock_set_state"};

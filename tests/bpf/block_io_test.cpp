@@ -16,7 +16,7 @@
 #include "../kernel_fixtures.h"
 #include "../metrics_lookup.h"
 #include "../slow_reads.h"
-#include "ebpf_metricsd/exposition_format.h"
+#include "ebpf_metricsd/metrics/exposition_format.h"
 #include "ebpf_metricsd/profile/profile_store.h"
 #include "oracle_tool.h"
 #include "tracer_fixture.h"

@@ -22,7 +22,7 @@
 #include "../metrics_lookup.h"
 #include "../test_support.h"
 #include "../workloads.h"
-#include "ebpf_metricsd/tracer_set.h"
+#include "ebpf_metricsd/core/tracer_set.h"
 #include "sched_oracle.h"
 #include "tracer_fixture.h"
 
@@ -338,12 +338,15 @@ std::size_t series_with_samples(const MetricStore& store, const std::string& nam
 }  // namespace
 
 TEST_CASE(
-    "runqueue_latency and offcpu_time: label_map_entries sizes each one's map in the object "
-    "both share; on a reload that changes it both restart on a new object and count on",
+    "runqueue_latency and offcpu_time: label_map_entries sizes each one's own map; a reload "
+    "that changes runqueue_latency's restarts it alone on a new object, and both count on",
     "[cgroup]") {
   MetricStore store;
   KernelHookProber prober;
-  TracerSet tracers(store, prober);  // as the daemon starts, reloads and drains them
+  // As the daemon starts, reloads and drains them.
+  TracerSet tracers(store, [&](const TracerConfig& config, MetricScope& scope) {
+    return build_tracer(config, scope, prober);
+  });
   const auto config = [](const std::string& runq_entries) {
     return parse_config(
                "tracers:\n  runqueue_latency:\n    enabled: true\n    cgroup: true\n"
@@ -378,8 +381,8 @@ TEST_CASE(
     expected_off.push_back(oracle.returns_from_blocking() - blocked0);
   };
   for (const char* tag : {"size-a", "size-b"}) run_in_new_cgroup(tag, true);
-  // size-c's periods are still in the maps when the object is replaced below: the last
-  // drain of the old maps must count them.
+  // size-c's periods are still in the maps when runqueue_latency's object is replaced below:
+  // the last drain of its old maps must count them, and offcpu_time's next drain.
   run_in_new_cgroup("size-c", false);
   for (std::size_t i = 0; i + 1 < cgroups.size(); ++i) {
     CHECK(test::histogram_count(store, "ebpf_offcpu_seconds", in_cgroup(*cgroups[i])) ==
@@ -388,8 +391,8 @@ TEST_CASE(
   const double voluntary0 =
       test::counter_value(store, "ebpf_context_switches_total", {{"kind", "voluntary"}});
 
-  // A reload gives runqueue_latency room for 65536: both tracers are drained a last time and
-  // restart on a new object with both maps sized anew, their series kept.
+  // A reload gives runqueue_latency room for 65536: it is drained a last time and restarts on
+  // a new object, its series kept; offcpu_time runs on with its object.
   const std::uint32_t before_reload = newest_map_id();
   REQUIRE(tracers.apply(config("65536")).empty());
   // Run-queue waits of the three cgroups (and the machine's others) found room for two
@@ -401,10 +404,10 @@ TEST_CASE(
     CHECK(map_full("runqueue_latency") > 0);
   }
   CHECK(newest_map_entries("runq_hist_labelled", before_reload) == 65536);
-  CHECK(newest_map_entries("offcpu_hist_labelled", before_reload) == 4096);
+  CHECK(newest_map_entries("offcpu_hist_labelled", before_reload) == 0);  // none made
+  CHECK(map_exists(offcpu_map));
   // The old object is gone (the kernel frees its maps after an RCU grace period).
-  CHECK(test::wait_until([&] { return !map_exists(runq_map) && !map_exists(offcpu_map); },
-                         std::chrono::seconds(30)));
+  CHECK(test::wait_until([&] { return !map_exists(runq_map); }, std::chrono::seconds(30)));
   const std::uint64_t queued0 = oracle.returns_from_queue();
   const double runq_full0 = map_full("runqueue_latency");
   run_in_new_cgroup("size-d", true);
@@ -412,7 +415,7 @@ TEST_CASE(
   INFO("after the reload: run-queue map_full " << map_full("runqueue_latency") - runq_full0
                                                << ", off-CPU map_full " << map_full("offcpu_time"));
   CHECK(map_full("offcpu_time") == 0);
-  // Counted on from the new, empty maps: no jump from the old ones' counts.
+  // Counted on: no jump.
   const double voluntary1 =
       test::counter_value(store, "ebpf_context_switches_total", {{"kind", "voluntary"}});
   CHECK(voluntary1 >= voluntary0 + kSleeps);
@@ -425,8 +428,7 @@ TEST_CASE(
     CHECK(test::histogram_count(store, "ebpf_offcpu_seconds", in_cgroup(*cgroups[i])) ==
           expected_off[i]);
   }
-  // A cgroup counted in the old maps sleeps again: its entry in the new map starts from
-  // zero, so its series grows by exactly the new periods.
+  // A cgroup counted before sleeps again: its series grows by exactly the new periods.
   auto& a = *cgroups.front();
   const std::uint64_t blocked0 = oracle.returns_from_blocking();
   oracle.target_cgroup(a.id());

@@ -6,8 +6,8 @@
 #include <catch2/catch.hpp>
 #include <vector>
 
-#include "ebpf_metricsd/bpf_support.h"
-#include "ebpf_metricsd/map_deltas.h"
+#include "ebpf_metricsd/bpf/bpf_support.h"
+#include "ebpf_metricsd/bpf/map_deltas.h"
 
 using namespace ebpf_metricsd;
 

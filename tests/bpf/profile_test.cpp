@@ -22,7 +22,7 @@
 #include "../cgroup_fixture.h"
 #include "../metrics_lookup.h"
 #include "../test_support.h"
-#include "ebpf_metricsd/bpf_support.h"
+#include "ebpf_metricsd/bpf/bpf_support.h"
 #include "ebpf_metricsd/profile/pprof.h"
 #include "ebpf_metricsd/profile/profile_store.h"
 #include "profile.pb.h"

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "ebpf_metricsd/hook_probe.h"
+#include "ebpf_metricsd/bpf/hook_probe.h"
 #include "sched_oracle.skel.h"
 
 namespace ebpf_metricsd::test {

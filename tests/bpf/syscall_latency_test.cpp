@@ -12,10 +12,10 @@
 #include "../metrics_lookup.h"
 #include "../slow_reads.h"
 #include "../workloads.h"
-#include "ebpf_metricsd/config.h"
-#include "ebpf_metricsd/hook_probe.h"
+#include "ebpf_metricsd/bpf/hook_probe.h"
+#include "ebpf_metricsd/daemon/config.h"
 #include "ebpf_metricsd/profile/profile_store.h"
-#include "ebpf_metricsd/tracer.h"
+#include "ebpf_metricsd/tracers/registry.h"
 #include "tracer_fixture.h"
 
 using namespace ebpf_metricsd;

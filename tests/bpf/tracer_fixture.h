@@ -14,13 +14,13 @@
 #include <vector>
 
 #include "../metrics_lookup.h"
-#include "ebpf_metricsd/config.h"
-#include "ebpf_metricsd/exposition_format.h"
-#include "ebpf_metricsd/hook_probe.h"
-#include "ebpf_metricsd/host_safety.h"
-#include "ebpf_metricsd/metric_scope.h"
+#include "ebpf_metricsd/bpf/hook_probe.h"
+#include "ebpf_metricsd/bpf/host_safety.h"
+#include "ebpf_metricsd/daemon/config.h"
+#include "ebpf_metricsd/metrics/exposition_format.h"
+#include "ebpf_metricsd/metrics/metric_scope.h"
 #include "ebpf_metricsd/profile/profile_store.h"
-#include "ebpf_metricsd/tracer.h"
+#include "ebpf_metricsd/tracers/registry.h"
 
 namespace ebpf_metricsd::test {
 
@@ -65,9 +65,9 @@ inline StartedTracer start_tracer(MetricStore& store, const std::string& name,
   for (const auto& tc : cfg.tracers) {
     if (tc.name != name) continue;
     StartedTracer t;
-    t.scope = std::make_unique<MetricScope>(store, name, profiles);
+    t.scope = std::make_unique<MetricScope>(store, name);
     KernelHookProber prober;
-    t.tracer = build_tracer(tc, *t.scope, prober);
+    t.tracer = build_tracer(tc, *t.scope, prober, TracerContext{profiles});
     return t;
   }
   throw std::runtime_error("tracer " + name + " is not registered");
@@ -80,8 +80,8 @@ inline double recursion_misses(const MetricStore& store, const std::string& trac
                        {{"tracer", tracer}, {"reason", "recursion"}});
 }
 
-// The two scheduler tracers from one config, as the daemon starts them: one shared object
-// loaded for both. `runq` and `offcpu`: each one's option lines.
+// The two scheduler tracers from one config, as the daemon starts them (each its own object).
+// `runq` and `offcpu`: each one's option lines.
 struct SchedulerTracers {
   StartedTracer runq, offcpu;
 };
@@ -98,8 +98,8 @@ inline SchedulerTracers start_scheduler_tracers(MetricStore& store, const std::s
                        : tc.name == "offcpu_time"    ? &both.offcpu
                                                      : nullptr;
     if (!t) continue;
-    t->scope = std::make_unique<MetricScope>(store, tc.name, profiles);
-    t->tracer = build_tracer(tc, *t->scope, prober);
+    t->scope = std::make_unique<MetricScope>(store, tc.name);
+    t->tracer = build_tracer(tc, *t->scope, prober, TracerContext{profiles});
   }
   return both;
 }

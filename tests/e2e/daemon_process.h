@@ -10,7 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include "../test_support.h"
-#include "ebpf_metricsd/tracer.h"
+#include "ebpf_metricsd/tracers/registry.h"
 
 #include <dirent.h>
 

@@ -8,7 +8,7 @@
 #include <set>
 
 #include "daemon_process.h"
-#include "ebpf_metricsd/daemon.h"
+#include "ebpf_metricsd/daemon/daemon.h"
 
 using namespace ebpf_metricsd::test;
 using namespace std::chrono_literals;

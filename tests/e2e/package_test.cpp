@@ -2,7 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include "daemon_process.h"
-#include "ebpf_metricsd/tracer.h"
+#include "ebpf_metricsd/tracers/registry.h"
 
 using namespace ebpf_metricsd::test;
 using Catch::Matchers::Contains;

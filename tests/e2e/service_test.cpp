@@ -15,7 +15,7 @@
 #include "../cgroup_fixture.h"
 #include "../workloads.h"
 #include "daemon_process.h"
-#include "ebpf_metricsd/daemon.h"
+#include "ebpf_metricsd/daemon/daemon.h"
 #include "ebpf_metricsd/http/basic_auth.h"
 
 using namespace ebpf_metricsd::test;

@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <sstream>
 
-#include "ebpf_metricsd/cgroup_names.h"
+#include "ebpf_metricsd/base/cgroup_names.h"
 
 using namespace ebpf_metricsd;
 

@@ -5,7 +5,7 @@
 #include <random>
 #include <sstream>
 
-#include "ebpf_metricsd/config.h"
+#include "ebpf_metricsd/daemon/config.h"
 
 using namespace ebpf_metricsd;
 

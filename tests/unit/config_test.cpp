@@ -4,9 +4,10 @@
 #include <fstream>
 #include <iterator>
 
-#include "ebpf_metricsd/config.h"
+#include "ebpf_metricsd/base/yaml_reader.h"
+#include "ebpf_metricsd/daemon/config.h"
 #include "ebpf_metricsd/http/server.h"
-#include "ebpf_metricsd/yaml_reader.h"
+#include "ebpf_metricsd/tracers/registry.h"
 
 using namespace ebpf_metricsd;
 using Catch::Matchers::Contains;
@@ -359,40 +360,18 @@ TEST_CASE("a tracer's slow option: threshold required, bounded, no unknown keys"
 }
 
 TEST_CASE(
-    "the scheduler tracers are one group: each knows the other's options, and a change "
-    "to either section restarts both") {
+    "runqueue_latency and offcpu_time are independent: a change to one's section restarts "
+    "that one alone, and each chooses its own hook") {
   const auto parse = [](const std::string& offcpu) {
-    return parse_config("tracers:\n  runqueue_latency:\n    enabled: true\n  offcpu_time:\n" +
-                            offcpu + "  syscall_latency:\n    enabled: true\n",
-                        "test.yaml");
+    return parse_config(
+        "tracers:\n  runqueue_latency:\n    enabled: true\n  offcpu_time:\n" + offcpu, "test.yaml");
   };
   const Config a = parse("    enabled: true\n    comm: true\n");
-  const TracerConfig& runq = tracer(a, "runqueue_latency");
-  CHECK(runq.peers.size() == 2);
-  CHECK(runq.peers.count("offcpu_time") == 1);
-  CHECK(tracer(a, "offcpu_time").peers.size() == 2);
-  CHECK(tracer(a, "syscall_latency").peers.empty());
-
-  // offcpu_time's section alone changes: runqueue_latency's fingerprint changes too.
   const Config b = parse("    enabled: true\n    comm: true\n    label_map_entries: 64\n");
-  CHECK(tracer(b, "runqueue_latency").fingerprint != runq.fingerprint);
-  CHECK(tracer(b, "syscall_latency").fingerprint == tracer(a, "syscall_latency").fingerprint);
-  // Disabled, it is no peer, and runqueue_latency restarts without it.
-  const Config c = parse("    enabled: false\n");
-  CHECK(tracer(c, "runqueue_latency").peers.size() == 1);
-  CHECK(tracer(c, "runqueue_latency").fingerprint != runq.fingerprint);
-  // One object, one hook kind: what one member names is the group's; two different ones are
-  // an error.
-  const Config raw = parse("    enabled: true\n    hook: raw_tp\n");
-  CHECK(tracer(raw, "runqueue_latency").hook == HookPreference::RawTp);
-  CHECK(tracer(raw, "offcpu_time").hook == HookPreference::RawTp);
+  CHECK(tracer(b, "offcpu_time").fingerprint != tracer(a, "offcpu_time").fingerprint);
+  CHECK(tracer(b, "runqueue_latency").fingerprint == tracer(a, "runqueue_latency").fingerprint);
   CHECK(error_of("tracers:\n  runqueue_latency:\n    enabled: true\n    hook: tp_btf\n"
-                 "  offcpu_time:\n    enabled: true\n    hook: raw_tp\n") ==
-        "test.yaml:7:11: tracers.offcpu_time.hook: offcpu_time shares one BPF object with "
-        "runqueue_latency, whose hook is tp_btf: make them the same, or leave one auto");
-  // The same sections: the same fingerprints, nothing restarts.
-  CHECK(tracer(parse("    enabled: true\n    comm: true\n"), "runqueue_latency").fingerprint ==
-        runq.fingerprint);
+                 "  offcpu_time:\n    enabled: true\n    hook: raw_tp\n") == "<no error>");
 }
 
 TEST_CASE("`cgroup` is an option only of tracers whose events have an owner") {

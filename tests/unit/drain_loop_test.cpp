@@ -11,8 +11,8 @@
 
 #include "../metrics_lookup.h"
 #include "../test_support.h"
-#include "ebpf_metricsd/drain_loop.h"
-#include "ebpf_metricsd/tracer_set.h"
+#include "ebpf_metricsd/core/drain_loop.h"
+#include "ebpf_metricsd/core/tracer_set.h"
 
 using namespace ebpf_metricsd;
 using namespace std::chrono_literals;

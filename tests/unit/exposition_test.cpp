@@ -5,8 +5,9 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 
-#include "ebpf_metricsd/exposition_format.h"
-#include "ebpf_metricsd/metric_store.h"
+#include "ebpf_metricsd/daemon/exposition.h"
+#include "ebpf_metricsd/metrics/exposition_format.h"
+#include "ebpf_metricsd/metrics/metric_store.h"
 #include "metrics.pb.h"
 
 using namespace ebpf_metricsd;

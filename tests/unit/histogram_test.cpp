@@ -8,10 +8,10 @@
 
 #include "../metrics_lookup.h"
 #include "common/log2_slot.h"
-#include "ebpf_metricsd/exposition_format.h"
-#include "ebpf_metricsd/log2_histogram.h"
-#include "ebpf_metricsd/metric_store.h"
-#include "ebpf_metricsd/yaml_reader.h"
+#include "ebpf_metricsd/base/yaml_reader.h"
+#include "ebpf_metricsd/metrics/exposition_format.h"
+#include "ebpf_metricsd/metrics/log2_histogram.h"
+#include "ebpf_metricsd/metrics/metric_store.h"
 #include "metrics.pb.h"
 
 using namespace ebpf_metricsd;

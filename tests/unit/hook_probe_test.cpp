@@ -1,8 +1,8 @@
 #include <catch2/catch.hpp>
 #include <set>
 
-#include "ebpf_metricsd/bpf_support.h"
-#include "ebpf_metricsd/hook_probe.h"
+#include "ebpf_metricsd/bpf/bpf_support.h"
+#include "ebpf_metricsd/bpf/hook_probe.h"
 
 using namespace ebpf_metricsd;
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "ebpf_metricsd/host_safety.h"
+#include "ebpf_metricsd/bpf/host_safety.h"
 #include "host_safety_cases.skel.h"
 
 using namespace ebpf_metricsd;

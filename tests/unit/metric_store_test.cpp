@@ -5,7 +5,7 @@
 #include <thread>
 
 #include "../metrics_lookup.h"
-#include "ebpf_metricsd/metric_store.h"
+#include "ebpf_metricsd/metrics/metric_store.h"
 
 using namespace ebpf_metricsd;
 

@@ -9,7 +9,7 @@
 #include <set>
 #include <sstream>
 
-#include "ebpf_metricsd/config.h"
+#include "ebpf_metricsd/daemon/config.h"
 
 using namespace ebpf_metricsd;
 

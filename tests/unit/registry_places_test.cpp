@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "ebpf_metricsd/tracer.h"
+#include "ebpf_metricsd/tracers/registry.h"
 
 using namespace ebpf_metricsd;
 
@@ -111,13 +111,13 @@ TEST_CASE("every tracer of the registry is listed wherever tracers are listed") 
   SECTION("the package description is made from the registry's table") {
     // cmake/Package.cmake reads the "TracerDescriptor <name>_descriptor();" lines (the e2e
     // package test checks the built package's description).
-    const std::string registry = read_file("src/tracer_registry.cpp");
+    const std::string registry = read_file("src/tracers/registry.cpp");
     std::set<std::string> declared;
     for (const std::string& t : registry_names()) {
       if (registry.find("\nTracerDescriptor " + t + "_descriptor();\n") != std::string::npos)
         declared.insert(t);
     }
-    INFO("src/tracer_registry.cpp lacks the declaration line cmake/Package.cmake reads for: ");
+    INFO("src/tracers/registry.cpp lacks the declaration line cmake/Package.cmake reads for: ");
     CHECK(missing(declared) == "");
   }
   SECTION("the kernel matrix knows a test file for every tracer") {

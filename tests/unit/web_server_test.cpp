@@ -11,8 +11,8 @@
 #include <random>
 
 #include "../test_support.h"
-#include "ebpf_metricsd/config_error.h"
-#include "ebpf_metricsd/exposition.h"
+#include "ebpf_metricsd/base/config_error.h"
+#include "ebpf_metricsd/daemon/exposition.h"
 #include "ebpf_metricsd/http/basic_auth.h"
 #include "ebpf_metricsd/http/request_grammar.h"
 #include "ebpf_metricsd/http/server.h"

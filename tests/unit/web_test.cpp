@@ -2,9 +2,9 @@
 
 #include <catch2/catch.hpp>
 
-#include "ebpf_metricsd/exposition.h"
+#include "ebpf_metricsd/base/syscall_names.h"
+#include "ebpf_metricsd/daemon/exposition.h"
 #include "ebpf_metricsd/http/server.h"
-#include "ebpf_metricsd/syscall_names.h"
 
 using namespace ebpf_metricsd;
 

@@ -1,0 +1,152 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * Off-CPU time: from a task switching out blocked to it switching in again
+ * (common/offcpu.bpf.h); context switches, voluntary or involuntary, exactly
+ * as the kernel counts nvcsw/nivcsw (voluntary = not preempted and not
+ * runnable; the idle tasks' switches included, as in /proc/stat's ctxt); and
+ * waits at or above the `slow` threshold, sent with the stacks where the task
+ * blocked (common/slow.bpf.h).
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+
+#include "common/maps.bpf.h"
+#include "common/offcpu.bpf.h"
+#include "common/read.bpf.h"
+#include "common/slow.bpf.h"
+#include "common/task_labels.bpf.h"
+#include "offcpu_time.h"
+
+/* emd_offcpu.flags: this wait is not sent, however long. */
+#define WAIT_EXITING 1 /* the task was exiting: its user stack is gone */
+#define WAIT_OWN 2     /* the daemon's own: not what anyone asks about */
+
+EMD_DROPS_MAP(OFFCPU_DROP__COUNT);
+
+static const struct offcpu_hist zero_hist = {};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct offcpu_hist);
+} offcpu_hist SEC(".maps");
+
+EMD_CGROUP_MAP(offcpu_hist_labelled, struct emd_task_key, struct offcpu_hist);
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, OFFCPU_SWITCH__COUNT);
+	__type(key, __u32);
+	__type(value, __u64);
+} switches SEC(".maps");
+
+/*
+ * The slow capture, for prev (the current task), which blocks: the stacks of
+ * where it waits. Its user stack can only be taken now, while it is current,
+ * so it is taken at every blocking switch. Its kernel stack stays as it is
+ * until it runs again: with a BTF task pointer (tp_btf) it is taken then, and
+ * only for a slow wait; raw_tp has no task pointer the helper accepts, so it
+ * takes it now too.
+ */
+static __always_inline void keep_blocked_stacks(void *ctx,
+						struct emd_offcpu *s,
+						struct task_struct *prev,
+						bool raw)
+{
+	__u32 flags = EMD_READ(raw, prev, flags);
+
+	if (flags & PF_EXITING)
+		s->flags = WAIT_EXITING;
+	else if (EMD_READ(raw, prev, tgid) == emd_slow_self_tgid)
+		s->flags = WAIT_OWN;
+	if (s->flags)
+		return;
+	if (raw)
+		s->kstack = emd_stack_take(ctx, 0, 0);
+	if (!(flags & PF_KTHREAD))
+		s->ustack = emd_stack_take(ctx, 1, BPF_F_USER_STACK);
+}
+
+/* next's wait of `waited` ns, counted in its histogram, is slow: send it. */
+static __always_inline void send_slow_wait(struct task_struct *next,
+					   struct emd_offcpu *s, __u64 now,
+					   __u64 waited, bool raw)
+{
+	struct emd_slow_event *e;
+
+	if (s->flags & WAIT_EXITING) {
+		emd_count_drop(&drops, OFFCPU_DROP_SLOW_EXITING);
+		return;
+	}
+	e = emd_slow_reserve(now, &drops, OFFCPU_DROP_SLOW_LIMITED,
+			     OFFCPU_DROP_SLOW_RING_FULL);
+	if (!e)
+		return;
+	e->ts = now;
+	e->latency_ns = waited;
+	e->cgroup = EMD_READ(raw, next, cgroups, dfl_cgrp, kn, id);
+	e->key = 0;
+	e->tgid = EMD_READ(raw, next, tgid);
+	e->tid = EMD_READ(raw, next, pid);
+	e->slot = emd_seconds_slot(waited);
+	e->pad = 0;
+	BPF_CORE_READ_STR_INTO(&e->comm, next, comm);
+	/* The label text is the comm: the `comm` label of the series, if on. */
+	__builtin_memcpy(e->label, e->comm, sizeof(e->comm));
+	e->label[sizeof(e->comm)] = 0;
+	if (raw) {
+		e->kstack_len = emd_stack_copy(s->kstack, e->kstack,
+					       EMD_SLOW_STACK_LOST);
+	} else {
+		e->kstack_len = (__s32)(emd_stack_frames(bpf_get_task_stack(
+						next, e->kstack, sizeof(e->kstack), 0)) *
+					8);
+	}
+	e->ustack_len = emd_stack_copy(s->ustack, e->ustack, EMD_SLOW_STACK_LOST);
+	bpf_ringbuf_submit(e, 0);
+}
+
+static __always_inline int on_switch(void *ctx, bool preempt,
+				     struct task_struct *prev,
+				     struct task_struct *next,
+				     unsigned int prev_state, bool raw)
+{
+	bool blocks = emd_offcpu_blocks(preempt, prev_state);
+	__u32 kind = blocks ? OFFCPU_SWITCH_VOLUNTARY : OFFCPU_SWITCH_INVOLUNTARY;
+	struct offcpu_hist *h;
+	struct emd_offcpu *s;
+	__u64 *n, now, waited = 0;
+
+	n = bpf_map_lookup_elem(&switches, &kind);
+	if (n)
+		*n += 1;
+	now = bpf_ktime_get_ns();
+	if (blocks) {
+		s = emd_offcpu_block(prev, now, raw, &drops,
+				     OFFCPU_DROP_TASK_STATE);
+		if (s && emd_slow_threshold_ns)
+			keep_blocked_stacks(ctx, s, prev, raw);
+	}
+	s = emd_offcpu_wake(next, now, &waited, raw, true, &drops,
+			    OFFCPU_DROP_TASK_STATE);
+	if (!s)
+		return 0;
+	h = emd_task_hist(next, &offcpu_hist, &offcpu_hist_labelled, &zero_hist, &drops,
+			  OFFCPU_DROP_MAP_FULL, raw);
+	if (!h)
+		return 0;
+	emd_hist_add_ns(h, waited);
+	if (!(s->flags & WAIT_OWN) && emd_slow(waited, EMD_READ(raw, next, tgid)))
+		send_slow_wait(next, s, now, waited, raw);
+	return 0;
+}
+
+#define SWITCH(preempt, prev, next, prev_state, raw)                          \
+	on_switch(ctx, preempt, prev, next, prev_state, raw)
+
+EMD_SCHED_SWITCH_PROGS(sched_switch, SWITCH)
+
+char LICENSE[] SEC("license") = "GPL";

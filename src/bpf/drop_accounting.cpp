@@ -1,0 +1,73 @@
+#include "ebpf_metricsd/bpf/drop_accounting.h"
+
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+#include <linux/types.h>
+
+// clang-format off
+#include "common/stacks.h"
+// clang-format on
+
+namespace ebpf_metricsd {
+
+namespace {
+const std::vector<std::string>& stack_drop_reasons() {
+  static const std::vector<std::string> reasons = drop_reasons<EMD_STACK_DROP__COUNT>(
+      {"stack_error", "stack_truncated", "stack_collision", "stack_not_kept"});
+  return reasons;
+}
+}  // namespace
+
+DropAccounting::DropAccounting(MetricScope& scope, std::vector<std::string> reasons,
+                               std::string swept_reason)
+    : scope_(scope), reasons_(std::move(reasons)), swept_reason_(std::move(swept_reason)) {
+  if (!swept_reason_.empty()) scope_.add_dropped(swept_reason_, 0);
+  // Zero series up front, so "no drops" is visible rather than absent.
+  for (const auto& r : reasons_) {
+    if (!r.empty()) scope_.add_dropped(r, 0);
+  }
+  scope_.add_dropped("recursion", 0);
+}
+
+void DropAccounting::bind(int drops_map_fd, const std::vector<ProgramChoice>& programs,
+                          int stack_drops_map_fd) {
+  tables_.clear();
+  if (drops_map_fd >= 0) tables_.push_back({drops_map_fd, &reasons_});
+  if (stack_drops_map_fd >= 0) {
+    tables_.push_back({stack_drops_map_fd, &stack_drop_reasons()});
+    for (const auto& r : stack_drop_reasons()) scope_.add_dropped(r, 0);
+  }
+  prog_fds_.clear();
+  for (const auto& p : programs) {
+    if (p.wanted) prog_fds_.push_back(bpf_program__fd(p.prog));
+  }
+}
+
+void DropAccounting::drain() {
+  for (Table& t : tables_) {
+    t.deltas.drain_array(t.map_fd, static_cast<std::uint32_t>(t.reasons->size()),
+                         [&](const void* key, const std::uint64_t* delta) {
+                           const auto& reason =
+                               (*t.reasons)[*static_cast<const std::uint32_t*>(key)];
+                           if (!reason.empty()) scope_.add_dropped(reason, delta[0]);
+                         });
+  }
+  // The kernel skips a program that would re-enter itself on one CPU (e.g. from NMI) and
+  // counts that as a recursion miss: an event this tracer did not see.
+  std::uint64_t misses = 0;
+  for (int fd : prog_fds_) {
+    bpf_prog_info info{};
+    __u32 len = sizeof info;
+    if (bpf_obj_get_info_by_fd(fd, &info, &len) == 0) misses += info.recursion_misses;
+  }
+  if (misses > last_misses_) scope_.add_dropped("recursion", misses - last_misses_);
+  last_misses_ = misses;
+}
+
+void DropAccounting::sweep(int stamps_map_fd, std::chrono::nanoseconds max_age) {
+  if (const auto n = sweep_stale_stamps(stamps_map_fd, max_age)) {
+    scope_.add_dropped(swept_reason_, n);
+  }
+}
+
+}  // namespace ebpf_metricsd

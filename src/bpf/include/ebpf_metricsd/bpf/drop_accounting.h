@@ -1,0 +1,58 @@
+#pragma once
+// A tracer's kernel-side drop counters (a per-CPU array "drops" indexed by reason code), the
+// stacks its object could not keep whole (the per-CPU array "emd_stack_drops" of
+// bpf/common/stacks.bpf.h, where it takes stacks) and the recursion misses of its programs,
+// as ebpf_metricsd_dropped_events_total.
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ebpf_metricsd/bpf/bpf_support.h"
+#include "ebpf_metricsd/bpf/map_deltas.h"
+#include "ebpf_metricsd/metrics/metric_scope.h"
+
+namespace ebpf_metricsd {
+
+// The names of a BPF drop enum's codes, in code order: exactly `Count` of them (the enum's
+// __COUNT), checked at compile time. "" marks a code that belongs to another tracer sharing
+// the map.
+template <std::size_t Count, std::size_t N>
+std::vector<std::string> drop_reasons(const char* const (&names)[N]) {
+  static_assert(N == Count, "one name for each drop reason code of the BPF side");
+  return std::vector<std::string>(names, names + N);
+}
+
+class DropAccounting {
+ public:
+  // `reasons` from drop_reasons<>(); `swept_reason` names stale in-flight entries that
+  // sweep() deletes ("" when the tracer has none).
+  DropAccounting(MetricScope& scope, std::vector<std::string> reasons,
+                 std::string swept_reason = {});
+  // Call after load: the maps to read (-1: none) and the programs whose misses count (the
+  // wanted ones of the list).
+  void bind(int drops_map_fd, const std::vector<ProgramChoice>& programs,
+            int stack_drops_map_fd = -1);
+  void drain();
+  // Deletes stamps older than max_age from an in-flight map (sweep_stale_stamps) and counts
+  // them under the swept reason.
+  void sweep(int stamps_map_fd, std::chrono::nanoseconds max_age);
+
+ private:
+  MetricScope& scope_;
+  struct Table {
+    int map_fd;
+    const std::vector<std::string>* reasons;
+    PerCpuDeltas deltas{1};
+  };
+  std::vector<std::string> reasons_;
+  std::string swept_reason_;
+  std::vector<Table> tables_;
+  std::vector<int> prog_fds_;
+  std::uint64_t last_misses_ = 0;
+};
+
+}  // namespace ebpf_metricsd

@@ -1,0 +1,37 @@
+#pragma once
+// A BPF ring buffer read on a thread of its own: each record is handed to a callback on that
+// thread as soon as it arrives (the thread also wakes every 100 ms to see whether it must
+// stop). Records are never dropped here: what the kernel side could not submit it counts
+// itself.
+
+#include <bpf/libbpf.h>
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+namespace ebpf_metricsd {
+
+class RingReader {
+ public:
+  // Called for every record, on the reader's thread; must not throw.
+  using OnRecord = std::function<void(std::span<const std::byte> record)>;
+
+  RingReader();
+  // Starts reading `map` (a BPF_MAP_TYPE_RINGBUF); throws BpfError naming `what`.
+  RingReader(const bpf_map* map, OnRecord on_record, const std::string& what);
+  ~RingReader();
+  RingReader(RingReader&&) noexcept;
+  RingReader& operator=(RingReader&&) noexcept;
+
+  // Stops the thread (after the record it may be handing over) and frees the reader.
+  void stop();
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace ebpf_metricsd

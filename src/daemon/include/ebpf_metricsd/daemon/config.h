@@ -1,0 +1,36 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ebpf_metricsd/base/config_error.h"
+#include "ebpf_metricsd/core/tracer.h"
+#include "ebpf_metricsd/http/web_settings.h"
+
+namespace ebpf_metricsd {
+
+struct Config {
+  std::string file;
+  // Where and how /metrics is served; its `security` comes from --web.config.file.
+  WebSettings web;
+  // Ceilings that keep the web server within the systemd unit's limits: max_requests
+  // (scrapes rendered at once), and max_connections, each holding a file descriptor under
+  // LimitNOFILE=65536 beside the tracers' own.
+  static constexpr std::int64_t kMaxRequests = 200;
+  static constexpr std::int64_t kMaxConnections = 60000;
+  std::chrono::milliseconds drain_interval{5000};
+  // Label sets per metric; 0 = unlimited.
+  std::size_t max_series = 2000;
+  // The kernel's BTF for kernels built without /sys/kernel/btf/vmlinux; "" = that file.
+  std::string btf_path;
+  // Every registered tracer, in registry order; those absent from the file are disabled.
+  std::vector<TracerConfig> tracers;
+};
+
+// Parses and validates; throws ConfigError naming file:line:column and the key.
+Config parse_config(const std::string& yaml_text, const std::string& file_name);
+Config load_config(const std::string& path);
+
+}  // namespace ebpf_metricsd

@@ -1,0 +1,122 @@
+#pragma once
+// What the daemon keeps of stacks: the one Symbolizer every tracer that takes stacks uses, the
+// slow events (SlowEventStore), and what the profile tracer saw, symbolized, kept for a
+// while: the source of /debug/pprof/profile and the flame graph page. The tracer adds a batch each
+// time its kernel maps are read (every drain, and when a reader asks for a fresh cut); a reader
+// asks for the batches of a time window. Bounded: batches older than the retention go, and the
+// frame and stack tables are compacted to what the kept batches use. It has its own lock;
+// the metric store's is never taken.
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ebpf_metricsd/base/cgroup_names.h"
+#include "ebpf_metricsd/profile/slow_events.h"
+#include "ebpf_metricsd/profile/symbols.h"
+
+namespace ebpf_metricsd::profiling {
+
+enum class SampleKind : std::uint8_t { OnCpu, OffCpu };
+
+struct Sample {
+  std::uint32_t pid = 0;
+  std::uint32_t tid = 0;
+  std::string comm;
+  CgroupLabel workload;  // empty cgroup when `cgroup` is off
+  SampleKind kind = SampleKind::OnCpu;
+  std::uint64_t count = 0;  // samples, or waits
+  std::uint64_t ns = 0;     // CPU time, or time blocked
+  // Which stack: an index into the stacks given with the sample to add_batch, and in a
+  // ProfileWindow into its `stacks`.
+  std::uint32_t stack = 0;
+};
+
+using Clock = std::chrono::steady_clock;
+
+// The samples of one window, with the frames their stacks use: a copy, read without locks.
+struct ProfileWindow {
+  Clock::time_point begin, end;
+  std::chrono::system_clock::time_point wall_begin;
+  std::uint32_t frequency = 0;  // on-CPU samples per second and CPU
+  std::vector<Sample> samples;
+  std::vector<std::vector<std::uint32_t>> stacks;  // by stack id: frame ids
+  std::vector<Frame> frames;                       // by frame id
+};
+
+class ProfileStore {
+ public:
+  struct Limits {
+    std::chrono::seconds retention{600};
+    std::size_t max_samples = 500000;  // over all kept batches
+  };
+  explicit ProfileStore(Limits limits) : limits_(limits) {}
+  ProfileStore() : ProfileStore(Limits{}) {}
+
+  // --- for the profile tracer
+  // Adds what happened from the end of the previous batch to `end`: samples whose `stack`
+  // indexes `stacks` (each innermost frame first). Samples beyond max_samples are not kept
+  // and counted (dropped_samples()).
+  void add_batch(Clock::time_point end, std::vector<Sample> samples,
+                 const std::vector<std::vector<Frame>>& stacks);
+  // The running profile tracer reads its kernel maps into a batch when called; set while
+  // it runs, cleared (nullptr) before it goes.
+  void set_source(std::function<void()> cut);
+  // The on-CPU sampling rate, for the windows' period.
+  void set_frequency(std::uint32_t hz) { frequency_ = hz; }
+
+  // --- for readers
+  // Reads what the kernel side has so far into a batch (when a profile tracer runs), so
+  // that a window ending now is complete. False when no profile tracer runs.
+  bool cut();
+  // Whether a profile tracer runs now (no waiting for a cut in progress).
+  bool running() const { return running_; }
+  // The samples of batches that ended after `from` and by `to`.
+  ProfileWindow window(Clock::time_point from, Clock::time_point to) const;
+
+  // The tracers' slow events, which the same routes serve.
+  SlowEventStore& slow_events() { return slow_events_; }
+  // The one symbolizer of the profile and the slow events.
+  Symbolizer& symbolizer() { return symbolizer_; }
+
+  std::size_t samples_kept() const;
+  std::size_t frames_kept() const;
+  std::uint64_t dropped_samples() const;
+
+ private:
+  struct Batch {
+    Clock::time_point begin, end;
+    std::vector<Sample> samples;
+  };
+  std::uint32_t intern(const std::vector<Frame>& frames);  // caller holds mutex_
+  void expire(Clock::time_point now);                      // caller holds mutex_
+  void compact();                                          // caller holds mutex_
+
+  Limits limits_;
+  Symbolizer symbolizer_;
+  SlowEventStore slow_events_;
+  std::mutex source_mutex_;  // held while cutting, and while the source changes
+  std::function<void()> source_;
+  std::atomic<bool> running_{false};
+  std::atomic<std::uint32_t> frequency_{0};
+  mutable std::mutex mutex_;
+  std::deque<Batch> batches_;
+  Clock::time_point last_end_ = Clock::now();
+  std::size_t samples_ = 0;
+  std::uint64_t dropped_ = 0;
+  std::vector<Frame> frames_;
+  std::map<Frame, std::uint32_t> frame_ids_;
+  std::vector<std::vector<std::uint32_t>> stacks_;
+  std::map<std::vector<std::uint32_t>, std::uint32_t> stack_ids_;
+};
+
+}  // namespace ebpf_metricsd::profiling

@@ -1,0 +1,104 @@
+#pragma once
+// A tracer's `slow` option and what user space does with its slow events: the BPF side
+// (bpf/common/slow.bpf.h) sends each event at or above the threshold with its stacks through
+// a ring buffer; a RingReader of this class symbolizes the stacks as they arrive (so that a
+// process that exits soon after is still named); the tracer's drain then keeps each event in
+// the SlowEventStore and makes it the exemplar of its histogram bucket.
+
+#include <bpf/libbpf.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ebpf_metricsd/bpf/cgroup_labels.h"
+#include "ebpf_metricsd/bpf/ring_reader.h"
+#include "ebpf_metricsd/metrics/metric_scope.h"
+#include "ebpf_metricsd/profile/profile_store.h"
+#include "ebpf_metricsd/profile/slow_events.h"
+#include "ebpf_metricsd/profile/slow_options.h"
+
+namespace ebpf_metricsd {
+
+class SlowCapture {
+ public:
+  // Slow events of histogram `metric` (named `metric_name`); `labels`: the tracer's workload
+  // labels (their series carry the exemplars too); `stacks`: where they are symbolized and
+  // kept (nullptr: a store of its own, for exemplars only).
+  SlowCapture(MetricScope& scope, MetricScope::Metric metric, std::string metric_name,
+              SlowOptions options, CgroupLabels& labels, profiling::ProfileStore* stacks);
+  ~SlowCapture();
+  SlowCapture(const SlowCapture&) = delete;
+  SlowCapture& operator=(const SlowCapture&) = delete;
+
+  const SlowOptions& options() const { return options_; }
+
+  // Stacks kept by hash from an event's start to its end, at most (LRU: the least recently
+  // used go first): 4096, or 256 per possible CPU where that is more (the kernel's LRU keeps
+  // up to 128 free entries per CPU in reserve, which would starve a small map).
+  static std::uint32_t kept_stacks();
+
+  // Before load: the BPF side's threshold, limit and ring size. `origins`: for a tracer whose
+  // events end elsewhere than they start (emd_slow_start), how many are kept at once;
+  // `keeps_stacks`: whether its events keep stacks from start to end (slow_stacks) without
+  // origins.
+  template <class Skeleton>
+  static void configure(Skeleton* s, const SlowOptions& options, std::uint32_t origins = 0,
+                        bool keeps_stacks = false) {
+    s->rodata->emd_slow_threshold_ns = options.threshold_ns;
+    s->rodata->emd_slow_per_second = options.max_per_second;
+    s->rodata->emd_slow_self_tgid = self_tgid();
+    const bool on = options.on();
+    bpf_map__set_max_entries(s->maps.slow_events, on ? options.ring_bytes() : 4096);
+    bpf_map__set_max_entries(s->maps.slow_origins, on && origins ? origins : 1);
+    bpf_map__set_max_entries(s->maps.emd_stacks,
+                             on && (origins || keeps_stacks) ? kept_stacks() : 1);
+  }
+  template <class Skeleton>
+  void configure(Skeleton* s, std::uint32_t origins = 0, bool keeps_stacks = false) const {
+    configure(s, options_, origins, keeps_stacks);
+  }
+  // After load: starts reading the ring buffer `map` (when on).
+  void start(bpf_map* map);
+  // On the drain thread, before the tracer reads its histograms: takes what has arrived, so
+  // that every event drain() then applies is already counted in the histogram it reads (the
+  // kernel side counts an event before it sends it).
+  void begin_drain();
+  // On the drain thread, after: keeps what begin_drain took and sets the exemplars.
+  // `series(key, label)`: the label values of the series the event was counted in (from its
+  // key and label text), without the workload labels; `names`: their names.
+  void drain(const std::function<MetricStore::LabelValues(std::uint64_t key,
+                                                          std::string_view label)>& series,
+             const std::vector<std::string>& names);
+
+ private:
+  struct Pending;
+  void on_event(std::span<const std::byte> record);
+  static std::uint32_t self_tgid();
+
+  MetricScope& scope_;
+  MetricScope::Metric metric_;
+  std::string metric_name_;
+  SlowOptions options_;
+  CgroupLabels& labels_;
+  std::unique_ptr<profiling::ProfileStore> own_stacks_;
+  profiling::ProfileStore* stacks_;
+  std::mutex mutex_;
+  std::deque<Pending> pending_;  // arrived, under mutex_
+  std::size_t pending_frames_ = 0;
+  std::uint64_t pending_dropped_ = 0;
+  std::uint64_t stack_lost_ = 0;
+  std::deque<Pending> taken_;  // by begin_drain, for drain
+  std::uint64_t taken_dropped_ = 0;
+  std::uint64_t taken_lost_ = 0;
+  RingReader reader_;  // last: stops first
+};
+
+}  // namespace ebpf_metricsd

@@ -1,0 +1,193 @@
+#include "ebpf_metricsd/profile/slow_capture.h"
+
+#include <linux/types.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cstring>
+#include <stdexcept>
+
+#include "ebpf_metricsd/base/yaml_reader.h"
+#include "ebpf_metricsd/metrics/log2_histogram.h"
+#include "ebpf_metricsd/profile/profile_store.h"
+
+// clang-format off
+#include "common/slow.h"
+// clang-format on
+
+namespace ebpf_metricsd {
+
+namespace {
+
+// Events and their frames waiting for the drain; more (a drain that does not come) are
+// counted and dropped.
+constexpr std::size_t kMaxPending = 10000;
+constexpr std::size_t kMaxPendingFrames = 200000;
+
+double realtime_of(std::uint64_t monotonic_ns) {
+  timespec mono{}, real{};
+  clock_gettime(CLOCK_MONOTONIC, &mono);
+  clock_gettime(CLOCK_REALTIME, &real);
+  const double now_mono =
+      static_cast<double>(mono.tv_sec) + static_cast<double>(mono.tv_nsec) * 1e-9;
+  const double now_real =
+      static_cast<double>(real.tv_sec) + static_cast<double>(real.tv_nsec) * 1e-9;
+  return now_real - (now_mono - static_cast<double>(monotonic_ns) * 1e-9);
+}
+
+}  // namespace
+
+SlowOptions SlowOptions::read(YamlMapReader& options) {
+  SlowOptions o;
+  if (!options.has("slow")) return o;
+  YamlMapReader slow = options.get_map("slow");
+  if (!slow.has("threshold")) slow.fail("", "slow needs a threshold (e.g. threshold: 10ms)");
+  const std::string threshold = slow.get_string("threshold", "");
+  try {
+    o.threshold_ns = parse_nanoseconds(threshold);
+  } catch (const std::invalid_argument& e) {
+    slow.fail("threshold", e.what());
+  }
+  if (o.threshold_ns < 1000 || o.threshold_ns > 3600ULL * 1000000000ULL) {
+    slow.fail("threshold", "must be from 1us to 1h");
+  }
+  o.max_per_second =
+      static_cast<std::uint32_t>(slow.get_int("max_per_second", o.max_per_second, 1, 1000));
+  slow.finish();
+  return o;
+}
+
+std::uint32_t SlowOptions::ring_bytes() const {
+  // The reading thread empties it every 100 ms; two seconds leave room for a stall.
+  const std::uint64_t want = std::uint64_t{2} * max_per_second * sizeof(emd_slow_event);
+  return static_cast<std::uint32_t>(
+      std::min<std::uint64_t>(std::bit_ceil(std::max<std::uint64_t>(want, 65536)), 8u << 20));
+}
+
+// An event as it arrived, without its stacks: `frames` holds them named.
+struct SlowCapture::Pending {
+  std::uint64_t ts, latency_ns, cgroup, key;
+  std::uint32_t tgid, tid, slot;
+  std::string comm, label;
+  std::vector<profiling::Frame> frames;
+};
+
+std::uint32_t SlowCapture::self_tgid() { return static_cast<std::uint32_t>(getpid()); }
+
+std::uint32_t SlowCapture::kept_stacks() {
+  const int cpus = libbpf_num_possible_cpus();
+  return std::max<std::uint32_t>(4096, 256 * static_cast<std::uint32_t>(std::max(cpus, 1)));
+}
+
+SlowCapture::SlowCapture(MetricScope& scope, MetricScope::Metric metric, std::string metric_name,
+                         SlowOptions options, CgroupLabels& labels, profiling::ProfileStore* stacks)
+    : scope_(scope),
+      metric_(metric),
+      metric_name_(std::move(metric_name)),
+      options_(options),
+      labels_(labels),
+      own_stacks_(stacks ? nullptr : std::make_unique<profiling::ProfileStore>()),
+      stacks_(stacks ? stacks : own_stacks_.get()) {}
+
+SlowCapture::~SlowCapture() { reader_.stop(); }
+
+void SlowCapture::start(bpf_map* map) {
+  if (!options_.on()) return;
+  reader_ = RingReader(
+      map, [this](std::span<const std::byte> record) { on_event(record); }, "slow events");
+}
+
+void SlowCapture::on_event(std::span<const std::byte> record) {
+  if (record.size() < sizeof(emd_slow_event)) return;
+  emd_slow_event copy;
+  std::memcpy(&copy, record.data(), sizeof copy);
+  const emd_slow_event* e = &copy;
+  if (e->kstack_len == EMD_SLOW_STACK_LOST || e->ustack_len == EMD_SLOW_STACK_LOST) {
+    // Its stack was evicted between the event's start and end: not kept (all such events
+    // would share the id of an empty stack), counted.
+    std::lock_guard lock(mutex_);
+    ++stack_lost_;
+    return;
+  }
+  auto frames_of = [](const __u64* ips, __s32 len) {
+    const std::size_t n =
+        len > 0 ? std::min<std::size_t>(static_cast<std::size_t>(len) / 8, EMD_SLOW_MAX_DEPTH) : 0;
+    return std::span<const std::uint64_t>(reinterpret_cast<const std::uint64_t*>(ips), n);
+  };
+  Pending p{e->ts,
+            e->latency_ns,
+            e->cgroup,
+            e->key,
+            e->tgid,
+            e->tid,
+            e->slot,
+            std::string(e->comm, strnlen(e->comm, sizeof e->comm)),
+            std::string(e->label, strnlen(e->label, sizeof e->label)),
+            {}};
+  p.frames = stacks_->symbolizer().frames(e->tgid, frames_of(e->kstack, e->kstack_len),
+                                          frames_of(e->ustack, e->ustack_len),
+                                          profiling::StackOrigin::Tracepoint);
+  std::lock_guard lock(mutex_);
+  if (pending_.size() >= kMaxPending || pending_frames_ + p.frames.size() > kMaxPendingFrames) {
+    ++pending_dropped_;
+    return;
+  }
+  pending_frames_ += p.frames.size();
+  pending_.push_back(std::move(p));
+}
+
+void SlowCapture::begin_drain() {
+  std::lock_guard lock(mutex_);
+  for (Pending& p : pending_) taken_.push_back(std::move(p));
+  pending_.clear();
+  pending_frames_ = 0;
+  taken_dropped_ += std::exchange(pending_dropped_, 0);
+  taken_lost_ += std::exchange(stack_lost_, 0);
+}
+
+void SlowCapture::drain(
+    const std::function<MetricStore::LabelValues(std::uint64_t key, std::string_view label)>&
+        series,
+    const std::vector<std::string>& names) {
+  std::deque<Pending> arrived;
+  arrived.swap(taken_);
+  if (const std::uint64_t dropped = std::exchange(taken_dropped_, 0)) {
+    scope_.add_dropped("slow_queue_full", dropped);
+  }
+  if (const std::uint64_t lost = std::exchange(taken_lost_, 0)) {
+    scope_.add_dropped("slow_stack_lost", lost);
+  }
+  profiling::SlowEventStore& store = stacks_->slow_events();
+  store.expire_old();
+  for (Pending& p : arrived) {
+    profiling::SlowEvent e;
+    e.metric = metric_name_;
+    MetricStore::LabelValues values = series(p.key, p.label);
+    for (std::size_t i = 0; i < values.size() && i < names.size(); ++i) {
+      e.series.emplace_back(names[i], values[i]);
+    }
+    e.latency_ns = p.latency_ns;
+    e.pid = p.tgid;
+    e.tid = p.tid;
+    e.comm = p.comm;
+    const double when = realtime_of(p.ts);
+    e.when = std::chrono::system_clock::time_point(
+        std::chrono::duration_cast<std::chrono::system_clock::duration>(
+            std::chrono::duration<double>(when)));
+    if (labels_.on()) {
+      e.workload = labels_.label(p.cgroup);
+      labels_.append(values, p.cgroup);
+    }
+    Exemplar x;
+    x.value = static_cast<double>(p.latency_ns) * 1e-9;
+    x.timestamp = when;
+    x.labels = {{"stack_id", ""}, {"pid", std::to_string(p.tgid)}, {"comm", e.comm}};
+    const std::size_t slot = p.slot;
+    const std::uint64_t id = store.keep(std::move(e), std::move(p.frames));
+    x.labels[0].second = profiling::stack_id_text(id);
+    scope_.set_exemplar(metric_, values, slot, std::move(x));
+  }
+}
+
+}  // namespace ebpf_metricsd
