@@ -65,9 +65,7 @@ BOOT_MODULES = ["virtio_pci", "virtio_blk", "ext4", "9pnet_virtio", "9p"]
 
 # Which tracers each BPF test file proves: tests/bpf/<tracer>_test.cpp proves <tracer>, and
 # these files prove the tracers named.
-TEST_FILE_TRACERS = {
-    "scheduler_test.cpp": ["runqueue_latency", "offcpu_time"],
-}
+TEST_FILE_TRACERS = {}
 # Test files whose cases each prove the tracers their name begins with
 # ("syscall_latency by cgroup: ...", "runqueue_latency and offcpu_time by cgroup: ...").
 TEST_CASE_NAMES_TRACERS = {"cgroup_labels_test.cpp"}

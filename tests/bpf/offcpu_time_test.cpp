@@ -1,5 +1,5 @@
-// runqueue_latency and offcpu_time on the real kernel, against events the test causes and
-// the kernel's own context switch counter; run-queue counts cross-checked with runqlat.
+// offcpu_time on the real kernel: blocked periods the test causes, against an independent
+// count at the same tracepoint, and the slow waits with the stacks where they blocked.
 #include <sys/prctl.h>
 #include <unistd.h>
 
@@ -27,110 +27,8 @@
 #include "tracer_fixture.h"
 
 using namespace ebpf_metricsd;
-using test::histogram_count;
 
-namespace {
-
-// The id of the newest BPF program loaded on this machine.
-__u32 newest_prog_id() {
-  __u32 newest = 0;
-  for (__u32 id = 0; bpf_prog_get_next_id(id, &id) == 0;) newest = id;
-  return newest;
-}
-
-// BPF programs named sched_switch* (the scheduler object's) loaded after program `after`.
-std::size_t sched_switch_programs_since(__u32 after) {
-  std::size_t n = 0;
-  for (__u32 id = after; bpf_prog_get_next_id(id, &id) == 0;) {
-    const int fd = bpf_prog_get_fd_by_id(id);
-    if (fd < 0) continue;
-    bpf_prog_info info{};
-    __u32 len = sizeof info;
-    if (bpf_obj_get_info_by_fd(fd, &info, &len) == 0 &&
-        std::string_view(info.name).starts_with("sched_switch"))
-      ++n;
-    close(fd);
-  }
-  return n;
-}
-
-std::uint64_t context_switches(const MetricStore& store) {
-  return static_cast<std::uint64_t>(
-      test::counter_value(store, "ebpf_context_switches_total", {{"kind", "voluntary"}}) +
-      test::counter_value(store, "ebpf_context_switches_total", {{"kind", "involuntary"}}));
-}
-
-constexpr int kRounds = 20000;
-const std::string kRunq = "ebpf_runqueue_latency_seconds";
-
-}  // namespace
-
-TEST_CASE("run-queue latency sees every wakeup of a pipe ping-pong", "[scheduler]") {
-  const std::string hook = GENERATE(std::string("auto"), std::string("raw_tp"));
-  INFO("hook " << hook);
-  MetricStore store;
-  // The hook one of them names is both's: one object, one sched_switch program.
-  const __u32 before = newest_prog_id();
-  auto [runq, offcpu] = test::start_scheduler_tracers(store, "    hook: " + hook + "\n", "");
-  CHECK(runq->hook() == (hook == "auto" ? test::auto_hook_for_scheduler() : "raw_tp"));
-  CHECK(offcpu->hook() == runq->hook());
-  CHECK(sched_switch_programs_since(before) == 1);
-
-  const std::uint64_t ctxt0 = test::proc_counter("/proc/stat", "ctxt");
-  runq->drain();
-  offcpu->drain();
-  const std::uint64_t runq0 = histogram_count(store, kRunq, {});
-  const std::uint64_t sw0 = context_switches(store);
-  workload::pipe_ping_pong(kRounds);
-  runq->drain();
-  offcpu->drain();
-  const std::uint64_t ctxt1 = test::proc_counter("/proc/stat", "ctxt");
-  const std::uint64_t runq_delta = histogram_count(store, kRunq, {}) - runq0;
-  const std::uint64_t sw_delta = context_switches(store) - sw0;
-  INFO("run-queue samples " << runq_delta << ", switches " << sw_delta << ", /proc/stat ctxt "
-                            << ctxt1 - ctxt0);
-  // Each round trip wakes both threads.
-  CHECK(runq_delta >= static_cast<std::uint64_t>(kRounds));
-  // Every sample ends at a switch-in, so there are no more samples than switches.
-  CHECK(runq_delta <= sw_delta);
-  // sched_switch fires for exactly the switches the kernel counts in nr_switches (/proc/stat
-  // ctxt), and the ctxt window encloses ours, except at its start: __schedule() counts a
-  // switch before its tracepoint fires, so a switch in flight on a CPU as ctxt0 is read may
-  // reach the tracepoint only after the first drain read that CPU. At most one per CPU.
-  const auto cpus = static_cast<std::uint64_t>(libbpf_num_possible_cpus());
-  CHECK(sw_delta <= ctxt1 - ctxt0 + cpus);
-  CHECK(sw_delta + (ctxt1 - ctxt0) / 100 + 50 >= ctxt1 - ctxt0);
-}
-
-TEST_CASE("run-queue totals agree with libbpf-tools runqlat over the same window",
-          "[scheduler][external]") {
-  MetricStore store;
-  auto runq = test::start_tracer(store, "runqueue_latency");
-  test::OracleTool oracle("/usr/sbin/runqlat 3 1", "Tracing run queue latency");
-  runq->drain();
-  const std::uint64_t before = histogram_count(store, kRunq, {});
-  workload::pipe_ping_pong(kRounds);
-  const std::string& out = oracle.finish();  // at the end of its 3 s interval
-  runq->drain();
-  REQUIRE(oracle.status() == 0);
-  const std::uint64_t ours = histogram_count(store, kRunq, {}) - before;
-  const std::uint64_t theirs = oracle.histogram_total();
-  INFO("ours " << ours << ", runqlat " << theirs
-               << " (runqlat, an external tool, loses wakeups on a slow or loaded machine: "
-                  "its 10240-entry pid hash and its 3 s window; the exact check against the "
-                  "same-tracepoint oracle is the test above)\n"
-               << out);
-  // Same events, but: the windows are offset (runqlat starts before our first drain and
-  // stops before our last, so the machine's background wakeups in those gaps differ);
-  // runqlat treats a task preempted before it could sleep as not runnable where the
-  // kernel (and we) keep it on the run queue; runqlat keeps state in a 10240-entry pid hash.
-  // With 2 x 20000 ping-pong wakeups in the window, 15% covers all of that.
-  CHECK(ours >= static_cast<std::uint64_t>(kRounds));
-  CHECK(theirs >= static_cast<std::uint64_t>(kRounds));
-  const double ratio = static_cast<double>(ours) / static_cast<double>(theirs);
-  CHECK(ratio > 0.85);
-  CHECK(ratio < 1.15);
-}
+namespace {}  // namespace
 
 TEST_CASE("off-CPU time of a sleeping thread matches its sleeps", "[scheduler]") {
   MetricStore store;
@@ -224,10 +122,7 @@ TEST_CASE(
   const std::string offcpu_options =
       "    hook: " + hook +
       "\n    comm: true\n    slow:\n      threshold: 125ms\n      max_per_second: 1000\n";
-  auto sched =
-      test::start_scheduler_tracers(store, "    hook: " + hook + "\n", offcpu_options, &profiles);
-  auto& runq = sched.runq;
-  auto& offcpu = sched.offcpu;
+  auto offcpu = test::start_tracer(store, "offcpu_time", offcpu_options, &profiles);
   // A child blocks in slow_read_in_known_function's read, each time for at least 300 ms.
   test::SlowReader reader(kSlowReads, std::chrono::milliseconds(300));
   const pid_t child = reader.pid();
@@ -235,22 +130,24 @@ TEST_CASE(
       offcpu, profiles, metric, kSlowReads,
       [&](const profiling::SlowEvent& e) { return e.pid == static_cast<std::uint32_t>(child); });
   CHECK(reader.finish() == 0);
-  // Nothing lost: the reader's comm series counted as many waits above 125 ms as there are
-  // events of that comm (two drains: an event sent as a drain reads the histogram is taken
-  // by the next).
-  offcpu->drain();
-  offcpu->drain();
-  {
-    const test::Labels comm = {{"comm", test::SlowReader::kComm}};
+  // Nothing lost: the reader's comm series counts as many waits above 125 ms as there are
+  // events of that comm. The events come through the ring and are symbolized on its
+  // reader's thread, however long that takes on a slow machine, so the drains go on until
+  // the two agree, for at most 30 s: an event lost never arrives.
+  const test::Labels comm = {{"comm", test::SlowReader::kComm}};
+  std::uint64_t events = 0, waits = 0, at_or_below = 0;
+  std::string latencies;
+  for (int i = 0; i < 300; ++i) {
+    offcpu->drain();
     const auto fams = test::collect(store);
     const auto* m = test::find_series(fams, metric, comm);
     REQUIRE(m != nullptr);
-    std::uint64_t at_or_below = 0;
+    waits = m->histogram.sample_count;
     for (const auto& b : m->histogram.bucket) {
       if (b.upper_bound <= 0.125) at_or_below = b.cumulative_count;
     }
-    std::size_t events = 0;
-    std::string latencies;
+    events = 0;
+    latencies.clear();
     profiling::SlowEventStore::Query all;
     all.metric = metric;
     for (const auto& e : profiles.slow_events().query(all).events) {
@@ -258,16 +155,17 @@ TEST_CASE(
       ++events;
       latencies += std::to_string(e.pid) + ":" + std::to_string(e.latency_ns / 1000000) + "ms ";
     }
-    INFO("events of the reader's comm: " << latencies
-                                         << "| histogram: " << m->histogram.sample_count
-                                         << " waits, " << at_or_below << " of them up to 125 ms");
-    CHECK(events == m->histogram.sample_count - at_or_below);
+    if (events == waits - at_or_below) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
+  INFO("events of the reader's comm: " << latencies << "| histogram: " << waits << " waits, "
+                                       << at_or_below << " of them up to 125 ms");
+  CHECK(events == waits - at_or_below);
   // The limit, the ring and the stack map are the whole machine's: other threads' long
   // waits may use them up on a busy host. Shown, not asserted: the child's events are.
   const auto fams = test::collect(store);
   for (const char* reason :
-       {"slow_limited", "slow_ring_full", "slow_queue_full", "slow_stack_lost"}) {
+       {"slow_limited", "slow_ring_full", "slow_queue_full", "slow_stack_lost", "slow_exiting"}) {
     const auto* d = test::find_series(fams, "ebpf_metricsd_dropped_events_total",
                                       {{"tracer", "offcpu_time"}, {"reason", reason}});
     UNSCOPED_INFO(reason << " " << (d ? d->counter.value : 0));
@@ -299,16 +197,12 @@ TEST_CASE(
   // a later one of the same comm) as its exemplar.
   test::check_bucket_exemplar(store, window, ours.back(),
                               "ebpf_offcpu_seconds_bucket{comm=\"" + ours.back().comm + "\",");
-  runq->drain();
-  CHECK(histogram_count(store, kRunq, {}) > 0);
 
-  // Both restart with labelled maps of another size, as on a reload: a new object, whose
-  // ring the new offcpu_time reads.
-  sched = {};
-  MetricStore labelled;  // the same metric with a label more: another store
-  sched = test::start_scheduler_tracers(
-      labelled, "    hook: " + hook + "\n    comm: true\n    label_map_entries: 512\n",
-      offcpu_options, &profiles);
+  // It restarts with a labelled map of another size, as on a reload: a new object, whose
+  // ring the new tracer reads.
+  offcpu = {};
+  offcpu = test::start_tracer(store, "offcpu_time", offcpu_options + "    label_map_entries: 512\n",
+                              &profiles);
   test::SlowReader again(2, std::chrono::milliseconds(300));
   const auto after_restart =
       test::wait_for_slow_events(offcpu, profiles, metric, 2, [&](const profiling::SlowEvent& e) {
@@ -316,5 +210,4 @@ TEST_CASE(
       });
   CHECK(again.finish() == 0);
   CHECK(after_restart.size() == 2);
-  sched = {};  // before `labelled`, which its scopes name
 }
