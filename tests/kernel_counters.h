@@ -1,8 +1,11 @@
 #pragma once
-// The kernel's own counters, as oracles: /proc/vmstat and /proc/stat.
+// The kernel's own counters, as oracles: /proc/vmstat, /proc/stat, /proc/net/snmp and
+// /proc/softirqs.
 
+#include <cctype>
 #include <cstdint>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -36,6 +39,26 @@ inline std::uint64_t snmp_counter(const std::string& proto, const std::string& f
     }
   }
   throw std::runtime_error("no " + proto + " " + field + " in /proc/net/snmp");
+}
+
+// /proc/softirqs: each vector's handler runs, summed over the CPUs, by the vector's name in
+// lower case ("net_rx").
+inline std::map<std::string, std::uint64_t> softirq_counts() {
+  std::ifstream in("/proc/softirqs");
+  std::string line;
+  std::getline(in, line);  // the CPUs
+  std::map<std::string, std::uint64_t> counts;
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    std::string name;
+    if (!(ls >> name) || name.empty() || name.back() != ':') continue;
+    name.pop_back();
+    for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    std::uint64_t n = 0, sum = 0;
+    while (ls >> n) sum += n;
+    counts[name] = sum;
+  }
+  return counts;
 }
 
 }  // namespace ebpf_metricsd::test

@@ -97,6 +97,14 @@ inline std::uint64_t histogram_count(const MetricStore& store, const std::string
   return m ? m->histogram.sample_count : 0;
 }
 
+// Sum of a histogram series, 0 when the series does not exist (yet).
+inline double histogram_sum(const MetricStore& store, const std::string& name,
+                            const Labels& labels) {
+  const auto fams = test::collect(store);
+  const auto* m = find_series(fams, name, labels);
+  return m ? m->histogram.sample_sum : 0;
+}
+
 inline double counter_value(const MetricStore& store, const std::string& name,
                             const Labels& labels) {
   const auto fams = test::collect(store);

@@ -15,6 +15,7 @@ TracerDescriptor net_xmit_latency_descriptor();
 TracerDescriptor block_io_descriptor();
 TracerDescriptor page_cache_descriptor();
 TracerDescriptor oom_kills_descriptor();
+TracerDescriptor softirq_latency_descriptor();
 TracerDescriptor profile_descriptor();
 
 const std::vector<TracerDescriptor>& tracer_registry() {
@@ -24,7 +25,7 @@ const std::vector<TracerDescriptor>& tracer_registry() {
       kmalloc_descriptor(),          tcp_connect_latency_descriptor(),
       net_xmit_latency_descriptor(), block_io_descriptor(),
       page_cache_descriptor(),       oom_kills_descriptor(),
-      profile_descriptor(),
+      softirq_latency_descriptor(),  profile_descriptor(),
   };
   return registry;
 }

@@ -1,0 +1,115 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * Softirqs by vector: how often each handler runs (as /proc/softirqs counts
+ * them), the time from a softirq being raised on a CPU to its handler
+ * starting there (a softirq runs on the CPU that raised it; raises before it
+ * runs are one pending bit, timed from the first), and the handler's run time.
+ * Softirqs do not nest on a CPU, so per-CPU slots hold the stamps: no hash, no
+ * lock. Each hook exists as tp_btf and raw_tp.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+
+#include "common/maps.bpf.h"
+#include "common/read.bpf.h"
+#include "softirq_latency.h"
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, SOFTIRQ_VECTORS);
+	__type(key, __u32);
+	__type(value, struct softirq_stats);
+} stats SEC(".maps");
+
+/* ns of the first raise of each vector not yet handled on this CPU, 0: none. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, SOFTIRQ_VECTORS);
+	__type(key, __u32);
+	__type(value, __u64);
+} raised SEC(".maps");
+
+/* ns when the handler running on this CPU started, 0: none. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, SOFTIRQ_VECTORS);
+	__type(key, __u32);
+	__type(value, __u64);
+} started SEC(".maps");
+
+EMD_DROPS_MAP(SOFTIRQ_DROP__COUNT);
+
+static __always_inline __u64 *slot_of(void *map, __u32 vec)
+{
+	if (vec >= SOFTIRQ_VECTORS) {
+		emd_count_drop(&drops, SOFTIRQ_DROP_VECTOR);
+		return NULL;
+	}
+	return bpf_map_lookup_elem(map, &vec);
+}
+
+static __always_inline int on_raise(__u32 vec)
+{
+	__u64 *t = slot_of(&raised, vec);
+
+	if (t && !*t)
+		*t = bpf_ktime_get_ns();
+	return 0;
+}
+
+static __always_inline int on_entry(__u32 vec)
+{
+	__u64 now = bpf_ktime_get_ns(), *t = slot_of(&raised, vec), *s;
+	struct softirq_stats *st;
+
+	if (!t)
+		return 0;
+	st = bpf_map_lookup_elem(&stats, &vec);
+	s = bpf_map_lookup_elem(&started, &vec);
+	if (!st || !s)
+		return 0;
+	st->entries += 1;
+	if (*t) {
+		__u64 ns = now - *t;
+
+		st->latency[emd_seconds_slot(ns)] += 1;
+		st->latency_sum += ns;
+		*t = 0;
+	} else {
+		emd_count_drop(&drops, SOFTIRQ_DROP_UNSEEN_RAISE);
+	}
+	*s = now;
+	return 0;
+}
+
+static __always_inline int on_exit(__u32 vec)
+{
+	__u64 *s = slot_of(&started, vec), ns;
+	struct softirq_stats *st;
+
+	if (!s)
+		return 0;
+	if (!*s) {
+		emd_count_drop(&drops, SOFTIRQ_DROP_UNSEEN_ENTRY);
+		return 0;
+	}
+	st = bpf_map_lookup_elem(&stats, &vec);
+	if (!st)
+		return 0;
+	ns = bpf_ktime_get_ns() - *s;
+	st->runtime[emd_seconds_slot(ns)] += 1;
+	st->runtime_sum += ns;
+	*s = 0;
+	return 0;
+}
+
+#define RAISE(raw) on_raise(vec_nr)
+#define ENTRY(raw) on_entry(vec_nr)
+#define EXIT(raw) on_exit(vec_nr)
+
+EMD_TP_PROGS(softirq_raise, softirq_raise, RAISE, unsigned int vec_nr)
+EMD_TP_PROGS(softirq_entry, softirq_entry, ENTRY, unsigned int vec_nr)
+EMD_TP_PROGS(softirq_exit, softirq_exit, EXIT, unsigned int vec_nr)
+
+char LICENSE[] SEC("license") = "GPL";
