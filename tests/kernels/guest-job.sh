@@ -8,6 +8,7 @@ set -u
 exec 3>/dev/ttyS1
 say() { echo "$*" >&3; }
 say "EMD-KERNEL $(uname -r)"
+say "EMD-POSSIBLE-CPUS $(cat /sys/devices/system/cpu/possible)"
 
 # The daemon with the shipped config, every tracer enabled, draining every second; its
 # tracer_up and drain_errors_total lines go to the report as section $1. Further arguments

@@ -38,6 +38,7 @@ while [ $i -lt 300 ] && kill -0 $daemon 2>/dev/null; do
   [ "$n" -ge "$TRACER_COUNT" ] && break
 done
 say "EMD-STALL-STARTED $(cut -d' ' -f1 /proc/uptime) after $i s"
+say "EMD-POSSIBLE-CPUS $(cat /sys/devices/system/cpu/possible)"
 
 data=/scratch/stall.dat
 round=0
