@@ -29,23 +29,24 @@ DropAccounting::DropAccounting(MetricScope& scope, std::vector<std::string> reas
   scope_.add_dropped("recursion", 0);
 }
 
-void DropAccounting::bind(int drops_map_fd, const std::vector<ProgramChoice>& programs,
-                          int stack_drops_map_fd) {
+void DropAccounting::bind(const bpf_map* drops, const std::vector<ProgramChoice>& programs,
+                          const bpf_map* stack_drops) {
   tables_.clear();
-  if (drops_map_fd >= 0) tables_.push_back({drops_map_fd, &reasons_});
-  if (stack_drops_map_fd >= 0) {
-    tables_.push_back({stack_drops_map_fd, &stack_drop_reasons()});
+  if (drops) tables_.push_back({drops, &reasons_});
+  if (stack_drops) {
+    tables_.push_back({stack_drops, &stack_drop_reasons()});
     for (const auto& r : stack_drop_reasons()) scope_.add_dropped(r, 0);
   }
   prog_fds_.clear();
   for (const auto& p : programs) {
-    if (p.wanted) prog_fds_.push_back(bpf_program__fd(p.prog));
+    // Not loaded (a stand-in for the kernel): no misses to read.
+    if (p.wanted && bpf_program__fd(p.prog) >= 0) prog_fds_.push_back(bpf_program__fd(p.prog));
   }
 }
 
 void DropAccounting::drain() {
   for (Table& t : tables_) {
-    t.deltas.drain_array(t.map_fd, static_cast<std::uint32_t>(t.reasons->size()),
+    t.deltas.drain_array(t.map, static_cast<std::uint32_t>(t.reasons->size()),
                          [&](const void* key, const std::uint64_t* delta) {
                            const auto& reason =
                                (*t.reasons)[*static_cast<const std::uint32_t*>(key)];
@@ -64,8 +65,8 @@ void DropAccounting::drain() {
   last_misses_ = misses;
 }
 
-void DropAccounting::sweep(int stamps_map_fd, std::chrono::nanoseconds max_age) {
-  if (const auto n = sweep_stale_stamps(stamps_map_fd, max_age)) {
+void DropAccounting::sweep(const bpf_map* stamps, std::chrono::nanoseconds max_age) {
+  if (const auto n = sweep_stale_stamps(stamps, max_age)) {
     scope_.add_dropped(swept_reason_, n);
   }
 }

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "ebpf_metricsd/bpf/bpf_support.h"
+#include "ebpf_metricsd/bpf/map_reader.h"
 
 namespace ebpf_metricsd {
 
@@ -22,8 +23,9 @@ struct RingReader::State {
   }
 };
 
-RingReader::RingReader(const bpf_map* map, OnRecord on_record, const std::string& what)
-    : state_(std::make_unique<State>()) {
+RingReader::RingReader(const bpf_map* map, OnRecord on_record, const std::string& what) {
+  if (kernel_stand_in()) return;  // nothing in the kernel to read
+  state_ = std::make_unique<State>();
   state_->on_record = std::move(on_record);
   state_->ring.reset(ring_buffer__new(bpf_map__fd(map), &State::on_sample, state_.get(), nullptr));
   if (!state_->ring) throw BpfError(bpf_error_text(what + ": ring buffer", errno));

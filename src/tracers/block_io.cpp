@@ -8,6 +8,7 @@
 #include "ebpf_metricsd/bpf/cgroup_labels.h"
 #include "ebpf_metricsd/bpf/drop_accounting.h"
 #include "ebpf_metricsd/bpf/map_deltas.h"
+#include "ebpf_metricsd/bpf/map_reader.h"
 #include "ebpf_metricsd/bpf/skeleton.h"
 #include "ebpf_metricsd/metrics/log2_histogram.h"
 #include "ebpf_metricsd/metrics/metric_scope.h"
@@ -99,18 +100,16 @@ class BlockIoTracer final : public Tracer {
     // name for the disks past the slots.
     if (labels_.on()) {
       labels_.drain<blockio_cgroup_key>(
-          cgroup_series_, bpf_map__fd(skel_->maps.series_by_cgroup),
-          [](const blockio_cgroup_key& k) {
+          cgroup_series_, skel_->maps.series_by_cgroup, [](const blockio_cgroup_key& k) {
             return MetricStore::LabelValues{fixed_name(k.disk), op_name(k.op)};
           });
     }
     slot_series_.drain_array(
-        bpf_map__fd(skel_->maps.slot_series), BLOCKIO_QUEUE_SLOTS * BLOCKIO_OPS,
-        [&](const void* key) {
+        skel_->maps.slot_series, BLOCKIO_QUEUE_SLOTS * BLOCKIO_OPS, [&](const void* key) {
           const auto k = *static_cast<const std::uint32_t*>(key);
           return MetricStore::LabelValues{slot_disk(k / BLOCKIO_OPS), op_name(k % BLOCKIO_OPS)};
         });
-    series_.drain_hash(bpf_map__fd(skel_->maps.series), sizeof(blockio_key), [](const void* key) {
+    series_.drain_hash(skel_->maps.series, sizeof(blockio_key), [](const void* key) {
       const auto* k = static_cast<const blockio_key*>(key);
       return MetricStore::LabelValues{fixed_name(k->disk), op_name(k->op)};
     });
@@ -124,16 +123,16 @@ class BlockIoTracer final : public Tracer {
     drops_.drain();
     // A request that has not completed in 10 minutes never will (its disk is gone): its
     // stamp is removed so the in-flight map cannot fill up with them.
-    drops_.sweep(bpf_map__fd(skel_->maps.issued), std::chrono::minutes(10));
+    drops_.sweep(skel_->maps.issued, std::chrono::minutes(10));
   }
 
  private:
   // The disk's name is kept with the queue slot.
-  std::string slot_disk(std::uint32_t slot) const {
+  std::string slot_disk(std::uint32_t slot) {
     blockio_queue q{};
-    if (bpf_map_lookup_elem(bpf_map__fd(skel_->maps.queues), &slot, &q) != 0) {
-      throw BpfError(bpf_error_text("read block_io queue slot", errno));
-    }
+    if (!queues_) queues_ = read_map(skel_->maps.queues);
+    if (!queues_->lookup(&slot, &q))
+      throw BpfError("block_io: no queue slot " + std::to_string(slot));
     return fixed_name(q.disk);
   }
 
@@ -147,6 +146,7 @@ class BlockIoTracer final : public Tracer {
   DropAccounting drops_;
   SlowCapture slow_;
   Object skel_;
+  std::unique_ptr<MapReader> queues_;  // of skel_'s queue slots
 };
 
 }  // namespace

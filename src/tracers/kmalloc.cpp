@@ -111,16 +111,15 @@ class KmallocTracer final : public Tracer {
 
   void drain() override {
     static_assert(sizeof(kmalloc_totals) == 4 * 8);
-    totals_.drain_array(bpf_map__fd(skel_->maps.totals), 1,
+    totals_.drain_array(skel_->maps.totals, 1,
                         [](const void*) { return MetricStore::LabelValues{}; });
-    sizes_.drain_array(bpf_map__fd(skel_->maps.sizes), 1,
+    sizes_.drain_array(skel_->maps.sizes, 1,
                        [](const void*) { return MetricStore::LabelValues{}; });
     if (options_.caches) {
-      caches_->drain_hash(bpf_map__fd(skel_->maps.caches), sizeof(kmalloc_cache_key),
-                          [](const void* key) {
-                            return MetricStore::LabelValues{
-                                fixed_name(static_cast<const kmalloc_cache_key*>(key)->name)};
-                          });
+      caches_->drain_hash(skel_->maps.caches, sizeof(kmalloc_cache_key), [](const void* key) {
+        return MetricStore::LabelValues{
+            fixed_name(static_cast<const kmalloc_cache_key*>(key)->name)};
+      });
     }
     drops_.drain();
   }

@@ -8,6 +8,7 @@
 #include "ebpf_metricsd/bpf/cgroup_labels.h"
 #include "ebpf_metricsd/bpf/drop_accounting.h"
 #include "ebpf_metricsd/bpf/map_deltas.h"
+#include "ebpf_metricsd/bpf/map_reader.h"
 #include "ebpf_metricsd/bpf/skeleton.h"
 #include "ebpf_metricsd/metrics/log2_histogram.h"
 #include "ebpf_metricsd/metrics/metric_scope.h"
@@ -74,26 +75,24 @@ class NetXmitLatencyTracer final : public Tracer {
     // The same value in three maps: by cgroup when labelled, else by device slot, and by
     // name for the devices past the slots.
     if (labels_.on()) {
-      labels_.drain<netxmit_cgroup_key>(cgroup_series_, bpf_map__fd(skel_->maps.series_by_cgroup),
+      labels_.drain<netxmit_cgroup_key>(cgroup_series_, skel_->maps.series_by_cgroup,
                                         [](const netxmit_cgroup_key& k) {
                                           return MetricStore::LabelValues{fixed_name(k.ifname)};
                                         });
     }
-    dev_series_.drain_array(bpf_map__fd(skel_->maps.dev_series), NETXMIT_DEV_SLOTS,
-                            [&](const void* key) {
-                              netxmit_dev dev{};
-                              if (bpf_map_lookup_elem(bpf_map__fd(skel_->maps.devs), key, &dev)) {
-                                throw BpfError(bpf_error_text("read net_xmit device slot", errno));
-                              }
-                              return MetricStore::LabelValues{fixed_name(dev.ifname)};
-                            });
-    series_.drain_hash(bpf_map__fd(skel_->maps.series), sizeof(netxmit_key), [](const void* key) {
+    dev_series_.drain_array(skel_->maps.dev_series, NETXMIT_DEV_SLOTS, [&](const void* key) {
+      netxmit_dev dev{};
+      if (!devs_) devs_ = read_map(skel_->maps.devs);
+      if (!devs_->lookup(key, &dev)) throw BpfError("net_xmit_latency: no device slot");
+      return MetricStore::LabelValues{fixed_name(dev.ifname)};
+    });
+    series_.drain_hash(skel_->maps.series, sizeof(netxmit_key), [](const void* key) {
       return MetricStore::LabelValues{fixed_name(static_cast<const netxmit_key*>(key)->ifname)};
     });
     drops_.drain();
     // A packet still not transmitted after 10 s was dropped on the way (or split into GSO
     // segments, which reach the driver as other skbs): its stamp is removed and counted.
-    drops_.sweep(bpf_map__fd(skel_->maps.queued_spilled), std::chrono::seconds(10));
+    drops_.sweep(skel_->maps.queued_spilled, std::chrono::seconds(10));
   }
 
  private:
@@ -106,6 +105,7 @@ class NetXmitLatencyTracer final : public Tracer {
   SeriesDrain cgroup_series_{scope_, {{latency_, NETXMIT_SLOTS}, {packets_}, {bytes_}}};
   DropAccounting drops_;
   Object skel_;
+  std::unique_ptr<MapReader> devs_;  // of skel_'s device slots
 };
 
 }  // namespace

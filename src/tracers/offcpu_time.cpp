@@ -76,12 +76,10 @@ class OffcpuTimeTracer final : public Tracer {
                                : MetricStore::LabelValues{};
         },
         options_.names());
-    switches_.drain_array(
-        bpf_map__fd(skel_->maps.switches), OFFCPU_SWITCH__COUNT, [](const void* key) {
-          const auto k = *static_cast<const std::uint32_t*>(key);
-          return MetricStore::LabelValues{k == OFFCPU_SWITCH_VOLUNTARY ? "voluntary"
-                                                                       : "involuntary"};
-        });
+    switches_.drain_array(skel_->maps.switches, OFFCPU_SWITCH__COUNT, [](const void* key) {
+      const auto k = *static_cast<const std::uint32_t*>(key);
+      return MetricStore::LabelValues{k == OFFCPU_SWITCH_VOLUNTARY ? "voluntary" : "involuntary"};
+    });
     drops_.drain();
   }
 

@@ -63,7 +63,7 @@ class OomKillsTracer final : public Tracer {
   void drain() override {
     labels_.begin_pass();
     kills_.drain_hash(
-        bpf_map__fd(skel_->maps.kills), sizeof(oom_key),
+        skel_->maps.kills, sizeof(oom_key),
         [&](const void* key) {
           const auto& k = *static_cast<const oom_key*>(key);
           CgroupLabel l = labels_.label(k.cgroup);

@@ -170,7 +170,7 @@ class PageCacheTracer final : public Tracer {
       labels_.begin_pass();
       const auto id_of = [](const void* key) { return *static_cast<const std::uint64_t*>(key); };
       totals_.drain_hash(
-          bpf_map__fd(skel_->maps.totals_by_cgroup), sizeof(std::uint64_t),
+          skel_->maps.totals_by_cgroup, sizeof(std::uint64_t),
           [&](const void* key) {
             MetricStore::LabelValues v;
             labels_.append(v, id_of(key));
@@ -178,7 +178,7 @@ class PageCacheTracer final : public Tracer {
           },
           labels_.retire(id_of));
     } else {
-      totals_.drain_array(bpf_map__fd(skel_->maps.totals), 1,
+      totals_.drain_array(skel_->maps.totals, 1,
                           [](const void*) { return MetricStore::LabelValues{}; });
     }
     drops_.drain();

@@ -58,8 +58,8 @@ class PageFaultsTracer final : public Tracer {
 
   void drain() override {
     labels_.drain_indexed(
-        faults_, bpf_map__fd(skel_->maps.faults_by_cgroup), bpf_map__fd(skel_->maps.faults),
-        PAGE_FAULT__COUNT, &page_fault_cgroup_key::type, [](std::uint32_t type) {
+        faults_, skel_->maps.faults_by_cgroup, skel_->maps.faults, PAGE_FAULT__COUNT,
+        &page_fault_cgroup_key::type, [](std::uint32_t type) {
           return MetricStore::LabelValues{type == PAGE_FAULT_MINOR ? "minor" : "major"};
         });
     drops_.drain();

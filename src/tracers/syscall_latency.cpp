@@ -150,9 +150,8 @@ class SyscallLatencyTracer final : public Tracer {
   void drain() override {
     static_assert(sizeof(syscall_latency_hist) == (SYSLAT_SLOTS + 1) * 8);
     slow_.begin_drain();
-    labels_.drain_indexed(hists_, bpf_map__fd(skel_->maps.hists_by_cgroup),
-                          bpf_map__fd(skel_->maps.hists), SYSLAT_MAX_SYSCALLS,
-                          &syscall_latency_cgroup_key::nr,
+    labels_.drain_indexed(hists_, skel_->maps.hists_by_cgroup, skel_->maps.hists,
+                          SYSLAT_MAX_SYSCALLS, &syscall_latency_cgroup_key::nr,
                           [&](std::uint32_t nr) { return MetricStore::LabelValues{name_of(nr)}; });
     static const std::vector<std::string> names = {"syscall"};
     slow_.drain(

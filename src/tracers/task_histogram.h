@@ -71,13 +71,12 @@ class TaskHistogram {
 
   void drain(const bpf_map* plain, const bpf_map* labelled) {
     if (!options_.labelled()) {
-      drain_.drain_array(bpf_map__fd(plain), 1,
-                         [](const void*) { return MetricStore::LabelValues{}; });
+      drain_.drain_array(plain, 1, [](const void*) { return MetricStore::LabelValues{}; });
       return;
     }
     cgroups_.begin_pass();
     drain_.drain_hash(
-        bpf_map__fd(labelled), sizeof(emd_task_key),
+        labelled, sizeof(emd_task_key),
         [&](const void* key) {
           const auto& k = *static_cast<const emd_task_key*>(key);
           MetricStore::LabelValues v;

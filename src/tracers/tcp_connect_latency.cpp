@@ -72,12 +72,10 @@ class TcpConnectLatencyTracer final : public Tracer {
   void drain() override {
     const auto family = [](std::uint32_t f) { return MetricStore::LabelValues{family_name(f)}; };
     slow_.begin_drain();
-    labels_.drain_indexed(latency_, bpf_map__fd(skel_->maps.latency_by_cgroup),
-                          bpf_map__fd(skel_->maps.latency), TCPCONN_FAMILIES,
-                          &tcpconn_cgroup_key::family, family);
-    labels_.drain_indexed(failures_, bpf_map__fd(skel_->maps.failures_by_cgroup),
-                          bpf_map__fd(skel_->maps.failures), TCPCONN_FAMILIES,
-                          &tcpconn_cgroup_key::family, family);
+    labels_.drain_indexed(latency_, skel_->maps.latency_by_cgroup, skel_->maps.latency,
+                          TCPCONN_FAMILIES, &tcpconn_cgroup_key::family, family);
+    labels_.drain_indexed(failures_, skel_->maps.failures_by_cgroup, skel_->maps.failures,
+                          TCPCONN_FAMILIES, &tcpconn_cgroup_key::family, family);
     static const std::vector<std::string> names = {"family"};
     slow_.drain(
         [&](std::uint64_t f, std::string_view) { return family(static_cast<std::uint32_t>(f)); },
@@ -85,7 +83,7 @@ class TcpConnectLatencyTracer final : public Tracer {
     drops_.drain();
     // Every connect leaves SYN_SENT within the SYN retries (about two minutes); a stamp
     // older than ten minutes belongs to a socket that vanished unseen.
-    drops_.sweep(bpf_map__fd(skel_->maps.start), std::chrono::minutes(10));
+    drops_.sweep(skel_->maps.start, std::chrono::minutes(10));
   }
 
  private:

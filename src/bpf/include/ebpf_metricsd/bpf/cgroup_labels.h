@@ -49,10 +49,10 @@ class CgroupLabels {
   // gives the tracer's own label values, the workload labels are appended, idle entries
   // of gone cgroups retired. `Drain` is a SeriesDrain.
   template <typename Key, typename Drain, typename Own>
-  void drain(Drain& drain, int map_fd, const Own& own) {
+  void drain(Drain& drain, const bpf_map* map, const Own& own) {
     begin_pass();
     drain.drain_hash(
-        map_fd, sizeof(Key),
+        map, sizeof(Key),
         [&](const void* key) {
           const Key& k = *static_cast<const Key*>(key);
           MetricStore::LabelValues v = own(k);
@@ -65,12 +65,12 @@ class CgroupLabels {
   // {cgroup, index} (the index the key's member `index`) when labels are on, else in the
   // plain array of `entries` indexed by it. `own(index)` gives the tracer's own label values.
   template <typename Key, typename Drain, typename Own>
-  void drain_indexed(Drain& drain, int labelled_fd, int plain_fd, std::uint32_t entries,
-                     std::uint32_t Key::*index, const Own& own) {
+  void drain_indexed(Drain& drain, const bpf_map* labelled, const bpf_map* plain,
+                     std::uint32_t entries, std::uint32_t Key::*index, const Own& own) {
     if (on()) {
-      this->drain<Key>(drain, labelled_fd, [&](const Key& k) { return own(k.*index); });
+      this->drain<Key>(drain, labelled, [&](const Key& k) { return own(k.*index); });
     } else {
-      drain.drain_array(plain_fd, entries, [&](const void* key) {
+      drain.drain_array(plain, entries, [&](const void* key) {
         return own(*static_cast<const std::uint32_t*>(key));
       });
     }

@@ -32,19 +32,19 @@ class DropAccounting {
   // sweep() deletes ("" when the tracer has none).
   DropAccounting(MetricScope& scope, std::vector<std::string> reasons,
                  std::string swept_reason = {});
-  // Call after load: the maps to read (-1: none) and the programs whose misses count (the
-  // wanted ones of the list).
-  void bind(int drops_map_fd, const std::vector<ProgramChoice>& programs,
-            int stack_drops_map_fd = -1);
+  // Call after load: the maps to read (nullptr: none) and the programs whose misses count
+  // (the wanted ones of the list).
+  void bind(const bpf_map* drops, const std::vector<ProgramChoice>& programs,
+            const bpf_map* stack_drops = nullptr);
   void drain();
   // Deletes stamps older than max_age from an in-flight map (sweep_stale_stamps) and counts
   // them under the swept reason.
-  void sweep(int stamps_map_fd, std::chrono::nanoseconds max_age);
+  void sweep(const bpf_map* stamps, std::chrono::nanoseconds max_age);
 
  private:
   MetricScope& scope_;
   struct Table {
-    int map_fd;
+    const bpf_map* map;
     const std::vector<std::string>* reasons;
     PerCpuDeltas deltas{1};
   };

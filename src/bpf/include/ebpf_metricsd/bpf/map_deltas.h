@@ -1,12 +1,15 @@
 #pragma once
 
+#include <bpf/libbpf.h>
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <vector>
 
-#include "ebpf_metricsd/bpf/bpf_support.h"
+#include "ebpf_metricsd/bpf/map_reader.h"
 #include "ebpf_metricsd/metrics/metric_scope.h"
 
 namespace ebpf_metricsd {
@@ -14,32 +17,37 @@ namespace ebpf_metricsd {
 // Turns per-CPU BPF map values, which the kernel side only ever increments, into deltas
 // since the previous drain. A value is `width` u64s; per key, the CPUs are summed first.
 // Every increment is seen exactly once: what a drain misses (a CPU updating while it
-// reads) is still in the map, and so in the next delta.
+// reads) is still in the map, and so in the next delta. Maps are read through MapReader.
 class PerCpuDeltas {
  public:
   explicit PerCpuDeltas(std::size_t width) : width_(width) {}
 
   using Visit = std::function<void(const void* key, const std::uint64_t* delta)>;
   // Visits every key of a PERCPU_ARRAY whose value changed.
-  void drain_array(int map_fd, std::uint32_t entries, const Visit& visit);
+  void drain_array(const bpf_map* map, std::uint32_t entries, const Visit& visit);
   // Whether an unchanged key's entry is to be deleted from the map (its owner is gone).
   using Retire = std::function<bool(const void* key)>;
   // Visits every key of a PERCPU_HASH whose value changed; deletes the entries of
   // unchanged keys that `retire` names, so that a map keyed by short-lived owners (cgroups)
   // does not fill up with the dead.
-  void drain_hash(int map_fd, std::size_t key_size, const Visit& visit, const Retire& retire = {});
+  void drain_hash(const bpf_map* map, std::size_t key_size, const Visit& visit,
+                  const Retire& retire = {});
+  // The same, from a reader of the map.
+  void drain_array(MapReader& map, std::uint32_t entries, const Visit& visit);
+  void drain_hash(MapReader& map, std::size_t key_size, const Visit& visit,
+                  const Retire& retire = {});
   // Entries deleted so far by drain_hash.
   std::uint64_t retired() const { return retired_; }
 
  private:
+  MapReader& reader(const bpf_map* map);
   // Returns whether the key's value changed.
-  bool account(const void* key, std::size_t key_size, const std::uint64_t* per_cpu,
-               const Visit& visit);
+  bool account(const void* key, std::size_t key_size, std::size_t copies,
+               const std::uint64_t* per_cpu, const Visit& visit);
   std::size_t width_;
   std::uint64_t retired_ = 0;
-  enum class Support { Unknown, Yes, No };
-  Support lookup_and_delete_ = Support::Unknown;  // of per-CPU hashes, by this kernel
-  BatchReads batch_ = BatchReads::Unknown;
+  bool lookup_and_delete_ = true;  // of per-CPU hashes, by this kernel, until it says no
+  std::map<const bpf_map*, std::unique_ptr<MapReader>> readers_;
   std::map<std::vector<std::uint8_t>, std::vector<std::uint64_t>> last_;
 };
 
@@ -58,8 +66,8 @@ class SeriesDrain {
  public:
   SeriesDrain(MetricScope& scope, std::vector<ValueColumn> columns);
   using Labels = std::function<MetricStore::LabelValues(const void* key)>;
-  void drain_array(int map_fd, std::uint32_t entries, const Labels& labels);
-  void drain_hash(int map_fd, std::size_t key_size, const Labels& labels,
+  void drain_array(const bpf_map* map, std::uint32_t entries, const Labels& labels);
+  void drain_hash(const bpf_map* map, std::size_t key_size, const Labels& labels,
                   const PerCpuDeltas::Retire& retire = {});
 
  private:
@@ -70,9 +78,9 @@ class SeriesDrain {
 };
 
 // For maps of things in flight (a u64 key, a value that starts with a u64
-// bpf_ktime_get_ns() stamp) whose
-// end event may never come (a dropped packet, a request of a removed disk): deletes entries
-// older than `max_age` and returns how many, so they can be counted, not leaked.
-std::uint64_t sweep_stale_stamps(int map_fd, std::chrono::nanoseconds max_age);
+// bpf_ktime_get_ns() stamp) whose end event may never come (a dropped packet, a request of
+// a removed disk): deletes entries older than `max_age` and returns how many, so they can
+// be counted, not leaked.
+std::uint64_t sweep_stale_stamps(const bpf_map* map, std::chrono::nanoseconds max_age);
 
 }  // namespace ebpf_metricsd

@@ -73,11 +73,8 @@ class LoadedSkeleton {
           return Load(l.skel_.get());
         },
         tracer);
-    const auto fd_of = [&](const char* name) {
-      const bpf_map* map = bpf_object__find_map_by_name(l.skel_->obj, name);
-      return map ? bpf_map__fd(map) : -1;
-    };
-    drops.bind(fd_of("drops"), programs, fd_of("emd_stack_drops"));
+    drops.bind(bpf_object__find_map_by_name(l.skel_->obj, "drops"), programs,
+               bpf_object__find_map_by_name(l.skel_->obj, "emd_stack_drops"));
     l.hook_ = hook;
     return l;
   }

@@ -1,0 +1,52 @@
+#pragma once
+// Every read of a BPF map that turns it into series goes through a MapReader: the kernel's
+// map, or, in unit tests, a table that stands in for it (tests/unit/map_tables.h), so that the
+// drains and each tracer's decoding of keys into labels are tested without root or a kernel
+// (docs/testing.md).
+
+#include <bpf/libbpf.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace ebpf_metricsd {
+
+class MapReader {
+ public:
+  virtual ~MapReader() = default;
+  // How many copies each value has: one per possible CPU in a per-CPU map, else one.
+  virtual std::size_t copies() const = 0;
+  // The values of keys 0 .. entries-1 of an array: for each key, copies() values of
+  // value_size bytes, each padded to 8 bytes, as the kernel lays out per-CPU values.
+  virtual std::vector<std::uint8_t> read_array(std::uint32_t entries, std::size_t value_size) = 0;
+  // The key after `key` (nullptr: the first) into `next`; false past the last.
+  virtual bool next_key(const void* key, void* next) = 0;
+  // The value (every copy) of `key` into `value`; false when there is no such key.
+  virtual bool lookup(const void* key, void* value) = 0;
+  // Takes `key` out of the map with its value in one step.
+  enum class Taken { Yes, Absent, Unsupported };
+  virtual Taken lookup_and_delete(const void* key, void* value) = 0;
+  // Deletes `key`; false when it was not there.
+  virtual bool remove(const void* key) = 0;
+};
+
+// The reader of `map`, of a loaded object (or of one a stand-in set up).
+std::unique_ptr<MapReader> read_map(const bpf_map* map);
+// The kernel's reader of the map behind `fd`, a per-CPU map when `per_cpu`.
+std::unique_ptr<MapReader> read_map_fd(int fd, bool per_cpu);
+
+// What stands in for the kernel in unit tests: while one is set, read_map() hands out its
+// readers, and LoadedSkeleton opens and sets objects up without loading or attaching them
+// (perf events are not opened either): nothing reaches the kernel.
+class KernelStandIn {
+ public:
+  virtual ~KernelStandIn() = default;
+  virtual std::unique_ptr<MapReader> reader(const bpf_map* map) = 0;
+};
+// Sets (or with nullptr clears) the stand-in; for tests only.
+void set_kernel_stand_in(KernelStandIn* stand_in);
+KernelStandIn* kernel_stand_in();
+
+}  // namespace ebpf_metricsd
