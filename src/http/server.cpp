@@ -45,9 +45,8 @@ constexpr std::size_t kConnectionMemory = 40 * 1024;
 // bcrypt checks waiting for a turn; past this a request that needs one gets 503 at once.
 constexpr std::size_t kMaxWaitingBcrypt = 64;
 
-unsigned cores() { return std::max(1u, std::thread::hardware_concurrency()); }
-unsigned event_threads() { return std::clamp(cores(), 2u, 8u); }
-unsigned worker_threads() { return std::min(cores(), 8u); }  // bcrypt, and rendering
+unsigned event_threads(unsigned cores) { return std::clamp(cores, 2u, 8u); }
+unsigned worker_threads(unsigned cores) { return std::clamp(cores, 1u, 8u); }  // bcrypt, rendering
 
 // Whether an Accept-Encoding value accepts gzip (with a q-value above 0).
 bool accepts_gzip(std::optional<std::string_view> header) {
@@ -160,9 +159,18 @@ std::vector<std::string_view> HttpRequest::params(std::string_view name) const {
   return out;
 }
 
-// The event loops, the bcrypt and rendering workers, the deadline watch and the timer of
-// deferred answers.
-unsigned web_server_threads() { return event_threads() + 2 * worker_threads() + 2; }
+unsigned sizing_cores() {
+  if (const char* forced = std::getenv("EBPF_METRICSD_SIZING_CORES")) {
+    char* end = nullptr;
+    const unsigned long n = std::strtoul(forced, &end, 10);
+    if (end != forced && *end == '\0' && n >= 1 && n <= 4096) return static_cast<unsigned>(n);
+  }
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+unsigned web_server_threads(unsigned cores) {
+  return event_threads(cores) + 2 * worker_threads(cores) + 2;
+}
 
 struct WebServer::Impl {
   WebSettings settings;
@@ -185,9 +193,9 @@ struct WebServer::Impl {
 
   Impl(WebSettings s, std::vector<Route> r)
       : settings(std::move(s)),
-        auth(settings.security.basic_auth_users, worker_threads()),
-        bcrypt(worker_threads(), kMaxWaitingBcrypt),
-        render(worker_threads(), settings.max_requests) {
+        auth(settings.security.basic_auth_users, worker_threads(sizing_cores())),
+        bcrypt(worker_threads(sizing_cores()), kMaxWaitingBcrypt),
+        render(worker_threads(sizing_cores()), settings.max_requests) {
     for (auto& route : r) {
       const std::string path = route.path;
       routes.emplace(path, std::move(route));
@@ -710,14 +718,15 @@ void WebServer::Impl::start() {
   // libmicrohttpd's own inactivity timeout is only a backstop behind the deadline watch.
   const auto backstop = std::chrono::ceil<std::chrono::seconds>(
       2 * std::max(settings.request_timeout, settings.idle_timeout) + std::chrono::seconds(1));
+  const auto loops = static_cast<intptr_t>(event_threads(sizing_cores()));
   std::vector<MHD_OptionItem> options = {
       {MHD_OPTION_EXTERNAL_LOGGER, reinterpret_cast<intptr_t>(&log_from_library), nullptr},
       {MHD_OPTION_LISTEN_SOCKET, listen_fd, nullptr},
-      {MHD_OPTION_THREAD_POOL_SIZE, event_threads(), nullptr},
+      {MHD_OPTION_THREAD_POOL_SIZE, loops, nullptr},
       // Each event loop's share of this never binds: on_accept (the accept policy) counts
       // the total.
-      {MHD_OPTION_CONNECTION_LIMIT,
-       static_cast<intptr_t>(connection_limit * event_threads() + event_threads()), nullptr},
+      {MHD_OPTION_CONNECTION_LIMIT, static_cast<intptr_t>(connection_limit * loops + loops),
+       nullptr},
       {MHD_OPTION_PER_IP_CONNECTION_LIMIT,
        static_cast<intptr_t>(settings.max_connections_per_address), nullptr},
       {MHD_OPTION_CONNECTION_TIMEOUT, static_cast<intptr_t>(backstop.count()), nullptr},

@@ -9,12 +9,13 @@
 
 #include "daemon_process.h"
 #include "ebpf_metricsd/daemon/daemon.h"
+#include "ebpf_metricsd/http/server.h"
 
 using namespace ebpf_metricsd::test;
 using namespace std::chrono_literals;
 using Catch::Matchers::Contains;
 
-TEST_CASE("daemon serves real syscall latencies, passes promtool, exits cleanly") {
+TEST_CASE("daemon serves real syscall latencies, passes promtool, exits cleanly", "[sizing]") {
   Setup s;
   DaemonProcess d(DAEMON_PATH, s.log, {s.args(), false, {}, {}});
   REQUIRE(wait_until(
@@ -94,6 +95,48 @@ TEST_CASE("daemon serves real syscall latencies, passes promtool, exits cleanly"
       },
       3s);
   CHECK(gone);
+}
+
+namespace {
+std::size_t thread_count(pid_t pid) {
+  std::size_t n = 0;
+  DIR* d = opendir(("/proc/" + std::to_string(pid) + "/task").c_str());
+  if (!d) return 0;
+  while (const dirent* e = readdir(d)) n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+}  // namespace
+
+TEST_CASE(
+    "the daemon's threads: the web server's pools sized for the cores, the same after a "
+    "reload that restarts the server, far below TasksMax",
+    "[sizing]") {
+  Setup s(all_tracers_enabled());
+  DaemonProcess d(DAEMON_PATH, s.log, {s.args(), false, {}, {}});
+  // Every tracer started (or failed) and the drain loop running.
+  REQUIRE(wait_until([&] { return d.log().find("draining every") != std::string::npos; }, 60s));
+  const unsigned web = ebpf_metricsd::web_server_threads();
+  INFO(ebpf_metricsd::sizing_cores() << " cores for sizing: " << web << " web server threads");
+  const std::size_t before = thread_count(d.pid());
+  // Besides the web server's: main, the drain and a ring reader per tracer that has one,
+  // and what the libraries start.
+  CHECK(before >= web + 2);
+  CHECK(before <= web + 32);
+  CHECK(before < 256);  // TasksMax
+
+  // A new max_requests restarts the server: the old one's threads all go.
+  s.prepend("");
+  std::string text = read_file(s.config);
+  text.replace(text.find("web:\n"), 5, "web:\n  max_requests: 7\n");
+  std::ofstream(s.config) << text;
+  kill(d.pid(), SIGHUP);
+  REQUIRE(
+      wait_until([&] { return d.log().find("web server restarted") != std::string::npos; }, 30s));
+  CHECK(http_get(s.port, "/metrics").status == 200);
+  CHECK(wait_until([&] { return thread_count(d.pid()) == before; }, 10s));
+  kill(d.pid(), SIGTERM);
+  CHECK(d.wait_exit(10s) == 0);
 }
 
 TEST_CASE("a tracer that cannot load is reported and the daemon runs on") {

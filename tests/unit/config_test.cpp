@@ -341,7 +341,14 @@ TEST_CASE("web limits stay within the unit's TasksMax and LimitNOFILE") {
   std::ifstream unit(SOURCE_DIR "/systemd/ebpf-metricsd.service");
   const std::string text((std::istreambuf_iterator<char>(unit)), {});
   CHECK_THAT(text, Contains("\nTasksMax=256\n"));
-  CHECK(web_server_threads() <= 25);  // 2..8 event loops, 1..8 workers each for two queues
+  // 2..8 event loops, 1..8 workers each for two queues, two more: on any machine.
+  for (unsigned cores : {1u, 2u, 8u, 64u, 4096u}) {
+    INFO(cores << " cores");
+    CHECK(web_server_threads(cores) <= kMaxWebServerThreads);
+  }
+  CHECK(web_server_threads(1) == 2 + 2 + 2);
+  CHECK(web_server_threads(64) == kMaxWebServerThreads);
+  CHECK(kMaxWebServerThreads + 32 < 256);  // main, drain, ring readers, libraries' own
   CHECK_THAT(text, Contains("\nLimitNOFILE=65536\n"));
   static_assert(Config::kMaxConnections + kDescriptorsForTheRest <= 65536);
 }

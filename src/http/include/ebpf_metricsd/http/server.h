@@ -28,9 +28,16 @@ sockaddr_storage resolve_listen_address(const std::string& address, bool ipv6_av
 // perf events, logs) when it fits max_connections under RLIMIT_NOFILE.
 inline constexpr std::size_t kDescriptorsForTheRest = 1024;
 
-// The threads a server runs besides its caller's: the event loops, the bcrypt and rendering
-// workers and the deadline watch. Fixed, whatever the load, so that TasksMax can be checked.
-unsigned web_server_threads();
+// The cores the server sizes its thread pools for: the machine's, or, where the environment
+// sets EBPF_METRICSD_SIZING_CORES (1 to 4096; for tests), that many. Nothing else reads it:
+// the CPUs the kernel reports (possible, online) and every map sized by them stay as they are.
+unsigned sizing_cores();
+// The threads a server sized for `cores` runs besides its caller's: 2 to 8 event loops, 1 to
+// 8 workers each for bcrypt and for rendering, the deadline watch and the timer of deferred
+// answers. Fixed, whatever the load, so that TasksMax can be checked.
+unsigned web_server_threads(unsigned cores = sizing_cores());
+// The most a server runs on any machine (kMaxWebServerThreads == web_server_threads(8)).
+inline constexpr unsigned kMaxWebServerThreads = 8 + 2 * 8 + 2;
 
 struct HttpRequest {
   std::string method;  // GET or HEAD
