@@ -71,6 +71,14 @@ inline std::set<int> loaded_prog_ids() {
   return ids;
 }
 
+// Whether this test, and the daemon it runs, are built with sanitizers (tests/sanitizers.sh):
+// exits take longer, and RSS bounds mean nothing (shadow memory, freed memory quarantined).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kSanitized = true;
+#else
+inline constexpr bool kSanitized = false;
+#endif
+
 struct Setup {
   std::string dir = temp_dir();
   int port = free_port();

@@ -316,7 +316,7 @@ TEST_CASE(
 TEST_CASE(
     "idle flood: 1000 connections that send nothing are cut at request_timeout and do "
     "not delay scrapes",
-    "[hostile]") {
+    "[hostile][sanitize]") {
   bool tls = false;
   SECTION("plain HTTP") { tls = false; }
   SECTION("TLS: the handshake never starts") { tls = true; }
@@ -360,7 +360,8 @@ TEST_CASE("bcrypt flood: 150 clients guessing passwords do not delay an authoriz
   check_alive_and_serving(t);
 }
 
-TEST_CASE("malformed Authorization headers are answered 401 also while hammered", "[hostile]") {
+TEST_CASE("malformed Authorization headers are answered 401 also while hammered",
+          "[hostile][sanitize]") {
   WebDaemon t({.tls = false, .web_keys = "", .basic_auth = true});
   const std::string user = kUser;
   const std::string right = "Authorization: Basic " + base64(user + ":" + kPassword) + "\r\n";

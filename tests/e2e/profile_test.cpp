@@ -119,7 +119,7 @@ void keep_screenshot(const std::string& chromium, const std::string& url, const 
 }  // namespace
 
 TEST_CASE("pprof over HTTPS with basic auth: go tool pprof reads the known workload's profile",
-          "[profile]") {
+          "[profile][sanitize]") {
   ProfileDaemon p;
   Workload w;
   const auto [status, body] = p.get("/debug/pprof/profile?seconds=3");
