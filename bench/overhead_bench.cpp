@@ -103,6 +103,15 @@ Attach tracer(const std::string& name, MetricStore& store, const std::string& op
   };
 }
 
+// Several attached at once.
+Attach together(std::vector<Attach> attaches) {
+  return [attaches]() -> Attachment {
+    auto all = std::make_shared<std::vector<Attachment>>();
+    for (const Attach& a : attaches) all->push_back(a());
+    return all;
+  };
+}
+
 // Each workload returns the number of events it caused.
 long getppid_calls() {
   constexpr long n = 300'000;
@@ -287,6 +296,8 @@ int run_benchmarks(int argc, char** argv) {
   MetricStore labelled_store;
   // With `slow` (events below its threshold: what every event pays): a store of its own.
   MetricStore slow_store;
+  // The two scheduler tracers at once.
+  MetricStore both_store;
   const auto labelled = [&](const std::string& name) -> Mode {
     return {name + " cgroup: true", tracer(name, labelled_store, "    cgroup: true\n"), {}};
   };
@@ -323,7 +334,11 @@ int run_benchmarks(int argc, char** argv) {
        {{"baseline", none, {}},
         {"floor sched_switch", floor_of({"floor_switch"}), {}},
         {"offcpu_time", tracer("offcpu_time", store), {}},
-        labelled("offcpu_time")}},
+        labelled("offcpu_time"),
+        // Each its own object: two sched_switch programs.
+        {"runqueue_latency + offcpu_time",
+         together({tracer("runqueue_latency", both_store), tracer("offcpu_time", both_store)}),
+         {}}}},
       {"page_faults: first touch of anonymous pages",
        "page",
        touch_pages,

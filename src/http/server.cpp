@@ -88,11 +88,6 @@ HttpResponse busy(std::string message) {
 // One open connection. Its TLS credentials are those current when it started: libmicrohttpd
 // ends the GnuTLS session (gnutls_deinit) before it reports the connection closed, where
 // this is freed, so the session never outlives them.
-struct Connection {
-  WatchedSocket socket;
-  std::shared_ptr<const TlsCredentials> tls;
-};
-
 // A request's progress across calls of the access handler; work done on a worker thread
 // leaves its result here and resumes the connection.
 struct PendingRequest {
@@ -103,6 +98,15 @@ struct PendingRequest {
   std::string raw_target;
   const char* raw_target_at = nullptr;
   bool head_checked = false;
+};
+
+struct Connection {
+  WatchedSocket socket;
+  std::shared_ptr<const TlsCredentials> tls;
+  // Its request in progress. Owned here, not by the library's request context: where the
+  // library ends a request itself before the access handler saw it (a request line it will
+  // not take), it calls no completion for it, and the request goes with the connection.
+  std::unique_ptr<PendingRequest> pending;
 };
 
 void log_from_library(void*, const char* format, va_list args) {
@@ -353,18 +357,31 @@ void WebServer::Impl::on_connection(void* cls, MHD_Connection* connection, void*
 void WebServer::Impl::on_completed(void* cls, MHD_Connection* connection, void** request_context,
                                    MHD_RequestTerminationCode) noexcept {
   auto* self = static_cast<Impl*>(cls);
-  delete static_cast<PendingRequest*>(*request_context);
-  *request_context = nullptr;
   if (Connection* c = connection_of(connection)) {
+    if (c->pending.get() == *request_context) c->pending.reset();
     self->watch.arm(&c->socket, self->settings.idle_timeout);
   }
+  *request_context = nullptr;
 }
 
-void* WebServer::Impl::on_request_line(void*, const char* uri, MHD_Connection*) noexcept {
+namespace {
+// A new request on `connection`, owned by it; nullptr without a connection of ours.
+PendingRequest* new_pending(MHD_Connection* connection) {
+  Connection* c = connection_of(connection);
+  if (!c) return nullptr;
+  c->pending = std::make_unique<PendingRequest>();
+  return c->pending.get();
+}
+}  // namespace
+
+void* WebServer::Impl::on_request_line(void*, const char* uri,
+                                       MHD_Connection* connection) noexcept {
   try {
-    auto* pending = new PendingRequest();
-    pending->raw_target = uri ? uri : "";
-    pending->raw_target_at = uri;
+    PendingRequest* pending = new_pending(connection);
+    if (pending) {
+      pending->raw_target = uri ? uri : "";
+      pending->raw_target_at = uri;
+    }
     return pending;
   } catch (...) {
     return nullptr;  // on_request makes one; the raw target is then unknown, and refused
@@ -428,7 +445,8 @@ MHD_Result WebServer::Impl::on_request(void* cls, MHD_Connection* connection, co
     auto* pending = static_cast<PendingRequest*>(*request_context);
     const std::string_view m(method);
     if (!pending) {
-      pending = new PendingRequest();
+      pending = new_pending(connection);
+      if (!pending) return MHD_NO;  // not a connection of ours: closed
       *request_context = pending;
     }
     if (!pending->head_checked) {
