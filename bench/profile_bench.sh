@@ -6,7 +6,8 @@
 #  2. the off-CPU path per context switch: `perf bench sched pipe` (two tasks blocking on
 #     each other, two blocking switches per round trip) with nothing, with the daemon
 #     (on_cpu: false; the waits are below offcpu_min, so each costs the user stack taken at
-#     switch-out and one comparison) and with libbpf-tools' offcputime;
+#     switch-out and one comparison), with the daemon running offcpu_time beside the profile
+#     (each keeps off-CPU state of its own), and with libbpf-tools' offcputime;
 #  3. the daemon's RSS under process churn: thousands of short-lived processes run from 200
 #     distinct copies of the workload binary (a file each: its own ELF to open and name).
 # Root; run from the repository root after building.
@@ -75,11 +76,16 @@ pipe_usecs() {  # usecs per round trip of perf bench sched pipe, both tasks on C
   taskset -c 0 perf bench sched pipe -l "$loops" 2>/dev/null | awk '/usecs\/op/ {print $1}'
 }
 config "$dir/off.yaml" 19 false true
-: >"$dir/base"; : >"$dir/ours"; : >"$dir/theirs"
+config "$dir/both.yaml" 19 false true
+printf '  offcpu_time:\n    enabled: true\n' >>"$dir/both.yaml"
+: >"$dir/base"; : >"$dir/ours"; : >"$dir/both"; : >"$dir/theirs"
 for _ in $(seq "$rounds"); do
   pipe_usecs >>"$dir/base"
   start_daemon "$dir/off.yaml"
   pipe_usecs >>"$dir/ours"
+  stop_daemon
+  start_daemon "$dir/both.yaml"
+  pipe_usecs >>"$dir/both"
   stop_daemon
   /usr/sbin/offcputime -m 1000 30 >/dev/null 2>&1 &
   oc=$!
@@ -87,10 +93,12 @@ for _ in $(seq "$rounds"); do
   pipe_usecs >>"$dir/theirs"
   kill -INT "$oc"; wait "$oc" 2>/dev/null || true
 done
-base=$(median <"$dir/base"); ours=$(median <"$dir/ours"); theirs=$(median <"$dir/theirs")
+base=$(median <"$dir/base"); ours=$(median <"$dir/ours"); both=$(median <"$dir/both")
+theirs=$(median <"$dir/theirs")
 echo "Off-CPU path (perf bench sched pipe, median of $rounds; two blocking switches a round trip):"
 printf '  nothing      %.3f us a round trip\n' "$base"
 printf '  profile      %.3f us  (%+.0f ns a switch)\n' "$ours" "$(echo "($ours - $base) * 1000 / 2" | bc -l)"
+printf '  + offcpu_time %.3f us  (%+.0f ns a switch)\n' "$both" "$(echo "($both - $base) * 1000 / 2" | bc -l)"
 printf '  offcputime   %.3f us  (%+.0f ns a switch)\n' "$theirs" "$(echo "($theirs - $base) * 1000 / 2" | bc -l)"
 
 # 3. RSS under process churn.

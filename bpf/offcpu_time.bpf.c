@@ -25,16 +25,7 @@
 
 EMD_DROPS_MAP(OFFCPU_DROP__COUNT);
 
-static const struct offcpu_hist zero_hist = {};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct offcpu_hist);
-} offcpu_hist SEC(".maps");
-
-EMD_CGROUP_MAP(offcpu_hist_labelled, struct emd_task_key, struct offcpu_hist);
+EMD_TASK_HIST_MAPS(offcpu_hist);
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -116,7 +107,7 @@ static __always_inline int on_switch(void *ctx, bool preempt,
 {
 	bool blocks = emd_offcpu_blocks(preempt, prev_state);
 	__u32 kind = blocks ? OFFCPU_SWITCH_VOLUNTARY : OFFCPU_SWITCH_INVOLUNTARY;
-	struct offcpu_hist *h;
+	struct emd_task_hist *h;
 	struct emd_offcpu *s;
 	__u64 *n, now, waited = 0;
 
@@ -134,8 +125,8 @@ static __always_inline int on_switch(void *ctx, bool preempt,
 			    OFFCPU_DROP_TASK_STATE);
 	if (!s)
 		return 0;
-	h = emd_task_hist(next, &offcpu_hist, &offcpu_hist_labelled, &zero_hist, &drops,
-			  OFFCPU_DROP_MAP_FULL, raw);
+	h = emd_task_hist_of(next, &offcpu_hist, &offcpu_hist_labelled, &drops,
+			     OFFCPU_DROP_MAP_FULL, raw);
 	if (!h)
 		return 0;
 	emd_hist_add_ns(h, waited);

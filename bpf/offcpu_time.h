@@ -3,13 +3,7 @@
 #ifndef EBPF_METRICSD_OFFCPU_TIME_H
 #define EBPF_METRICSD_OFFCPU_TIME_H
 
-#include "common/log2_slot.h"
 #include "common/task_labels.h"
-
-struct offcpu_hist {
-	__u64 slots[EMD_HIST_SLOTS]; /* powers of two of seconds (common/log2_slot.h) */
-	__u64 sum;                   /* ns */
-};
 
 /* As the kernel counts nvcsw and nivcsw. */
 enum offcpu_switch_kind {

@@ -24,16 +24,7 @@ struct runq_task {
 EMD_DROPS_MAP(RUNQ_DROP__COUNT);
 EMD_TASK_STATE(runq, struct runq_task)
 
-static const struct runq_hist zero_hist = {};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct runq_hist);
-} runq_hist SEC(".maps");
-
-EMD_CGROUP_MAP(runq_hist_labelled, struct emd_task_key, struct runq_hist);
+EMD_TASK_HIST_MAPS(runq_hist);
 
 static __always_inline int on_wakeup(struct task_struct *p, bool raw)
 {
@@ -48,7 +39,7 @@ static __always_inline int on_switch(bool preempt, struct task_struct *prev,
 				     struct task_struct *next,
 				     unsigned int prev_state, bool raw)
 {
-	struct runq_hist *h;
+	struct emd_task_hist *h;
 	struct runq_task *s;
 	__u64 now = bpf_ktime_get_ns();
 
@@ -63,8 +54,8 @@ static __always_inline int on_switch(bool preempt, struct task_struct *prev,
 	s = runq_of(next, true, raw, &drops, RUNQ_DROP_TASK_STATE);
 	if (!s || !s->enqueued)
 		return 0;
-	h = emd_task_hist(next, &runq_hist, &runq_hist_labelled, &zero_hist, &drops,
-			  RUNQ_DROP_MAP_FULL, raw);
+	h = emd_task_hist_of(next, &runq_hist, &runq_hist_labelled, &drops,
+			     RUNQ_DROP_MAP_FULL, raw);
 	if (h)
 		emd_hist_add_ns(h, now - s->enqueued);
 	s->enqueued = 0;

@@ -3,13 +3,7 @@
 #ifndef EBPF_METRICSD_RUNQUEUE_LATENCY_H
 #define EBPF_METRICSD_RUNQUEUE_LATENCY_H
 
-#include "common/log2_slot.h"
 #include "common/task_labels.h"
-
-struct runq_hist {
-	__u64 slots[EMD_HIST_SLOTS]; /* powers of two of seconds (common/log2_slot.h) */
-	__u64 sum;                   /* ns */
-};
 
 enum runq_drop_reason {
 	RUNQ_DROP_TASK_STATE = 0, /* no per-task state for a task */

@@ -18,15 +18,28 @@
 /* Set by user space before load (`comm: true`). */
 const volatile __u8 emd_by_comm = 0;
 
+/* A histogram's two maps: `name`, its only entry when unlabelled, and
+ * `name`_labelled, by label set (sized by user space). */
+#define EMD_TASK_HIST_MAPS(name)                                               \
+	struct {                                                               \
+		__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);                       \
+		__uint(max_entries, 1);                                        \
+		__type(key, __u32);                                            \
+		__type(value, struct emd_task_hist);                           \
+	} name SEC(".maps");                                                   \
+	EMD_CGROUP_MAP(name##_labelled, struct emd_task_key,                   \
+		       struct emd_task_hist)
+
 /*
  * Task t's histogram: the only entry of `plain`, or its label set's entry of
- * `labelled`, made from *zero on the set's first event (a full map counted
- * under `reason`).
+ * `labelled`, made on the set's first event (a full map counted under
+ * `reason`).
  */
-static __always_inline void *emd_task_hist(struct task_struct *t, void *plain,
-					   void *labelled, const void *zero,
-					   void *drops, __u32 reason, bool raw)
+static __always_inline struct emd_task_hist *
+emd_task_hist_of(struct task_struct *t, void *plain, void *labelled,
+		 void *drops, __u32 reason, bool raw)
 {
+	static const struct emd_task_hist zero = {};
 	struct emd_task_key key = {};
 	__u32 first = 0;
 
@@ -36,7 +49,7 @@ static __always_inline void *emd_task_hist(struct task_struct *t, void *plain,
 		key.cgroup = EMD_READ(raw, t, cgroups, dfl_cgrp, kn, id);
 	if (emd_by_comm)
 		BPF_CORE_READ_STR_INTO(&key.comm, t, comm);
-	return emd_lookup_or_init(labelled, &key, zero, drops, reason);
+	return emd_lookup_or_init(labelled, &key, &zero, drops, reason);
 }
 
 #endif

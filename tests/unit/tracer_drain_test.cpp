@@ -135,8 +135,8 @@ TEST_CASE("runqueue_latency and offcpu_time: comm labels; context switches by ki
   {
     DryTracer t("runqueue_latency");
     const std::uint32_t only = 0;
-    t.tables.set("runq_hist", only, hist<runq_hist>(25, 10, 100'000), 0);
-    t.tables.set("runq_hist", only, hist<runq_hist>(25, 5, 50'000), 1);
+    t.tables.set("runq_hist", only, hist<emd_task_hist>(25, 10, 100'000), 0);
+    t.tables.set("runq_hist", only, hist<emd_task_hist>(25, 5, 50'000), 1);
     t.drain();
     CHECK(t.count("ebpf_runqueue_latency_seconds", {}) == 15);
   }
@@ -145,8 +145,8 @@ TEST_CASE("runqueue_latency and offcpu_time: comm labels; context switches by ki
   std::strcpy(nginx.comm, "nginx");
   // A comm of the kernel's full 15 characters, and one cut inside a UTF-8 character.
   std::memcpy(sleeper.comm, "sleeper-\xc3", 9);
-  t.tables.set("offcpu_hist_labelled", nginx, hist<offcpu_hist>(40, 3, 3'000'000'000), 0);
-  t.tables.set("offcpu_hist_labelled", sleeper, hist<offcpu_hist>(40, 1, 1'000'000'000), 1);
+  t.tables.set("offcpu_hist_labelled", nginx, hist<emd_task_hist>(40, 3, 3'000'000'000), 0);
+  t.tables.set("offcpu_hist_labelled", sleeper, hist<emd_task_hist>(40, 1, 1'000'000'000), 1);
   const std::uint32_t voluntary = OFFCPU_SWITCH_VOLUNTARY, involuntary = OFFCPU_SWITCH_INVOLUNTARY;
   t.tables.set("switches", voluntary, std::uint64_t{9}, 0);
   t.tables.set("switches", voluntary, std::uint64_t{1}, 2);
