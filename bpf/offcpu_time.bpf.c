@@ -36,29 +36,20 @@ struct {
 
 /*
  * The slow capture, for prev (the current task), which blocks: the stacks of
- * where it waits. Its user stack can only be taken now, while it is current,
- * so it is taken at every blocking switch. Its kernel stack stays as it is
- * until it runs again: with a BTF task pointer (tp_btf) it is taken then, and
- * only for a slow wait; raw_tp has no task pointer the helper accepts, so it
- * takes it now too.
+ * where it waits (emd_offcpu_keep_stacks), taken at every blocking switch as
+ * the user stack can only be taken now, slow or not; not for an exiting task
+ * (its user stack is gone) nor the daemon's own.
  */
-static __always_inline void keep_blocked_stacks(void *ctx,
-						struct emd_offcpu *s,
+static __always_inline void keep_blocked_stacks(void *ctx, struct emd_offcpu *s,
 						struct task_struct *prev,
 						bool raw)
 {
-	__u32 flags = EMD_READ(raw, prev, flags);
-
-	if (flags & PF_EXITING)
+	if (EMD_READ(raw, prev, flags) & PF_EXITING)
 		s->flags = WAIT_EXITING;
 	else if (EMD_READ(raw, prev, tgid) == emd_slow_self_tgid)
 		s->flags = WAIT_OWN;
-	if (s->flags)
-		return;
-	if (raw)
-		s->kstack = emd_stack_take(ctx, 0, 0);
-	if (!(flags & PF_KTHREAD))
-		s->ustack = emd_stack_take(ctx, 1, BPF_F_USER_STACK);
+	else
+		emd_offcpu_keep_stacks(ctx, s, prev, raw, 0, 1);
 }
 
 /* next's wait of `waited` ns, counted in its histogram, is slow: send it. */
@@ -88,15 +79,10 @@ static __always_inline void send_slow_wait(struct task_struct *next,
 	/* The label text is the comm: the `comm` label of the series, if on. */
 	__builtin_memcpy(e->label, e->comm, sizeof(e->comm));
 	e->label[sizeof(e->comm)] = 0;
-	if (raw) {
-		e->kstack_len = emd_stack_copy(s->kstack, e->kstack,
-					       EMD_SLOW_STACK_LOST);
-	} else {
-		e->kstack_len = (__s32)(emd_stack_frames(bpf_get_task_stack(
-						next, e->kstack, sizeof(e->kstack), 0)) *
-					8);
-	}
-	e->ustack_len = emd_stack_copy(s->ustack, e->ustack, EMD_SLOW_STACK_LOST);
+	e->kstack_len = emd_stack_copy(emd_offcpu_kstack(next, s, raw, 2),
+				       e->kstack, EMD_SLOW_STACK_LOST);
+	e->ustack_len =
+	    emd_stack_copy(s->ustack, e->ustack, EMD_SLOW_STACK_LOST);
 	bpf_ringbuf_submit(e, 0);
 }
 
@@ -106,7 +92,8 @@ static __always_inline int on_switch(void *ctx, bool preempt,
 				     unsigned int prev_state, bool raw)
 {
 	bool blocks = emd_offcpu_blocks(preempt, prev_state);
-	__u32 kind = blocks ? OFFCPU_SWITCH_VOLUNTARY : OFFCPU_SWITCH_INVOLUNTARY;
+	__u32 kind =
+	    blocks ? OFFCPU_SWITCH_VOLUNTARY : OFFCPU_SWITCH_INVOLUNTARY;
 	struct emd_task_hist *h;
 	struct emd_offcpu *s;
 	__u64 *n, now, waited = 0;
@@ -121,7 +108,7 @@ static __always_inline int on_switch(void *ctx, bool preempt,
 		if (s && emd_slow_threshold_ns)
 			keep_blocked_stacks(ctx, s, prev, raw);
 	}
-	s = emd_offcpu_wake(next, now, &waited, raw, true, &drops,
+	s = emd_offcpu_wake(next, now, &waited, raw, &drops,
 			    OFFCPU_DROP_TASK_STATE);
 	if (!s)
 		return 0;
@@ -130,12 +117,13 @@ static __always_inline int on_switch(void *ctx, bool preempt,
 	if (!h)
 		return 0;
 	emd_hist_add_ns(h, waited);
-	if (!(s->flags & WAIT_OWN) && emd_slow(waited, EMD_READ(raw, next, tgid)))
+	if (!(s->flags & WAIT_OWN) &&
+	    emd_slow(waited, EMD_READ(raw, next, tgid)))
 		send_slow_wait(next, s, now, waited, raw);
 	return 0;
 }
 
-#define SWITCH(preempt, prev, next, prev_state, raw)                          \
+#define SWITCH(preempt, prev, next, prev_state, raw)                           \
 	on_switch(ctx, preempt, prev, next, prev_state, raw)
 
 EMD_SCHED_SWITCH_PROGS(sched_switch, SWITCH)

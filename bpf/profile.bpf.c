@@ -3,13 +3,19 @@
  * Where the time goes, as stacks:
  *  - on-CPU: a CPU-clock perf event in frequency mode on every CPU runs
  *    on_cpu_sample; each sample adds its period (ns of CPU time) to the
- *    interrupted thread's (kernel stack, user stack);
- *  - off-CPU: at sched_switch a thread that blocks leaves its user stack and
- *    the time in per-thread state (taking the user stack is the cost of each
- *    blocking switch); when it is switched in again after at least
- *    offcpu_min, its kernel stack is taken where it still waits and the wait
- *    is added to its (kernel stack, user stack). A shorter wait costs one
- *    comparison more.
+ *    interrupted thread's (kernel stack, user stack). With `unwind: cfi` the
+ *    sample is sent instead, with a copy of the top of its user stack and its
+ *    user registers (common/ustack.bpf.h), for the daemon to unwind, within a
+ *    budget of copies a second (beyond it, or where no copy can be made, the
+ *    frame-pointer walk is aggregated as before);
+ *  - off-CPU: at sched_switch a thread that blocks leaves the time in
+ *    per-thread state; when it is switched in again after at least
+ *    offcpu_min, its kernel stack is taken where it still waits. Its user
+ *    stack: a thread blocked inside a system call returns to the same one,
+ *    which with `unwind: cfi` is copied when the call returns (sys_exit), in
+ *    the thread's own context and only for the long waits; where it blocked
+ *    elsewhere (a page fault), or without `unwind: cfi`, it is walked by frame
+ *    pointer when it blocks. A shorter wait costs one comparison more.
  * Stacks are kept once each by a 64-bit hash of their frames
  * (common/stacks.bpf.h); aggregates in the inner map that `counts_slot`
  * points to. User space
@@ -17,8 +23,10 @@
  * running with the old one) and reads the old one whole: nothing is lost
  * between reads. What cannot be kept is counted in `drops`.
  * A process is announced to user space (new_processes) the first time it is
- * seen, and again after it execs, so that its mappings are read while it lives:
- * a process that exits before the next read is still symbolized.
+ * seen, and again after it execs or maps more code (mmap, mprotect with
+ * PROT_EXEC, seen at sys_exit where that is attached), so that its mappings are
+ * read while it lives: a process that exits before the next read is still
+ * symbolized.
  * The off-CPU state machine is common/offcpu.bpf.h, as offcpu_time's.
  */
 #include "vmlinux.h"
@@ -28,9 +36,10 @@
 
 #include "common/cgroup.bpf.h"
 #include "common/maps.bpf.h"
-#include "common/read.bpf.h"
 #include "common/offcpu.bpf.h"
+#include "common/read.bpf.h"
 #include "common/stacks.bpf.h"
+#include "common/ustack.bpf.h"
 #include "profile.h"
 
 #define PF_EXITING 0x00000004
@@ -41,6 +50,8 @@ const volatile __u8 on_cpu_on = 1;
 const volatile __u8 off_cpu_on = 1;
 const volatile __u64 offcpu_min_ns = 1000000;
 const volatile __u32 nr_workloads = 0; /* 0: every workload */
+/* `unwind: cfi`: user stacks are copied for the daemon to unwind. */
+const volatile __u8 unwind_cfi = 0;
 
 /* Two aggregate maps, one of them in counts_slot at a time. Preallocated:
  * an inner map's flags must match the slot's template on every kernel. */
@@ -57,7 +68,7 @@ struct {
 	__type(key, __u32);
 	__array(values, struct counts_map);
 } counts_slot SEC(".maps") = {
-	.values = { [0] = &counts_a },
+    .values = {[0] = &counts_a},
 };
 
 struct {
@@ -72,7 +83,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 16384);
 	__type(key, __u32);
-	__type(value, __u8);
+	__type(value, struct profile_announced);
 } announced SEC(".maps");
 
 struct {
@@ -80,20 +91,59 @@ struct {
 	__uint(max_entries, 64 * 1024);
 } new_processes SEC(".maps");
 
+/* Samples and waits with a copy of the user stack; sized by user space. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4096);
+} samples SEC(".maps");
+
+/* Where a record is made before it is sent: one slot for the perf sample and
+ * one for the tracepoints, which it can interrupt. */
+#define RECORD_SAMPLE 0
+#define RECORD_TRACEPOINT 1
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, struct profile_record);
+} records SEC(".maps");
+
 EMD_DROPS_MAP(PROFILE_DROP__COUNT);
 
-/* Tells user space about process tgid unless it knows it already. */
+/* Tells user space about process tgid unless it knows it already: the first
+ * time it is seen, and again after it exec'd or mapped more code (at most every
+ * PROFILE_REANNOUNCE_NS), for its mappings to be read again. */
 static __always_inline void announce(__u32 tgid)
 {
-	static const __u8 one = 1;
+	struct profile_announcement a = {.tgid = tgid};
+	struct profile_announced now = {};
+	struct profile_announced *known;
 
-	if (bpf_map_lookup_elem(&announced, &tgid))
+	known = bpf_map_lookup_elem(&announced, &tgid);
+	now.at = bpf_ktime_get_ns();
+	if (known &&
+	    (!known->again || now.at - known->at < PROFILE_REANNOUNCE_NS))
 		return;
-	if (bpf_ringbuf_output(&new_processes, &tgid, sizeof(tgid), 0)) {
+	a.again = known != NULL;
+	if (bpf_ringbuf_output(&new_processes, &a, sizeof(a), 0)) {
 		emd_count_drop(&drops, PROFILE_DROP_ANNOUNCE);
 		return;
 	}
-	bpf_map_update_elem(&announced, &tgid, &one, BPF_ANY);
+	bpf_map_update_elem(&announced, &tgid, &now, BPF_ANY);
+}
+
+/* Process tgid exec'd (at 0: at once) or mapped more code: announce it again
+ * when next seen. */
+static __always_inline void announce_again(__u32 tgid, bool at_once)
+{
+	struct profile_announced *known =
+	    bpf_map_lookup_elem(&announced, &tgid);
+
+	if (!known)
+		return; /* not announced yet: it will be, whole */
+	known->again = 1;
+	if (at_once)
+		known->at = 0;
 }
 
 /* Whether the current task belongs to one of the configured workloads. */
@@ -112,7 +162,8 @@ static __always_inline bool wanted(void)
 	return false;
 }
 
-static __always_inline void add(struct profile_key *key, __u64 ns)
+static __always_inline void add_n(struct profile_key *key, __u64 count,
+				  __u64 ns)
 {
 	static const struct profile_value zero = {};
 	struct profile_value *v;
@@ -126,8 +177,13 @@ static __always_inline void add(struct profile_key *key, __u64 ns)
 			       PROFILE_DROP_COUNTS_FULL);
 	if (!v)
 		return;
-	__sync_fetch_and_add(&v->count, 1);
+	__sync_fetch_and_add(&v->count, count);
 	__sync_fetch_and_add(&v->ns, ns);
+}
+
+static __always_inline void add(struct profile_key *key, __u64 ns)
+{
+	add_n(key, 1, ns);
 }
 
 static __always_inline bool user_task(void)
@@ -135,6 +191,62 @@ static __always_inline bool user_task(void)
 	struct task_struct *t = (struct task_struct *)bpf_get_current_task();
 
 	return !(BPF_CORE_READ(t, flags) & PF_KTHREAD);
+}
+
+/* The user registers of a sample: the interrupted ones when it interrupted
+ * user mode (whole-word loads from the context, which the verifier rewrites),
+ * else those saved at the top of the task's kernel stack. */
+static __always_inline bool sample_user_regs(struct bpf_perf_event_data *ctx,
+					     struct emd_ustack *u)
+{
+	const struct emd_user_regs *interrupted = (void *)&ctx->regs;
+	struct emd_user_regs r;
+
+	if ((interrupted->cs & 3) != 3)
+		return emd_ustack_regs(u, emd_task_user_regs());
+	r.r15 = interrupted->r15;
+	r.r14 = interrupted->r14;
+	r.r13 = interrupted->r13;
+	r.r12 = interrupted->r12;
+	r.bp = interrupted->bp;
+	r.bx = interrupted->bx;
+	r.r11 = interrupted->r11;
+	r.r10 = interrupted->r10;
+	r.r9 = interrupted->r9;
+	r.r8 = interrupted->r8;
+	r.ax = interrupted->ax;
+	r.cx = interrupted->cx;
+	r.dx = interrupted->dx;
+	r.si = interrupted->si;
+	r.di = interrupted->di;
+	r.ip = interrupted->ip;
+	r.cs = interrupted->cs;
+	r.sp = interrupted->sp;
+	return emd_ustack_regs_of(u, &r);
+}
+
+/* A sample sent with a copy of its user stack; false when none could be
+ * taken (counted), and the sample is aggregated as frame pointers show it. */
+static __always_inline bool send_sample(struct bpf_perf_event_data *ctx,
+					struct profile_key *key)
+{
+	__u32 slot = RECORD_SAMPLE;
+	struct profile_record *r = bpf_map_lookup_elem(&records, &slot);
+
+	if (!r || !emd_has_user_stack() || !emd_ustack_admit())
+		return false;
+	if (!sample_user_regs(ctx, &r->ustack) || !emd_ustack_copy(&r->ustack))
+		return false;
+	r->tgid = key->tgid;
+	r->tid = key->tid;
+	r->cgroup = key->cgroup;
+	r->ns = ctx->sample_period;
+	r->count = 1;
+	r->kind = PROFILE_ON_CPU;
+	r->syscall = -1;
+	__builtin_memcpy(r->comm, key->comm, sizeof(r->comm));
+	r->kstack_len = emd_stack_take_into(ctx, r->kstack, 0);
+	return emd_ustack_send(&samples, r, &r->ustack);
 }
 
 SEC("perf_event")
@@ -150,16 +262,40 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	key.tgid = id >> 32;
 	key.tid = (__u32)id;
 	key.kind = PROFILE_ON_CPU;
+	key.syscall = -1;
 	if (emd_by_cgroup)
 		key.cgroup = bpf_get_current_cgroup_id();
 	bpf_get_current_comm(&key.comm, sizeof(key.comm));
-	key.kstack = emd_stack_take(ctx, 0, 0);
-	if (user_task()) {
-		key.ustack = emd_stack_take(ctx, 1, BPF_F_USER_STACK);
+	if (user_task())
 		announce(key.tgid);
-	}
+	if (unwind_cfi && user_task() && send_sample(ctx, &key))
+		return 0;
+	key.kstack = emd_stack_take(ctx, 0, 0);
+	if (user_task())
+		key.ustack = emd_stack_take(ctx, 1, BPF_F_USER_STACK);
 	add(&key, ctx->sample_period);
 	return 0;
+}
+
+/* Whether the user stacks of waits inside system calls are taken when the
+ * call returns (`unwind: cfi`, with sys_exit attached). */
+const volatile __u8 waits_at_sys_exit = 0;
+
+/* Keeps waits of a system call that lost their user stack: by their kernel
+ * stack alone, counted by why. */
+static __always_inline void
+keep_without_ustack(struct profile_key *key, const struct emd_syscall_wait *w,
+		    __u32 loss)
+{
+	/* The reasons in the order of enum emd_syscall_wait_loss. */
+	if (loss >= EMD_SYSCALL_WAIT_MISMATCH &&
+	    loss <= EMD_SYSCALL_WAIT_KSTACK)
+		emd_count_drop(&drops, PROFILE_DROP_SYSCALL_MISMATCH + loss -
+					   EMD_SYSCALL_WAIT_MISMATCH);
+	key->kstack = w->kstack;
+	key->ustack = 0;
+	key->syscall = w->site.nr;
+	add_n(key, w->waits, w->ns);
 }
 
 static __always_inline int on_switch(void *ctx, bool preempt,
@@ -167,63 +303,202 @@ static __always_inline int on_switch(void *ctx, bool preempt,
 				     struct task_struct *next,
 				     unsigned int prev_state, bool raw)
 {
+	struct emd_syscall_wait flush;
 	struct emd_offcpu *s;
 	struct profile_key key = {};
-	__u64 now, waited = 0;
+	__u64 now, waited = 0, kstack;
+	__u32 loss;
 
 	if (!off_cpu_on)
 		return 0;
 	now = bpf_ktime_get_ns();
 
 	/* prev, the current task, blocks: its stacks are where it waits. A task
-	 * that exits switches out for good. Its user stack can only be taken
+	 * that exits switches out for good. Inside a system call its user stack
+	 * stays as it is until the call returns, and is taken then (sys_exit),
+	 * for a long wait only; elsewhere (a page fault) it can only be taken
 	 * now, while it is current. Its kernel stack stays as it is until it
-	 * runs again: with a BTF task pointer (tp_btf) it is taken then, and only
-	 * for a wait of at least offcpu_min; raw_tp has no task pointer the
-	 * helper accepts, so it takes it now. */
+	 * runs again: with a BTF task pointer (tp_btf) it is taken then, and
+	 * only for a wait of at least offcpu_min; raw_tp has no task pointer
+	 * the helper accepts, so it takes it now. */
 	if (emd_offcpu_blocks(preempt, prev_state) &&
 	    !(EMD_READ(raw, prev, flags) & PF_EXITING) && wanted()) {
 		s = emd_offcpu_block(prev, now, raw, &drops,
 				     PROFILE_DROP_THREAD_STATE);
 		if (s) {
-			if (raw)
-				s->kstack = emd_stack_take(ctx, 2, 0);
-			if (!(EMD_READ(raw, prev, flags) & PF_KTHREAD)) {
-				s->ustack = emd_stack_take(ctx, 3,
-							   BPF_F_USER_STACK);
-				announce(EMD_READ(raw, prev, tgid));
+			bool user = !(EMD_READ(raw, prev, flags) & PF_KTHREAD);
+
+			if (waits_at_sys_exit && user &&
+			    (prev_state & EMD_TASK_STOPPED_OR_TRACED))
+				emd_count_drop(&drops, PROFILE_DROP_STOPPED);
+			if (waits_at_sys_exit && user &&
+			    emd_syscall_site_here(&s->site, prev_state)) {
+				if (raw)
+					s->kstack = emd_stack_take(ctx, 2, 0);
+			} else {
+				emd_offcpu_keep_stacks(ctx, s, prev, raw, 2, 3);
 			}
+			if (user)
+				announce(EMD_READ(raw, prev, tgid));
 		}
 	}
 
-	s = emd_offcpu_wake(next, now, &waited, raw, false, &drops,
+	s = emd_offcpu_wake(next, now, &waited, raw, &drops,
 			    PROFILE_DROP_THREAD_STATE);
 	if (!s || waited < offcpu_min_ns)
 		return 0;
 	key.tgid = EMD_READ(raw, next, tgid);
 	key.tid = EMD_READ(raw, next, pid);
 	key.kind = PROFILE_OFF_CPU;
-	key.kstack = raw ? s->kstack : emd_stack_take_task(next, 2);
-	key.ustack = s->ustack;
+	key.syscall = s->site.nr;
 	if (emd_by_cgroup)
 		key.cgroup = EMD_READ(raw, next, cgroups, dfl_cgrp, kn, id);
 	BPF_CORE_READ_STR_INTO(&key.comm, next, comm);
+	kstack = emd_offcpu_kstack(next, s, raw, 2);
+	if (s->site.nr >= 0) {
+		/* In a system call: its user stack when it returns. */
+		loss = emd_syscall_wait_add(s, waited, kstack, &flush);
+		if (loss != EMD_SYSCALL_WAIT_KEPT)
+			keep_without_ustack(&key, &flush, loss);
+		return 0;
+	}
+	key.kstack = kstack;
+	key.ustack = s->ustack;
 	add(&key, waited);
 	return 0;
 }
 
-#define SWITCH(preempt, prev, next, prev_state, raw)                          \
+/* The current task returns from a system call with user registers `regs`:
+ * the long waits it had inside are sent with a copy of the user stack it
+ * returns to (else kept with the frame-pointer walk of it). */
+static __always_inline void syscall_returns(void *ctx, struct pt_regs *regs,
+					    long ret, bool raw)
+{
+	long nr = EMD_READ(raw, regs, orig_ax);
+	__u32 slot = RECORD_TRACEPOINT, loss = EMD_SYSCALL_WAIT_KEPT;
+	struct emd_syscall_wait w;
+	struct emd_user_regs r;
+	struct profile_record *rec;
+	struct profile_key key = {};
+	struct emd_offcpu *s;
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)id;
+
+	if (raw)
+		s = bpf_map_lookup_elem(&emd_offcpu_by_tid, &tid);
+	else
+		s = bpf_task_storage_get(&emd_offcpu_task,
+					 bpf_get_current_task_btf(), 0, 0);
+	if (nr == 9 || nr == 10) { /* mmap, mprotect: more code to read? */
+		if ((EMD_READ(raw, regs, dx) & 0x4 /* PROT_EXEC */) && ret >= 0)
+			announce_again(id >> 32, false);
+	}
+	if (!s || !s->pending.waits)
+		return;
+	if (bpf_probe_read_kernel(&r, sizeof(r), regs))
+		__builtin_memset(&r, 0, sizeof(r));
+	if (!emd_syscall_wait_take(s, &r, &w, &loss))
+		return;
+	key.tgid = id >> 32;
+	key.tid = tid;
+	key.kind = PROFILE_OFF_CPU;
+	if (emd_by_cgroup)
+		key.cgroup = bpf_get_current_cgroup_id();
+	bpf_get_current_comm(&key.comm, sizeof(key.comm));
+	if (loss != EMD_SYSCALL_WAIT_KEPT) {
+		keep_without_ustack(&key, &w, loss);
+		return;
+	}
+	rec = bpf_map_lookup_elem(&records, &slot);
+	if (rec && emd_has_user_stack() && emd_ustack_admit() &&
+	    emd_ustack_regs_of(&rec->ustack, &r) &&
+	    emd_ustack_copy(&rec->ustack)) {
+		rec->tgid = key.tgid;
+		rec->tid = key.tid;
+		rec->cgroup = key.cgroup;
+		rec->ns = w.ns;
+		rec->count = w.waits;
+		rec->kind = PROFILE_OFF_CPU;
+		rec->syscall = w.site.nr;
+		__builtin_memcpy(rec->comm, key.comm, sizeof(rec->comm));
+		rec->kstack_len = emd_stack_copy(w.kstack, rec->kstack, 0);
+		if (emd_ustack_send(&samples, rec, &rec->ustack))
+			return;
+	}
+	key.kstack = w.kstack;
+	key.ustack = emd_stack_take(ctx, 3, BPF_F_USER_STACK);
+	key.syscall = w.site.nr;
+	add_n(&key, w.waits, w.ns);
+}
+
+SEC("tp_btf/sys_exit")
+int BPF_PROG(profile_sys_exit_btf, struct pt_regs *regs, long ret)
+{
+	syscall_returns(ctx, regs, ret, false);
+	return 0;
+}
+
+SEC("raw_tp/sys_exit")
+int BPF_PROG(profile_sys_exit_raw, struct pt_regs *regs, long ret)
+{
+	syscall_returns(ctx, regs, ret, true);
+	return 0;
+}
+
+/* A thread that exits inside a system call (exit_group, or killed while it
+ * waited) never returns from it: its pending waits are kept without a user
+ * stack. */
+static __always_inline void thread_exits(bool raw)
+{
+	struct emd_syscall_wait w;
+	struct profile_key key = {};
+	struct emd_offcpu *s;
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)id;
+
+	if (raw)
+		s = bpf_map_lookup_elem(&emd_offcpu_by_tid, &tid);
+	else
+		s = bpf_task_storage_get(&emd_offcpu_task,
+					 bpf_get_current_task_btf(), 0, 0);
+	if (!s || !s->pending.waits)
+		return;
+	w = s->pending;
+	s->pending.waits = 0;
+	key.tgid = id >> 32;
+	key.tid = tid;
+	key.kind = PROFILE_OFF_CPU;
+	if (emd_by_cgroup)
+		key.cgroup = bpf_get_current_cgroup_id();
+	bpf_get_current_comm(&key.comm, sizeof(key.comm));
+	keep_without_ustack(&key, &w, EMD_SYSCALL_WAIT_EXITED);
+}
+
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(profile_thread_exit_btf, struct task_struct *p)
+{
+	thread_exits(false);
+	return 0;
+}
+
+SEC("raw_tp/sched_process_exit")
+int BPF_PROG(profile_thread_exit_raw, struct task_struct *p)
+{
+	thread_exits(true);
+	return 0;
+}
+
+#define SWITCH(preempt, prev, next, prev_state, raw)                           \
 	on_switch(ctx, preempt, prev, next, prev_state, raw)
 
 EMD_SCHED_SWITCH_PROGS(offcpu_switch, SWITCH)
 
-/* A process that execs maps other files: announce it again when next seen. */
+/* A process that execs maps other files: announce it again when next seen,
+ * for its mappings to be read again. */
 SEC("raw_tp/sched_process_exec")
 int BPF_PROG(profile_exec, struct task_struct *p)
 {
-	__u32 tgid = BPF_CORE_READ(p, tgid);
-
-	bpf_map_delete_elem(&announced, &tgid);
+	announce_again(BPF_CORE_READ(p, tgid), true);
 	return 0;
 }
 

@@ -6,6 +6,9 @@
 #ifndef EBPF_METRICSD_PROFILE_H
 #define EBPF_METRICSD_PROFILE_H
 
+#include "common/stacks.h"
+#include "common/ustack.h"
+
 enum profile_kind {
 	PROFILE_ON_CPU = 0,  /* a CPU-clock sample */
 	PROFILE_OFF_CPU = 1, /* a wait of at least offcpu_min */
@@ -24,7 +27,8 @@ struct profile_key {
 	__u64 ustack;
 	char comm[16];
 	__u32 kind;
-	__u32 pad;
+	__s32
+	    syscall; /* the system call a wait was in, -1: none (or a sample) */
 };
 
 struct profile_value {
@@ -32,13 +36,60 @@ struct profile_value {
 	__u64 ns;    /* CPU time sampled, or time blocked */
 };
 
+/*
+ * An on-CPU sample or an off-CPU wait sent with a copy of the user stack, for
+ * the daemon to unwind with CFI (`unwind: cfi`): not aggregated in the
+ * kernel, each is a record of the ring `samples`.
+ */
+struct profile_record {
+	__u32 tgid;
+	__u32 tid;
+	__u64 cgroup;
+	__u64 ns;	  /* CPU time sampled, or time blocked */
+	__u32 count;	  /* samples, or waits */
+	__u32 kind;	  /* enum profile_kind */
+	__s32 syscall;	  /* the system call the thread waited in, -1: none */
+	__s32 kstack_len; /* bytes of kstack */
+	char comm[16];
+	__u64 kstack[EMD_STACK_MAX_DEPTH];
+	struct emd_ustack ustack; /* last: sent up to the bytes copied */
+};
+
+/* A process announced to user space (ring new_processes): seen for the first
+ * time (again: 0), or again since it exec'd or mapped more code (again: 1),
+ * for its mappings to be read (again). */
+struct profile_announcement {
+	__u32 tgid;
+	__u32 again;
+};
+
+/* A process announced already: when, and whether it is to be announced again
+ * (it exec'd, or mapped code since). */
+struct profile_announced {
+	__u64 at; /* bpf_ktime_get_ns() */
+	__u32 again;
+	__u32 pad;
+};
+
+/* A process that mapped more code is announced again at most this often. */
+#define PROFILE_REANNOUNCE_NS 20000000ULL
+
 /* Workloads to profile (a cgroup and its descendants), `workloads` option. */
 #define PROFILE_MAX_WORKLOADS 16
 
 enum profile_drop_reason {
-	PROFILE_DROP_COUNTS_FULL = 0,  /* no room for another aggregate */
-	PROFILE_DROP_THREAD_STATE = 1, /* no per-thread slot for a blocked thread */
-	PROFILE_DROP_ANNOUNCE = 2,     /* a new process not announced (ring full) */
+	PROFILE_DROP_COUNTS_FULL = 0, /* no room for another aggregate */
+	PROFILE_DROP_THREAD_STATE =
+	    1,			   /* no per-thread slot for a blocked thread */
+	PROFILE_DROP_ANNOUNCE = 2, /* a new process not announced (ring full) */
+	/* Waits inside a system call kept without a user stack, by why: */
+	PROFILE_DROP_SYSCALL_MISMATCH = 3, /* it returned elsewhere */
+	PROFILE_DROP_SYSCALL_EXEC = 4,	   /* an execve that succeeded */
+	PROFILE_DROP_SYSCALL_EXITED = 5,   /* the thread exited inside it */
+	PROFILE_DROP_SYSCALL_KSTACK = 6,   /* a later wait of the call had
+					      another kernel stack */
+	PROFILE_DROP_STOPPED = 7, /* a signal or tracer stop: not the call's
+				     wait; kept with the frame-pointer walk */
 	PROFILE_DROP__COUNT,
 };
 

@@ -28,7 +28,8 @@ EMD_TASK_HIST_MAPS(runq_hist);
 
 static __always_inline int on_wakeup(struct task_struct *p, bool raw)
 {
-	struct runq_task *s = runq_of(p, true, raw, &drops, RUNQ_DROP_TASK_STATE);
+	struct runq_task *s =
+	    runq_of(p, true, raw, &drops, RUNQ_DROP_TASK_STATE);
 
 	if (s)
 		s->enqueued = bpf_ktime_get_ns();
@@ -49,9 +50,9 @@ static __always_inline int on_switch(bool preempt, struct task_struct *prev,
 		if (s)
 			s->enqueued = now;
 	}
-	/* next's wait ends now. Looked up with create, like prev: the state
-	 * exists for every task that waited before, and a failure is counted. */
-	s = runq_of(next, true, raw, &drops, RUNQ_DROP_TASK_STATE);
+	/* next's wait ends now. Only looked up: a task whose state could not be
+	 * made when it began to wait was counted then. */
+	s = runq_of(next, false, raw, &drops, RUNQ_DROP_TASK_STATE);
 	if (!s || !s->enqueued)
 		return 0;
 	h = emd_task_hist_of(next, &runq_hist, &runq_hist_labelled, &drops,

@@ -4,8 +4,11 @@
  * them), the time from a softirq being raised on a CPU to its handler
  * starting there (a softirq runs on the CPU that raised it; raises before it
  * runs are one pending bit, timed from the first), and the handler's run time.
- * Softirqs do not nest on a CPU, so per-CPU slots hold the stamps: no hash, no
- * lock. Each hook exists as tp_btf and raw_tp.
+ * The kernel takes the pending bits at the start of each round of handlers and
+ * clears them: a raise while a handler runs on the CPU sets the bit again for
+ * the next round, so it is kept apart (`raised_next`) until the current round
+ * has run the vector. Softirqs do not nest on a CPU, so per-CPU slots hold the
+ * stamps: no hash, no lock. Each hook exists as tp_btf and raw_tp.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -22,13 +25,23 @@ struct {
 	__type(value, struct softirq_stats);
 } stats SEC(".maps");
 
-/* ns of the first raise of each vector not yet handled on this CPU, 0: none. */
+/* ns of the first raise of each vector not yet handled on this CPU, 0: none:
+ * for the round of handlers to come (raised), and for the one after, raised
+ * while a handler ran (raised_next). */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, SOFTIRQ_VECTORS);
 	__type(key, __u32);
 	__type(value, __u64);
-} raised SEC(".maps");
+} raised SEC(".maps"), raised_next SEC(".maps");
+
+/* The vector whose handler runs on this CPU, +1; 0: none. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} running SEC(".maps");
 
 /* ns when the handler running on this CPU started, 0: none. */
 struct {
@@ -49,9 +62,18 @@ static __always_inline __u64 *slot_of(void *map, __u32 vec)
 	return bpf_map_lookup_elem(map, &vec);
 }
 
+static __always_inline __u32 *running_slot(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&running, &zero);
+}
+
 static __always_inline int on_raise(__u32 vec)
 {
-	__u64 *t = slot_of(&raised, vec);
+	__u32 *run = running_slot();
+	__u64 *t =
+	    slot_of(run && *run ? (void *)&raised_next : (void *)&raised, vec);
 
 	if (t && !*t)
 		*t = bpf_ktime_get_ns();
@@ -60,16 +82,24 @@ static __always_inline int on_raise(__u32 vec)
 
 static __always_inline int on_entry(__u32 vec)
 {
-	__u64 now = bpf_ktime_get_ns(), *t = slot_of(&raised, vec), *s;
+	__u64 now = bpf_ktime_get_ns(), *t = slot_of(&raised, vec), *next, *s;
 	struct softirq_stats *st;
+	__u32 *run = running_slot();
 
-	if (!t)
+	if (!t || !run)
 		return 0;
 	st = bpf_map_lookup_elem(&stats, &vec);
 	s = bpf_map_lookup_elem(&started, &vec);
-	if (!st || !s)
+	next = bpf_map_lookup_elem(&raised_next, &vec);
+	if (!st || !s || !next)
 		return 0;
 	st->entries += 1;
+	/* This round's raise, or, in a round after the first, the one that came
+	 * while an earlier round ran. */
+	if (!*t) {
+		*t = *next;
+		*next = 0;
+	}
 	if (*t) {
 		__u64 ns = now - *t;
 
@@ -80,6 +110,7 @@ static __always_inline int on_entry(__u32 vec)
 		emd_count_drop(&drops, SOFTIRQ_DROP_UNSEEN_RAISE);
 	}
 	*s = now;
+	*run = vec + 1;
 	return 0;
 }
 
@@ -104,9 +135,20 @@ static __always_inline int on_exit(__u32 vec)
 	return 0;
 }
 
+/* The handler is done: raises from now on are for the round to come. */
+static __always_inline int on_exit_done(__u32 vec)
+{
+	__u32 *run = running_slot();
+
+	on_exit(vec);
+	if (run)
+		*run = 0;
+	return 0;
+}
+
 #define RAISE(raw) on_raise(vec_nr)
 #define ENTRY(raw) on_entry(vec_nr)
-#define EXIT(raw) on_exit(vec_nr)
+#define EXIT(raw) on_exit_done(vec_nr)
 
 EMD_TP_PROGS(softirq_raise, softirq_raise, RAISE, unsigned int vec_nr)
 EMD_TP_PROGS(softirq_entry, softirq_entry, ENTRY, unsigned int vec_nr)

@@ -25,6 +25,7 @@ TEST_PKGS=(
   dpkg-dev file                      # cpack -G DEB with dpkg-shlibdeps
   qemu-system-x86 busybox-static cpio kmod e2fsprogs  # the kernel matrix: guests under qemu
   golang-go linux-perf chromium      # profiles: go tool pprof reads them, perf agrees, the page in a browser
+  libc6-dbg                          # profiles: the C library's debug file, found by build ID
   clang-format clang-tidy            # tests/hygiene.sh
 )
 

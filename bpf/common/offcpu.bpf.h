@@ -12,14 +12,41 @@
 #define EBPF_METRICSD_OFFCPU_BPF_H
 
 #include "common/sched_switch.bpf.h"
+#include "common/stacks.bpf.h"
 #include "common/task_state.bpf.h"
+#include "common/ustack.bpf.h"
+
+#ifndef PF_KTHREAD
+#define PF_KTHREAD 0x00200000
+#endif
+
+/* Where a thread blocked inside a system call: the user instruction and stack
+ * pointers it will return to, and the call. */
+struct emd_syscall_site {
+	__u64 ip;
+	__u64 sp;
+	__s32 nr; /* -1: not in a system call */
+	__u32 pad;
+};
+
+/* Long waits inside the system call the thread is in, whose user stack is
+ * taken when the call returns (emd_syscall_wait_*). */
+struct emd_syscall_wait {
+	struct emd_syscall_site site;
+	__u64 ns;     /* time blocked, in all */
+	__u64 kstack; /* where it blocked (the first of the waits) */
+	__u32 waits;  /* 0: none pending */
+	__u32 pad;
+};
 
 struct emd_offcpu {
 	__u64 blocked; /* ns when it switched out blocked; 0: not blocked */
 	__u64 kstack;  /* the includer's: stack hashes where it blocked */
 	__u64 ustack;
-	__u32 flags;   /* the includer's */
+	__u32 flags; /* the includer's */
 	__u32 pad;
+	struct emd_syscall_site site; /* of this wait (nr -1: none) */
+	struct emd_syscall_wait pending;
 };
 
 EMD_TASK_STATE(emd_offcpu, struct emd_offcpu)
@@ -46,27 +73,155 @@ emd_offcpu_block(struct task_struct *prev, __u64 now, bool raw, void *drops,
 		s->kstack = 0;
 		s->ustack = 0;
 		s->flags = 0;
+		s->site.nr = -1;
 	}
 	return s;
 }
 
 /*
  * next is switched in at `now`: when it was blocked, its state (the stamp
- * cleared) and in *waited the wait; else NULL. `create`: make the state if it
- * is missing, so that a thread whose state could not be kept is counted here
- * too, not passed unseen.
+ * cleared) and in *waited the wait; else NULL. Only looked up: a thread whose
+ * state could not be made when it blocked was counted then.
  */
 static __always_inline struct emd_offcpu *
 emd_offcpu_wake(struct task_struct *next, __u64 now, __u64 *waited, bool raw,
-		bool create, void *drops, __u32 reason)
+		void *drops, __u32 reason)
 {
-	struct emd_offcpu *s = emd_offcpu_of(next, create, raw, drops, reason);
+	struct emd_offcpu *s = emd_offcpu_of(next, false, raw, drops, reason);
 
 	if (!s || !s->blocked)
 		return NULL;
 	*waited = now - s->blocked;
 	s->blocked = 0;
 	return s;
+}
+
+/*
+ * prev blocks: keeps in s the stacks of where it waits. Its user stack (unless
+ * a kernel thread) can only be taken now, while it is current. Its kernel
+ * stack stays as it is until it runs again, so it is taken at wake
+ * (emd_offcpu_kstack), except with raw_tp, whose task pointers
+ * bpf_get_task_stack does not take: then now. kslot, uslot: scratch slots.
+ */
+static __always_inline void emd_offcpu_keep_stacks(void *ctx,
+						   struct emd_offcpu *s,
+						   struct task_struct *prev,
+						   bool raw, __u32 kslot,
+						   __u32 uslot)
+{
+	if (raw)
+		s->kstack = emd_stack_take(ctx, kslot, 0);
+	if (!(EMD_READ(raw, prev, flags) & PF_KTHREAD))
+		s->ustack = emd_stack_take(ctx, uslot, BPF_F_USER_STACK);
+}
+
+/* next wakes from the wait in s: the hash of the kernel stack it waited in,
+ * taken now where it still is (tp_btf) or kept when it blocked (raw_tp). */
+static __always_inline __u64 emd_offcpu_kstack(struct task_struct *next,
+					       struct emd_offcpu *s, bool raw,
+					       __u32 kslot)
+{
+	return raw ? s->kstack : emd_stack_take_task(next, kslot);
+}
+
+/*
+ * The system call the current task blocks in, with where it returns to, from
+ * its saved user registers: a syscall entry saved the call's number in
+ * orig_ax and left ip after the `syscall` instruction (0f 05). An exception
+ * (a page fault) saves its error code there and the faulting ip; an interrupt
+ * a negative vector. False when it is not in a system call, or stopped by a
+ * signal or a tracer (TASK_STOPPED, TASK_TRACED: a stop, not the call's wait).
+ */
+#define EMD_TASK_STOPPED_OR_TRACED 0x0000000c
+#define EMD_MAX_SYSCALL 1024
+static __always_inline bool emd_syscall_site_here(struct emd_syscall_site *at,
+						  unsigned int state)
+{
+	const struct pt_regs *saved;
+	struct emd_user_regs r;
+	__u16 insn = 0;
+
+	if (state & EMD_TASK_STOPPED_OR_TRACED)
+		return false;
+	saved = emd_task_user_regs();
+	if (!saved || bpf_probe_read_kernel(&r, sizeof(r), saved))
+		return false;
+	if ((r.cs & 3) != 3 || r.orig_ax >= EMD_MAX_SYSCALL)
+		return false;
+	if (bpf_probe_read_user(&insn, sizeof(insn), (void *)(r.ip - 2)) ||
+	    insn != 0x050f)
+		return false;
+	at->ip = r.ip;
+	at->sp = r.sp;
+	at->nr = (__s32)r.orig_ax;
+	return true;
+}
+
+/* Why a wait inside a system call lost its user stack (the includer counts
+ * it and keeps the wait with its kernel stack only). */
+enum emd_syscall_wait_loss {
+	EMD_SYSCALL_WAIT_KEPT = 0,
+	EMD_SYSCALL_WAIT_MISMATCH, /* it returned elsewhere than it blocked */
+	EMD_SYSCALL_WAIT_EXEC,	   /* the call was an execve that succeeded */
+	EMD_SYSCALL_WAIT_EXITED,   /* the thread exited inside the call */
+	EMD_SYSCALL_WAIT_KSTACK,   /* a later wait of the call had another
+				      kernel stack */
+};
+
+/*
+ * A wait of `waited` ns at `kstack` in the system call at s->site ended: kept
+ * pending for the call's return. A pending wait of another call (its return
+ * was missed) or of another kernel stack is handed back in *flush, with why
+ * (enum emd_syscall_wait_loss), for the includer to keep without a user stack.
+ */
+static __always_inline __u32
+emd_syscall_wait_add(struct emd_offcpu *s, __u64 waited, __u64 kstack,
+		     struct emd_syscall_wait *flush)
+{
+	__u32 loss = EMD_SYSCALL_WAIT_KEPT;
+
+	if (s->pending.waits) {
+		if (s->pending.site.ip != s->site.ip ||
+		    s->pending.site.sp != s->site.sp ||
+		    s->pending.site.nr != s->site.nr)
+			loss = EMD_SYSCALL_WAIT_MISMATCH;
+		else if (s->pending.kstack != kstack)
+			loss = EMD_SYSCALL_WAIT_KSTACK;
+		if (loss == EMD_SYSCALL_WAIT_KEPT) {
+			s->pending.waits++;
+			s->pending.ns += waited;
+			return loss;
+		}
+		*flush = s->pending;
+	}
+	s->pending.site = s->site;
+	s->pending.ns = waited;
+	s->pending.kstack = kstack;
+	s->pending.waits = 1;
+	return loss;
+}
+
+/*
+ * The current task returns from a system call with user registers r: takes
+ * its pending waits into *w (false: none), with whether they keep the user
+ * stack it returns to (EMD_SYSCALL_WAIT_KEPT) or why not.
+ */
+static __always_inline bool emd_syscall_wait_take(struct emd_offcpu *s,
+						  const struct emd_user_regs *r,
+						  struct emd_syscall_wait *w,
+						  __u32 *loss)
+{
+	if (!s || !s->pending.waits)
+		return false;
+	*w = s->pending;
+	s->pending.waits = 0;
+	if (r->ip == w->site.ip && r->sp == w->site.sp)
+		*loss = EMD_SYSCALL_WAIT_KEPT;
+	else if (w->site.nr == 59 || w->site.nr == 322) /* execve, execveat */
+		*loss = EMD_SYSCALL_WAIT_EXEC;
+	else
+		*loss = EMD_SYSCALL_WAIT_MISMATCH;
+	return true;
 }
 
 #endif

@@ -74,9 +74,17 @@ static __always_inline __u32 emd_stack_frames(long len)
 	return nr;
 }
 
+/* Whether the stack kept under a hash is s (same depth and second hash). */
+static __always_inline bool emd_stack_same(const struct emd_stack *kept,
+					   const struct emd_stack *s)
+{
+	return kept->nr == s->nr && kept->check == s->check;
+}
+
 /*
  * Keeps the len bytes of frames that bpf_get_stack wrote into s->ips. Returns
- * the stack's hash, or 0 when there are no frames or they could not be kept.
+ * the stack's hash; 0 when there are no frames; EMD_STACK_NOT_KEPT (counted)
+ * when they could not be read or kept.
  */
 static __always_inline __u64 emd_stack_keep(struct emd_stack *s, long len)
 {
@@ -85,6 +93,10 @@ static __always_inline __u64 emd_stack_keep(struct emd_stack *s, long len)
 	long err;
 	__u32 i, nr;
 
+	if (len < 0) {
+		emd_stack_frames(len); /* counts the error */
+		return EMD_STACK_NOT_KEPT;
+	}
 	nr = emd_stack_frames(len);
 	if (nr == 0)
 		return 0;
@@ -97,21 +109,31 @@ static __always_inline __u64 emd_stack_keep(struct emd_stack *s, long len)
 		h = emd_stack_mix(h, s->ips[i], 0x9e3779b97f4a7c15ULL);
 		check = emd_stack_mix(check, s->ips[i], 0xc2b2ae3d27d4eb4fULL);
 	}
-	h = h ? h : 1;
+	if (h == 0 || h == EMD_STACK_NOT_KEPT)
+		h = 1;
 	s->check = check;
 	/* A stack seen before is kept already (the lookup marks it used). */
 	old = bpf_map_lookup_elem(&emd_stacks, &h);
-	if (old) {
-		if (old->nr != nr || old->check != check) {
-			emd_count_drop(&emd_stack_drops, EMD_STACK_DROP_COLLISION);
-			return 0;
+	if (!old) {
+		err = bpf_map_update_elem(&emd_stacks, &h, s, BPF_NOEXIST);
+		if (!err)
+			return h;
+		if (err != -EMD_EEXIST) {
+			emd_count_drop(&emd_stack_drops,
+				       EMD_STACK_DROP_NOT_KEPT);
+			return EMD_STACK_NOT_KEPT;
 		}
-		return h;
+		/* Another CPU kept a stack under h in between: the same one? */
+		old = bpf_map_lookup_elem(&emd_stacks, &h);
+		if (!old) {
+			emd_count_drop(&emd_stack_drops,
+				       EMD_STACK_DROP_NOT_KEPT);
+			return EMD_STACK_NOT_KEPT;
+		}
 	}
-	err = bpf_map_update_elem(&emd_stacks, &h, s, BPF_NOEXIST);
-	if (err && err != -EMD_EEXIST) {
-		emd_count_drop(&emd_stack_drops, EMD_STACK_DROP_NOT_KEPT);
-		return 0;
+	if (!emd_stack_same(old, s)) {
+		emd_count_drop(&emd_stack_drops, EMD_STACK_DROP_COLLISION);
+		return EMD_STACK_NOT_KEPT;
 	}
 	return h;
 }
@@ -123,15 +145,17 @@ static __always_inline struct emd_stack *emd_stack_scratch_slot(__u32 slot)
 
 /*
  * Takes the current task's kernel stack (flags 0) or user stack
- * (BPF_F_USER_STACK) through scratch `slot` and keeps it: its hash, or 0.
+ * (BPF_F_USER_STACK) through scratch `slot` and keeps it: its hash, 0 or
+ * EMD_STACK_NOT_KEPT as emd_stack_keep says.
  */
 static __always_inline __u64 emd_stack_take(void *ctx, __u32 slot, __u64 flags)
 {
 	struct emd_stack *s = emd_stack_scratch_slot(slot);
 
 	if (!s)
-		return 0;
-	return emd_stack_keep(s, bpf_get_stack(ctx, s->ips, sizeof(s->ips), flags));
+		return EMD_STACK_NOT_KEPT;
+	return emd_stack_keep(
+	    s, bpf_get_stack(ctx, s->ips, sizeof(s->ips), flags));
 }
 
 /* Takes the kernel stack of task t, which is not running, and keeps it. */
@@ -141,8 +165,9 @@ static __always_inline __u64 emd_stack_take_task(struct task_struct *t,
 	struct emd_stack *s = emd_stack_scratch_slot(slot);
 
 	if (!s)
-		return 0;
-	return emd_stack_keep(s, bpf_get_task_stack(t, s->ips, sizeof(s->ips), 0));
+		return EMD_STACK_NOT_KEPT;
+	return emd_stack_keep(s,
+			      bpf_get_task_stack(t, s->ips, sizeof(s->ips), 0));
 }
 
 /*
@@ -150,7 +175,7 @@ static __always_inline __u64 emd_stack_take_task(struct task_struct *t,
  * frames, a record of its own): the bytes written, 0 when there are none.
  */
 static __always_inline __s32 emd_stack_take_into(void *ctx, __u64 *ips,
-						  __u64 flags)
+						 __u64 flags)
 {
 	long len = bpf_get_stack(ctx, ips, EMD_STACK_MAX_DEPTH * 8, flags);
 
@@ -159,7 +184,8 @@ static __always_inline __s32 emd_stack_take_into(void *ctx, __u64 *ips,
 
 /*
  * Copies the stack kept under hash h into ips (EMD_STACK_MAX_DEPTH frames):
- * the bytes copied; 0 for h 0; `lost` when it was evicted since it was kept.
+ * the bytes copied; 0 for h 0; `lost` when it was not kept or was evicted
+ * since.
  */
 static __always_inline __s32 emd_stack_copy(__u64 h, __u64 *ips, __s32 lost)
 {
@@ -167,6 +193,8 @@ static __always_inline __s32 emd_stack_copy(__u64 h, __u64 *ips, __s32 lost)
 
 	if (!h)
 		return 0;
+	if (h == EMD_STACK_NOT_KEPT)
+		return lost;
 	s = bpf_map_lookup_elem(&emd_stacks, &h);
 	if (!s || s->nr > EMD_STACK_MAX_DEPTH)
 		return lost;

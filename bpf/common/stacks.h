@@ -6,13 +6,19 @@
 #ifndef EBPF_METRICSD_STACKS_H
 #define EBPF_METRICSD_STACKS_H
 
-/* perf's own ceiling (sysctl kernel.perf_event_max_stack defaults to it). */
+/* perf's own ceiling (sysctl kernel.perf_event_max_stack defaults to it). A
+ * stack of exactly this many frames cannot be told from a deeper one: it is
+ * counted as truncated. */
 #define EMD_STACK_MAX_DEPTH 127
 
+/* The hash of a stack that was taken but could not be kept (0: none taken). */
+#define EMD_STACK_NOT_KEPT ((__u64)-1)
+
 struct emd_stack {
-	__u32 nr;    /* frames in ips */
+	__u32 nr; /* frames in ips */
 	__u32 pad;
-	__u64 check; /* a second hash of the frames: tells two stacks of one key apart */
+	__u64 check; /* a second hash of the frames: tells two stacks of one key
+			apart */
 	__u64 ips[EMD_STACK_MAX_DEPTH];
 };
 

@@ -9,6 +9,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdarg>
 #include <cstdio>
@@ -133,6 +134,12 @@ int possible_cpus() {
   static const int n = libbpf_num_possible_cpus();
   if (n <= 0) throw BpfError(bpf_error_text("libbpf_num_possible_cpus", n));
   return n;
+}
+
+std::uint32_t lru_map_entries(std::uint32_t wanted) {
+  const auto reserve =
+      std::min<std::uint64_t>(256ULL * static_cast<std::uint64_t>(possible_cpus()), 65536);
+  return std::max<std::uint32_t>(wanted, static_cast<std::uint32_t>(reserve));
 }
 
 std::vector<int> online_cpus() {

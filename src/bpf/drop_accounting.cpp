@@ -6,15 +6,27 @@
 
 // clang-format off
 #include "common/stacks.h"
+#include "common/ustack.h"
 // clang-format on
 
 namespace ebpf_metricsd {
 
 namespace {
-const std::vector<std::string>& stack_drop_reasons() {
-  static const std::vector<std::string> reasons = drop_reasons<EMD_STACK_DROP__COUNT>(
-      {"stack_error", "stack_truncated", "stack_collision", "stack_not_kept"});
-  return reasons;
+// The drop maps of the headers objects share, by map name.
+struct SharedDrops {
+  const char* map;
+  std::vector<std::string> reasons;
+};
+const std::vector<SharedDrops>& shared_drops() {
+  static const std::vector<SharedDrops> tables = {
+      {"emd_stack_drops",
+       drop_reasons<EMD_STACK_DROP__COUNT>(
+           {"stack_error", "stack_truncated", "stack_collision", "stack_not_kept"})},
+      {"emd_ustack_drops",
+       drop_reasons<EMD_USTACK_DROP__COUNT>({"ustack_no_regs", "ustack_unreadable", "ustack_budget",
+                                             "ustack_ring_full", "ustack_worker"})},
+  };
+  return tables;
 }
 }  // namespace
 
@@ -29,13 +41,15 @@ DropAccounting::DropAccounting(MetricScope& scope, std::vector<std::string> reas
   scope_.add_dropped("recursion", 0);
 }
 
-void DropAccounting::bind(const bpf_map* drops, const std::vector<ProgramChoice>& programs,
-                          const bpf_map* stack_drops) {
+void DropAccounting::bind(const bpf_object* obj, const std::vector<ProgramChoice>& programs) {
   tables_.clear();
-  if (drops) tables_.push_back({drops, &reasons_});
-  if (stack_drops) {
-    tables_.push_back({stack_drops, &stack_drop_reasons()});
-    for (const auto& r : stack_drop_reasons()) scope_.add_dropped(r, 0);
+  if (const bpf_map* drops = bpf_object__find_map_by_name(obj, "drops"))
+    tables_.push_back({drops, &reasons_});
+  for (const SharedDrops& shared : shared_drops()) {
+    const bpf_map* map = bpf_object__find_map_by_name(obj, shared.map);
+    if (!map) continue;
+    tables_.push_back({map, &shared.reasons});
+    for (const auto& r : shared.reasons) scope_.add_dropped(r, 0);
   }
   prog_fds_.clear();
   for (const auto& p : programs) {

@@ -1,6 +1,9 @@
 #include "ebpf_metricsd/bpf/ring_reader.h"
 
+#include <sys/epoll.h>
+
 #include <cerrno>
+#include <mutex>
 #include <stop_token>
 #include <thread>
 
@@ -15,7 +18,8 @@ struct RingReader::State {
     void operator()(ring_buffer* r) const { ring_buffer__free(r); }
   };
   std::unique_ptr<ring_buffer, Deleter> ring;
-  std::jthread thread;  // last: stops first
+  std::mutex consuming;  // one consumer at a time: the thread, or catch_up()
+  std::jthread thread;   // last: stops first
 
   static int on_sample(void* self, void* data, std::size_t size) {
     static_cast<State*>(self)->on_record({static_cast<const std::byte*>(data), size});
@@ -30,7 +34,13 @@ RingReader::RingReader(const bpf_map* map, OnRecord on_record, const std::string
   state_->ring.reset(ring_buffer__new(bpf_map__fd(map), &State::on_sample, state_.get(), nullptr));
   if (!state_->ring) throw BpfError(bpf_error_text(what + ": ring buffer", errno));
   state_->thread = std::jthread([s = state_.get()](const std::stop_token& stop) {
-    while (!stop.stop_requested()) ring_buffer__poll(s->ring.get(), 100);
+    const int fd = ring_buffer__epoll_fd(s->ring.get());
+    while (!stop.stop_requested()) {
+      epoll_event ready{};
+      epoll_wait(fd, &ready, 1, 100);
+      std::lock_guard lock(s->consuming);
+      ring_buffer__consume(s->ring.get());
+    }
   });
 }
 
@@ -41,6 +51,12 @@ RingReader& RingReader::operator=(RingReader&& other) noexcept {
   stop();
   state_ = std::move(other.state_);
   return *this;
+}
+
+void RingReader::catch_up() {
+  if (!state_) return;
+  std::lock_guard lock(state_->consuming);
+  ring_buffer__consume(state_->ring.get());
 }
 
 void RingReader::stop() {

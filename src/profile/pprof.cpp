@@ -6,6 +6,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "ebpf_metricsd/base/syscall_names.h"
 #include "ebpf_metricsd/profile/slow_events.h"
 #include "profile.pb.h"
 
@@ -101,12 +102,12 @@ std::string pprof_profile(const ProfileWindow& w) {
   add_frames(p, s, w.frames);
 
   // Samples of the same thread, stack and kind across batches are one sample.
-  using Key =
-      std::tuple<std::uint32_t, std::uint32_t, std::uint32_t, SampleKind, std::string, std::string>;
+  using Key = std::tuple<std::uint32_t, std::uint32_t, std::uint32_t, SampleKind, std::int32_t,
+                         std::string, std::string>;
   std::map<Key, std::pair<std::uint64_t, std::uint64_t>> merged;
   std::map<Key, const Sample*> first;
   for (const Sample& x : w.samples) {
-    const Key k{x.pid, x.tid, x.stack, x.kind, x.comm, x.workload.cgroup};
+    const Key k{x.pid, x.tid, x.stack, x.kind, x.syscall, x.comm, x.workload.cgroup};
     auto& v = merged[k];
     v.first += x.count;
     v.second += x.ns;
@@ -124,6 +125,7 @@ std::string pprof_profile(const ProfileWindow& w) {
     number(out, s, "tid", x.tid);
     label(out, s, "comm", x.comm);
     label(out, s, "state", on ? "on_cpu" : "off_cpu");
+    if (x.syscall >= 0) label(out, s, "syscall", syscall_name(x.syscall));
     label(out, s, "cgroup", x.workload.cgroup);
     label(out, s, "pod", x.workload.pod);
     label(out, s, "container", x.workload.container);

@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "ebpf_metricsd/base/yaml_reader.h"
+#include "ebpf_metricsd/bpf/bpf_support.h"
 #include "ebpf_metricsd/metrics/log2_histogram.h"
 #include "ebpf_metricsd/profile/profile_store.h"
 
@@ -75,10 +76,7 @@ struct SlowCapture::Pending {
 
 std::uint32_t SlowCapture::self_tgid() { return static_cast<std::uint32_t>(getpid()); }
 
-std::uint32_t SlowCapture::kept_stacks() {
-  const int cpus = libbpf_num_possible_cpus();
-  return std::max<std::uint32_t>(4096, 256 * static_cast<std::uint32_t>(std::max(cpus, 1)));
-}
+std::uint32_t SlowCapture::kept_stacks() { return lru_map_entries(4096); }
 
 SlowCapture::SlowCapture(MetricScope& scope, MetricScope::Metric metric, std::string metric_name,
                          SlowOptions options, CgroupLabels& labels, profiling::ProfileStore* stacks)
@@ -127,7 +125,7 @@ void SlowCapture::on_event(std::span<const std::byte> record) {
             {}};
   p.frames = stacks_->symbolizer().frames(e->tgid, frames_of(e->kstack, e->kstack_len),
                                           frames_of(e->ustack, e->ustack_len),
-                                          profiling::StackOrigin::Tracepoint);
+                                          profiling::StackOrigin::Call);
   std::lock_guard lock(mutex_);
   if (pending_.size() >= kMaxPending || pending_frames_ + p.frames.size() > kMaxPendingFrames) {
     ++pending_dropped_;

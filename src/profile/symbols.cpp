@@ -16,6 +16,7 @@
 #include <set>
 #include <sstream>
 #include <string_view>
+#include <utility>
 
 namespace ebpf_metricsd::profiling {
 
@@ -145,11 +146,11 @@ Frame KernelSymbols::resolve(std::uint64_t address, bool return_address) const {
 
 class ElfModule {
  public:
-  // Opens `open_path` (what to read) for the file the process maps as `path`. nullptr when
-  // it is not an ELF file libdw can read.
-  static std::shared_ptr<ElfModule> open(const std::string& open_path, const std::string& path) {
-    const int fd = ::open(open_path.c_str(), O_RDONLY | O_CLOEXEC);
+  // The file open as `fd` (taken), which the process maps as `path`. nullptr when it is not
+  // an ELF file libdw can read.
+  static std::shared_ptr<ElfModule> open(int fd, const std::string& path) {
     if (fd < 0) return nullptr;
+    const std::string open_path = "/proc/self/fd/" + std::to_string(fd);
     auto m = std::shared_ptr<ElfModule>(new ElfModule(path));
     m->dwfl_ = dwfl_begin(&callbacks());
     if (!m->dwfl_) {
@@ -159,6 +160,8 @@ class ElfModule {
     dwfl_report_begin(m->dwfl_);
     // base 0 with the first segment's address added: the module sits at its link-time
     // addresses, so a file offset maps to an address through the program headers alone.
+    // A descriptor of our own, for the unwinder (libdwfl closes the one it is given).
+    m->fd_ = fcntl(fd, F_DUPFD_CLOEXEC, 0);
     m->mod_ = dwfl_report_elf(m->dwfl_, base_name(path).c_str(), open_path.c_str(), fd, 0, true);
     dwfl_report_end(m->dwfl_, nullptr, nullptr);
     if (!m->mod_) {
@@ -169,6 +172,8 @@ class ElfModule {
     Elf* elf = dwfl_module_getelf(m->mod_, &bias);
     if (!elf) return nullptr;
     m->bias_ = bias;
+    GElf_Ehdr ehdr;
+    m->fixed_ = gelf_getehdr(elf, &ehdr) && ehdr.e_type == ET_EXEC;
     std::size_t n = 0;
     if (elf_getphdrnum(elf, &n) == 0) {
       for (std::size_t i = 0; i < n; ++i) {
@@ -191,6 +196,7 @@ class ElfModule {
 
   ~ElfModule() {
     if (dwfl_) dwfl_end(dwfl_);
+    if (fd_ >= 0) close(fd_);
   }
   ElfModule(const ElfModule&) = delete;
   ElfModule& operator=(const ElfModule&) = delete;
@@ -199,6 +205,17 @@ class ElfModule {
   const std::string& build_id() const { return build_id_; }
   std::size_t names() const { return names_.size(); }
   void clear_names() { names_.clear(); }
+
+  // The file as the unwinder sees it where a process maps it at `start` from file offset
+  // `offset`; false when no loaded segment holds that offset.
+  bool mapped_at(std::uint64_t start, std::uint64_t offset, MappedFile& out) const {
+    for (const Load& l : loads_) {
+      if (offset < l.offset || offset >= l.offset + std::max<std::uint64_t>(l.size, 1)) continue;
+      out = {start, offset, base_name(path_), fd_, fixed_, l.offset, l.vaddr};
+      return true;
+    }
+    return false;
+  }
 
   // The function at file offset `offset` ("" when no symbol covers it).
   const std::string& name_at(std::uint64_t offset) {
@@ -239,6 +256,8 @@ class ElfModule {
   };
   std::string path_;
   std::string build_id_;
+  int fd_ = -1;
+  bool fixed_ = false;  // ET_EXEC
   Dwfl* dwfl_ = nullptr;
   Dwfl_Module* mod_ = nullptr;
   GElf_Addr bias_ = 0;
@@ -275,15 +294,20 @@ std::uint64_t start_time(pid_t tgid) {
 void UserSymbols::forget(pid_t tgid) {
   auto it = processes_.find(tgid);
   if (it == processes_.end()) return;
+  erase(it);
+}
+
+std::map<pid_t, UserSymbols::Process>::iterator UserSymbols::erase(
+    std::map<pid_t, Process>::iterator it) {
   process_lru_.erase(it->second.lru);
-  processes_.erase(it);
+  if (it->second.space) space_lru_.erase(it->second.space_lru);
+  return processes_.erase(it);
 }
 
 void UserSymbols::forget_exited() {
   for (auto it = processes_.begin(); it != processes_.end();) {
     if (it->second.exited) {
-      process_lru_.erase(it->second.lru);
-      it = processes_.erase(it);
+      it = erase(it);
       continue;
     }
     it->second.exited = start_time(it->first) != it->second.start_time;
@@ -301,18 +325,51 @@ void UserSymbols::forget_exited() {
   std::erase_if(by_inode_, [](const auto& kv) { return kv.second.expired(); });
 }
 
-void UserSymbols::capture(pid_t tgid, bool again) {
-  const std::uint64_t started = start_time(tgid);
-  if (auto it = processes_.find(tgid); it != processes_.end()) {
-    if (started == 0 || (started == it->second.start_time && !again)) {
-      process_lru_.splice(process_lru_.begin(), process_lru_, it->second.lru);
-      return;  // known (or gone: keep what was captured)
-    }
-    forget(tgid);  // the pid was reused, or asked again
+namespace {
+
+// A descriptor of the file a process maps at [start, end) (its /proc/PID/maps path `path`):
+// /proc/PID/map_files/ opens exactly what the process maps, also when the file was deleted
+// or replaced since, or lives in another mount namespace (a container); else the path in
+// the process's root. -1 when neither opens (the process is gone). Non-blocking: a FIFO or
+// a device a user maps does not hold the reader.
+int open_mapped_file(pid_t tgid, std::uint64_t start, std::uint64_t end, std::string path) {
+  char range[64];
+  std::snprintf(range, sizeof range, "%llx-%llx", static_cast<unsigned long long>(start),
+                static_cast<unsigned long long>(end));
+  const std::string proc = "/proc/" + std::to_string(tgid);
+  constexpr int kFlags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
+  int fd = ::open((proc + "/map_files/" + range).c_str(), kFlags);
+  if (fd >= 0) return fd;
+  if (const auto deleted = path.rfind(" (deleted)");
+      deleted != std::string::npos && deleted + 10 == path.size()) {
+    path.erase(deleted);
   }
-  if (started == 0) return;
-  Process p;
-  p.start_time = started;
+  if (path.empty() || path.front() != '/') return -1;
+  return ::open((proc + "/root" + path).c_str(), kFlags);
+}
+
+}  // namespace
+
+struct UserSymbols::Snapshot {
+  pid_t tgid = 0;
+  std::uint64_t start_time = 0;  // 0: gone
+  std::vector<Mapping> mappings;
+  std::map<std::pair<std::uint64_t, std::uint64_t>, int> files;  // by (dev, inode)
+  Snapshot() = default;
+  Snapshot(const Snapshot&) = delete;
+  Snapshot& operator=(const Snapshot&) = delete;
+  ~Snapshot() {
+    for (const auto& [key, fd] : files) {
+      if (fd >= 0) close(fd);
+    }
+  }
+};
+
+std::shared_ptr<UserSymbols::Snapshot> UserSymbols::snapshot(pid_t tgid) {
+  auto snap = std::make_shared<Snapshot>();
+  snap->tgid = tgid;
+  snap->start_time = start_time(tgid);
+  if (snap->start_time == 0) return snap;
   std::ifstream maps("/proc/" + std::to_string(tgid) + "/maps");
   std::string line;
   while (std::getline(maps, line)) {
@@ -333,39 +390,91 @@ void UserSymbols::capture(pid_t tgid, bool again) {
               (static_cast<std::uint64_t>(major) << 32) | minor,
               inode,
               {}};
-    if (inode != 0) m.elf = open_module(tgid, m, m.dev, m.inode);
-    p.mappings.push_back(std::move(m));
+    if (inode != 0) {
+      const auto key = std::make_pair(m.dev, m.inode);
+      if (!snap->files.contains(key)) snap->files[key] = open_mapped_file(tgid, start, end, m.path);
+    }
+    snap->mappings.push_back(std::move(m));
+  }
+  return snap;
+}
+
+void UserSymbols::capture(pid_t tgid, bool again) {
+  auto known = processes_.find(tgid);
+  if (known != processes_.end() && !again) {
+    const std::uint64_t started = start_time(tgid);
+    if (started == 0 || started == known->second.start_time) {
+      process_lru_.splice(process_lru_.begin(), process_lru_, known->second.lru);
+      return;  // known (or gone: keep what was captured)
+    }
+  }
+  install(*snapshot(tgid), again);
+}
+
+void UserSymbols::install(Snapshot& snap, bool again) {
+  const pid_t tgid = snap.tgid;
+  const std::uint64_t started = snap.start_time;
+  auto known = processes_.find(tgid);
+  if (known != processes_.end()) {
+    if (started == 0 || (started == known->second.start_time && !again)) {
+      process_lru_.splice(process_lru_.begin(), process_lru_, known->second.lru);
+      return;  // known (or gone: keep what was captured)
+    }
+  }
+  if (started == 0) return;
+  Process p;
+  p.start_time = started;
+  p.read_at = std::chrono::steady_clock::now();
+  p.mappings = std::move(snap.mappings);
+  for (Mapping& m : p.mappings) {
+    if (m.inode == 0) continue;
+    int& fd = snap.files[std::make_pair(m.dev, m.inode)];
+    m.elf = open_module(tgid, m, std::exchange(fd, -1));
+  }
+  if (known != processes_.end()) {
+    // Read again: a process that has exited since (a zombie maps nothing any more) keeps
+    // what was captured while it lived; one whose pid was reused, or that mapped more, has
+    // its new mappings.
+    if (p.mappings.empty() && started == known->second.start_time) return;
+    forget(tgid);
   }
   process_lru_.push_front(tgid);
   p.lru = process_lru_.begin();
   processes_.emplace(tgid, std::move(p));
-  while (processes_.size() > limits_.max_processes) {
-    const pid_t oldest = process_lru_.back();
-    process_lru_.pop_back();
-    processes_.erase(oldest);
-  }
+  while (processes_.size() > limits_.max_processes) erase(processes_.find(process_lru_.back()));
 }
 
-std::shared_ptr<ElfModule> UserSymbols::open_module(pid_t tgid, const Mapping& m, std::uint64_t dev,
-                                                    std::uint64_t inode) {
-  const auto key = std::make_pair(dev, inode);
+void UserSymbols::refresh(pid_t tgid) {
+  auto it = processes_.find(tgid);
+  if (it == processes_.end()) return capture(tgid);
+  const auto pause = it->second.refresh_pause;
+  if (std::chrono::steady_clock::now() - it->second.read_at < pause) return;
+  const std::size_t before = it->second.mappings.size();
+  capture(tgid, true);
+  it = processes_.find(tgid);
+  if (it == processes_.end()) return;
+  it->second.read_at = std::chrono::steady_clock::now();
+  it->second.refresh_pause =
+      it->second.mappings.size() == before
+          ? std::min<std::chrono::milliseconds>(2 * pause, std::chrono::seconds(10))
+          : std::chrono::milliseconds(10);
+}
+
+std::shared_ptr<ElfModule> UserSymbols::open_module(pid_t tgid, const Mapping& m, int fd) {
+  const auto key = std::make_pair(m.dev, m.inode);
   if (auto it = by_inode_.find(key); it != by_inode_.end()) {
-    if (auto elf = it->second.lock()) return elf;
+    if (auto elf = it->second.lock()) {
+      if (fd >= 0) close(fd);
+      return elf;
+    }
   }
-  // /proc/PID/map_files/ opens exactly what the process maps, also when the file was
-  // deleted or replaced since, or lives in another mount namespace (a container).
-  char range[64];
-  std::snprintf(range, sizeof range, "%llx-%llx", static_cast<unsigned long long>(m.start),
-                static_cast<unsigned long long>(m.end));
-  const std::string proc = "/proc/" + std::to_string(tgid);
+  if (fd < 0) fd = open_mapped_file(tgid, m.start, m.end, m.path);
   std::string path = m.path;
   if (const auto deleted = path.rfind(" (deleted)");
       deleted != std::string::npos && deleted + 10 == path.size()) {
     path.erase(deleted);
   }
-  std::shared_ptr<ElfModule> elf = ElfModule::open(proc + "/map_files/" + range, path);
-  if (!elf && !path.empty() && path.front() == '/')
-    elf = ElfModule::open(proc + "/root" + path, path);
+  std::shared_ptr<ElfModule> elf = ElfModule::open(fd, path);
   if (!elf) return nullptr;
   by_inode_[key] = elf;
   modules_.push_front(elf);
@@ -375,6 +484,39 @@ std::shared_ptr<ElfModule> UserSymbols::open_module(pid_t tgid, const Mapping& m
     std::erase_if(by_inode_, [](const auto& kv) { return kv.second.expired(); });
   }
   return elf;
+}
+
+Unwound UserSymbols::unwind(pid_t tgid, pid_t tid, const UserStackCopy& copy,
+                            std::size_t max_depth) {
+  auto it = processes_.find(tgid);
+  if (it == processes_.end()) return {{}, UnwindEnd::NoModule};
+  Process& p = it->second;
+  if (!p.space) {
+    std::vector<MappedFile> files;
+    std::set<const ElfModule*> reported;
+    for (const Mapping& m : p.mappings) {
+      std::shared_ptr<ElfModule> elf = m.elf.lock();
+      if (!elf && m.inode != 0) elf = open_module(tgid, m);
+      MappedFile f;
+      // One module a file: its first executable mapping places it.
+      if (elf && !reported.count(elf.get()) && elf->mapped_at(m.start, m.offset, f)) {
+        reported.insert(elf.get());
+        files.push_back(f);
+      }
+    }
+    p.space = AddressSpace::build(tgid, files);
+    if (!p.space) return {{}, UnwindEnd::NoModule};
+    space_lru_.push_front(tgid);
+    p.space_lru = space_lru_.begin();
+    while (space_lru_.size() > limits_.max_address_spaces) {
+      const pid_t oldest = space_lru_.back();
+      space_lru_.pop_back();
+      if (auto o = processes_.find(oldest); o != processes_.end()) o->second.space.reset();
+    }
+  } else {
+    space_lru_.splice(space_lru_.begin(), space_lru_, p.space_lru);
+  }
+  return p.space->unwind(tid, copy, max_depth);
 }
 
 Frame UserSymbols::resolve(pid_t tgid, std::uint64_t address, bool return_address) {
@@ -399,7 +541,7 @@ Frame UserSymbols::resolve(pid_t tgid, std::uint64_t address, bool return_addres
   f.address = offset;
   f.module = hit->path.empty() ? "[anon]" : hit->path;
   std::shared_ptr<ElfModule> elf = hit->elf.lock();
-  if (!elf && hit->inode != 0) elf = open_module(tgid, *hit, hit->dev, hit->inode);
+  if (!elf && hit->inode != 0) elf = open_module(tgid, *hit);
   if (elf) {
     // Most recently used first: the least used file is closed first.
     for (auto m = modules_.begin(); m != modules_.end(); ++m) {
@@ -423,6 +565,14 @@ Frame UserSymbols::resolve(pid_t tgid, std::uint64_t address, bool return_addres
 // --- the rules --------------------------------------------------------------------------
 
 namespace {
+
+// The one frame of a user stack whose process's mappings were never read.
+Frame mappings_not_read() {
+  Frame f;
+  f.function = "[mappings not read]";
+  f.module = "[unknown]";
+  return f;
+}
 
 bool tracing_frame(const std::string& fn) {
   static constexpr std::array<std::string_view, 6> prefixes = {
@@ -454,9 +604,10 @@ std::vector<Frame> Symbolizer::kernel_frames(std::span<const std::uint64_t> ips,
   frames.reserve(ips.size());
   std::lock_guard lock(mutex_);
   refresh_kernel();
-  bool machinery = origin == StackOrigin::Tracepoint;
+  const bool call = origin == StackOrigin::Call;
+  bool machinery = call;
   for (std::size_t i = 0; i < ips.size(); ++i) {
-    Frame f = kernel_.resolve(ips[i], i > 0);
+    Frame f = kernel_.resolve(ips[i], call || i > 0);
     if (machinery && tracing_frame(f.function)) continue;
     machinery = false;
     frames.push_back(std::move(f));
@@ -471,16 +622,55 @@ std::vector<Frame> Symbolizer::user_frames(std::uint32_t pid_number,
   frames.reserve(ips.size());
   const auto pid = static_cast<pid_t>(pid_number);
   std::lock_guard lock(mutex_);
+  install_captured();
   user_.capture(pid);
+  if (!user_.knows(pid)) return {mappings_not_read()};
   for (std::size_t i = 0; i < ips.size(); ++i) {
     Frame f = user_.resolve(pid, ips[i], i > 0);
     if (f.module == "[unknown]" && i == 0) {
       // Where the thread was is mapped since the mappings were read (dlopen): read them
       // again. (An unknown caller is a walk gone astray, not a new mapping.)
-      user_.capture(pid, true);
+      user_.refresh(pid);
       f = user_.resolve(pid, ips[i], false);
     }
     if (f.module == "[unknown]") break;
+    frames.push_back(std::move(f));
+  }
+  return frames;
+}
+
+std::vector<Frame> Symbolizer::user_frames(std::uint32_t pid_number, std::uint32_t tid,
+                                           const UserStackCopy& copy, std::size_t max_depth,
+                                           UnwindEnd& end) {
+  const auto pid = static_cast<pid_t>(pid_number);
+  std::lock_guard lock(mutex_);
+  install_captured();
+  user_.capture(pid);
+  if (!user_.knows(pid)) {
+    end = UnwindEnd::NoModule;
+    return {mappings_not_read()};
+  }
+  Unwound u = user_.unwind(pid, static_cast<pid_t>(tid), copy, max_depth);
+  if ((u.frames.empty() && u.end == UnwindEnd::NoModule) ||
+      (!u.frames.empty() &&
+       user_.resolve(pid, u.frames.front().pc, !u.frames.front().activation).module ==
+           "[unknown]")) {
+    // Where the thread was is mapped since the mappings were read (dlopen, or an exec not
+    // yet announced): read them again and start over. (An unknown caller further up is an
+    // unwind gone astray, not a new mapping.)
+    user_.refresh(pid);
+    u = user_.unwind(pid, static_cast<pid_t>(tid), copy, max_depth);
+  }
+  end = u.end;
+  std::vector<Frame> frames;
+  frames.reserve(u.frames.size());
+  for (std::size_t i = 0; i < u.frames.size(); ++i) {
+    const UnwoundFrame& uf = u.frames[i];
+    Frame f = user_.resolve(pid, uf.pc, !uf.activation);
+    if (f.module == "[unknown]") {
+      end = UnwindEnd::NoModule;
+      break;
+    }
     frames.push_back(std::move(f));
   }
   return frames;
@@ -496,19 +686,31 @@ std::vector<Frame> Symbolizer::frames(std::uint32_t pid,
   return out;
 }
 
-void Symbolizer::capture(std::uint32_t pid) {
-  std::lock_guard lock(mutex_);
-  user_.capture(static_cast<pid_t>(pid), true);
+void Symbolizer::capture(std::uint32_t pid, bool execed) {
+  auto snapshot = UserSymbols::snapshot(static_cast<pid_t>(pid));
+  std::lock_guard lock(captured_mutex_);
+  captured_.emplace_back(std::move(snapshot), execed);
+}
+
+void Symbolizer::install_captured() {
+  std::vector<std::pair<std::shared_ptr<UserSymbols::Snapshot>, bool>> captured;
+  {
+    std::lock_guard lock(captured_mutex_);
+    captured.swap(captured_);
+  }
+  for (auto& [snapshot, execed] : captured) user_.install(*snapshot, execed);
 }
 
 void Symbolizer::end_round() {
   std::lock_guard lock(mutex_);
+  install_captured();
   user_.forget_exited();
 }
 
 Symbolizer::Sizes Symbolizer::sizes() {
   std::lock_guard lock(mutex_);
-  return {user_.modules(), user_.processes(), user_.names(), kernel_.symbols()};
+  return {user_.modules(), user_.processes(), user_.names(), kernel_.symbols(),
+          user_.address_spaces()};
 }
 
 }  // namespace ebpf_metricsd::profiling

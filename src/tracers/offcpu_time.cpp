@@ -48,20 +48,16 @@ class OffcpuTimeTracer final : public Tracer {
 
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 2> tracepoints = {"sched_switch", "sched_process_free"};
-    // sched_switch gained prev_state in 5.18: the 3-argument programs read it from the task.
-    const bool switch_3arg = tracepoint_arg_count("sched_switch").value_or(4) == 3;
     skel_ = Object::load_probed(
         scope_.tracer(), drops_, prober, tracepoints, preference,
         [&](offcpu_time* s, HookKind kind) {
           configure_task_state(s->maps.emd_offcpu_task, s->maps.emd_offcpu_by_tid, kind);
           hist_.configure(s, s->maps.offcpu_hist_labelled);
           slow_.configure(s, /*origins=*/0, /*keeps_stacks=*/true);
-          auto& p = s->progs;
-          return std::vector<HookTwin>{
-              {nullptr, p.emd_offcpu_free},
-              {p.sched_switch_btf, p.sched_switch_raw, !switch_3arg},
-              {p.sched_switch_3arg_btf, p.sched_switch_3arg_raw, switch_3arg},
-          };
+          std::vector<HookTwin> hooks = {{nullptr, s->progs.emd_offcpu_free}};
+          for (const HookTwin& t : EBPF_METRICSD_SCHED_SWITCH_TWINS(s->progs, sched_switch))
+            hooks.push_back(t);
+          return hooks;
         });
     slow_.start(skel_->maps.slow_events);
   }

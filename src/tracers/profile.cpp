@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
+#include <cstddef>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -28,6 +30,7 @@
 #include "ebpf_metricsd/profile/profile_store.h"
 #include "ebpf_metricsd/profile/symbols.h"
 #include "ebpf_metricsd/tracers/registry.h"
+#include "user_stack.h"
 
 // clang-format off
 #include <linux/types.h>
@@ -53,6 +56,10 @@ struct ProfileOptions {
   std::vector<std::string> workloads;  // cgroup paths or unit names; empty = everything
   std::uint32_t max_stacks = 8192;
   std::uint32_t max_aggregates = 16384;
+  // How user stacks are walked: copied and unwound with CFI, or by frame pointer.
+  bool unwind_cfi = true;
+  // User stacks copied a second, over all CPUs; past it, frame pointers.
+  std::uint32_t stack_copies_per_second = 500;
 };
 
 ProfileOptions read_options(YamlMapReader& r) {
@@ -72,10 +79,17 @@ ProfileOptions read_options(YamlMapReader& r) {
   for (const auto& w : o.workloads) {
     if (w.empty()) r.fail("workloads", "an empty workload name");
   }
-  // At most 64 MiB of stacks and 2 x 32 MiB of aggregates, preallocated in the kernel.
+  // max_stacks: at most 64 MiB (the kernel keeps lru_map_entries() of them, at least 256 a
+  // possible CPU up to 64 MiB); 2 x 32 MiB of aggregates at most, preallocated in the kernel.
   o.max_stacks = static_cast<std::uint32_t>(r.get_int("max_stacks", o.max_stacks, 64, 65536));
   o.max_aggregates =
       static_cast<std::uint32_t>(r.get_int("max_aggregates", o.max_aggregates, 64, 262144));
+  const std::string unwind = r.get_string("unwind", "cfi");
+  if (unwind != "cfi" && unwind != "frame_pointers")
+    r.fail("unwind", "expected cfi or frame_pointers, got " + quoted_excerpt(unwind));
+  o.unwind_cfi = unwind == "cfi";
+  o.stack_copies_per_second = static_cast<std::uint32_t>(
+      r.get_int("stack_copies_per_second", o.stack_copies_per_second, 1, 100000));
   return o;
 }
 
@@ -98,14 +112,23 @@ std::string workload_directory(const std::string& root, const std::string& name)
   return "";
 }
 
+// The calling thread's CPU time so far.
+std::uint64_t thread_cpu_ns() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<std::uint64_t>(t.tv_sec) * 1000000000ULL +
+         static_cast<std::uint64_t>(t.tv_nsec);
+}
+
 class ProfileTracer final : public Tracer {
  public:
   using Options = ProfileOptions;
   ProfileTracer(MetricScope& scope, ProfileOptions options, const TracerContext& context)
       : scope_(scope),
         options_(std::move(options)),
-        drops_(scope,
-               drop_reasons<PROFILE_DROP__COUNT>({"map_full", "thread_state", "announce_full"})),
+        drops_(scope, drop_reasons<PROFILE_DROP__COUNT>(
+                          {"map_full", "thread_state", "announce_full", "syscall_mismatch",
+                           "syscall_exec", "syscall_exited", "syscall_kstack", "stopped"})),
         caches_(scope.declare({"ebpf_metricsd_profile_cache_entries",
                                "Entries of the profile's symbolization caches and tables: "
                                "ELF files open, processes whose mappings are kept, names "
@@ -116,17 +139,27 @@ class ProfileTracer final : public Tracer {
                                 "On-CPU samples and off-CPU waits the profile recorded.",
                                 MetricType::Counter,
                                 {"state"}})),
+        unwinds_metric_(scope.declare({"ebpf_metricsd_profile_unwinds_total",
+                                       "Copied user stacks unwound with CFI, by how the unwind "
+                                       "ended: complete, or cut (the frames found are kept).",
+                                       MetricType::Counter,
+                                       {"result"}})),
+        unwind_cpu_(scope.declare({"ebpf_metricsd_profile_unwind_cpu_nanoseconds_total",
+                                   "CPU time the daemon spent unwinding copied user stacks, "
+                                   "in nanoseconds (divide by the unwinds for the cost of one).",
+                                   MetricType::Counter,
+                                   {}})),
         store_(context.profiles) {
     if (!store_) throw std::runtime_error("profile: this process keeps no profiles");
   }
 
   ~ProfileTracer() override {
     if (started_) store_->set_source(nullptr);
+    records_.stop();
     announcements_.stop();
   }
 
   void start(HookProber& prober, HookPreference preference) override {
-    const bool three_args = tracepoint_arg_count("sched_switch").value_or(4) == 3;
     // `kind`: the off-CPU hooks' (none without off_cpu).
     auto setup = [&](profile* s, std::optional<HookKind> kind) {
       s->rodata->on_cpu_on = options_.on_cpu;
@@ -135,6 +168,11 @@ class ProfileTracer final : public Tracer {
           static_cast<__u64>(std::chrono::nanoseconds(options_.offcpu_min).count());
       s->rodata->nr_workloads = static_cast<__u32>(options_.workloads.size());
       s->rodata->emd_by_cgroup = options_.cgroup;
+      s->rodata->unwind_cfi = options_.unwind_cfi;
+      s->rodata->waits_at_sys_exit = waits_at_sys_exit();
+      configure_user_stacks(s, options_.stack_copies_per_second);
+      // Half a second of copies at the limit: the reader empties it as records arrive.
+      bpf_map__set_max_entries(s->maps.samples, options_.unwind_cfi ? samples_ring_bytes() : 4096);
       bpf_map__set_max_entries(s->maps.emd_stacks, kept_stacks());
       bpf_map__set_max_entries(s->maps.counts_a, options_.max_aggregates);
       bpf_map__set_max_entries(s->maps.counts_b, options_.max_aggregates);
@@ -142,16 +180,20 @@ class ProfileTracer final : public Tracer {
       configure_task_state(s->maps.emd_offcpu_task, s->maps.emd_offcpu_by_tid,
                            kind.value_or(HookKind::RawTp), off);
       auto& p = s->progs;
-      return std::vector<HookTwin>{
-          {p.on_cpu_sample, p.on_cpu_sample, options_.on_cpu, /*attach=*/false},
-          {p.offcpu_switch_btf, p.offcpu_switch_raw, off && !three_args},
-          {p.offcpu_switch_3arg_btf, p.offcpu_switch_3arg_raw, off && three_args},
-          {nullptr, p.emd_offcpu_free, off},
-          {p.profile_exec, p.profile_exec},
-      };
+      std::vector<HookTwin> hooks = {
+          {p.on_cpu_sample, p.on_cpu_sample, options_.on_cpu, /*attach=*/false}};
+      for (const HookTwin& t : EBPF_METRICSD_SCHED_SWITCH_TWINS(p, offcpu_switch, off))
+        hooks.push_back(t);
+      hooks.push_back({nullptr, p.emd_offcpu_free, off});
+      hooks.push_back({p.profile_exec, p.profile_exec});
+      const bool at_exit = off && waits_at_sys_exit();
+      hooks.push_back({p.profile_sys_exit_btf, p.profile_sys_exit_raw, at_exit});
+      hooks.push_back({p.profile_thread_exit_btf, p.profile_thread_exit_raw, at_exit});
+      return hooks;
     };
     if (options_.off_cpu) {
-      static const std::array<std::string, 2> tracepoints = {"sched_switch", "sched_process_free"};
+      static const std::array<std::string, 4> tracepoints = {"sched_switch", "sched_process_free",
+                                                             "sys_exit", "sched_process_exit"};
       skel_ = Skeleton::load_probed("profile", drops_, prober, tracepoints, preference,
                                     [&](profile* s, HookKind k) { return setup(s, k); });
     } else {
@@ -179,6 +221,11 @@ class ProfileTracer final : public Tracer {
         skel_->maps.new_processes,
         [this](std::span<const std::byte> record) { on_announce(record); },
         "profile: process announcements");
+    if (options_.unwind_cfi) {
+      records_ = RingReader(
+          skel_->maps.samples, [this](std::span<const std::byte> record) { on_record(record); },
+          "profile: samples with user stacks");
+    }
     store_->set_frequency(options_.on_cpu ? options_.frequency : 0);
     store_->set_source([this] { cut(); });
     started_ = true;
@@ -195,33 +242,85 @@ class ProfileTracer final : public Tracer {
 
  private:
   using Skeleton = EBPF_METRICSD_SKELETON(profile);
+  static constexpr std::size_t kMaxUserFrames = 128;
 
-  // Stacks the kernel side keeps between reads (LRU): max_stacks, or 256 per possible CPU
-  // where that is more (the kernel's LRU keeps free entries per CPU in reserve).
-  std::uint32_t kept_stacks() const {
-    return std::max<std::uint32_t>(options_.max_stacks,
-                                   256 * static_cast<std::uint32_t>(std::max(possible_cpus(), 1)));
+  // Whether the user stacks of long waits inside system calls are copied when the call
+  // returns (sys_exit), for the CFI unwinder.
+  bool waits_at_sys_exit() const { return options_.unwind_cfi && options_.off_cpu; }
+
+  std::uint32_t samples_ring_bytes() const {
+    const std::uint64_t want =
+        std::uint64_t{options_.stack_copies_per_second} * sizeof(profile_record) / 2;
+    return static_cast<std::uint32_t>(
+        std::clamp<std::uint64_t>(std::bit_ceil(want), 1u << 20, 16u << 20));
   }
+
+  // A sample or wait with a copy of its user stack: unwound now (the copy is not kept),
+  // then aggregated until the next cut.
+  void on_record(std::span<const std::byte> data) {
+    constexpr std::size_t header = offsetof(profile_record, ustack.data);
+    if (data.size() < header) return;
+    // The record without the stack bytes, which are read in place.
+    profile_record r;
+    std::memcpy(&r, data.data(), header);
+    profiling::UserStackCopy copy;
+    std::copy(std::begin(r.ustack.regs), std::end(r.ustack.regs), copy.regs.begin());
+    copy.base = r.ustack.base;
+    copy.bytes = {reinterpret_cast<const std::uint8_t*>(data.data()) + header,
+                  std::min<std::size_t>(r.ustack.len, data.size() - header)};
+    const std::size_t kn =
+        r.kstack_len > 0
+            ? std::min<std::size_t>(static_cast<std::size_t>(r.kstack_len) / 8, EMD_STACK_MAX_DEPTH)
+            : 0;
+    const SampleKind kind = r.kind == PROFILE_OFF_CPU ? SampleKind::OffCpu : SampleKind::OnCpu;
+    try {
+      profiling::Symbolizer& sym = store_->symbolizer();
+      std::vector<Frame> frames =
+          sym.kernel_frames({reinterpret_cast<const std::uint64_t*>(r.kstack), kn},
+                            kind == SampleKind::OffCpu ? profiling::StackOrigin::Call
+                                                       : profiling::StackOrigin::Interrupt);
+      profiling::UnwindEnd end = profiling::UnwindEnd::Complete;
+      const std::uint64_t cpu0 = thread_cpu_ns();
+      std::vector<Frame> user = sym.user_frames(r.tgid, r.tid, copy, kMaxUserFrames, end);
+      const std::uint64_t cpu = thread_cpu_ns() - cpu0;
+      frames.insert(frames.end(), std::make_move_iterator(user.begin()),
+                    std::make_move_iterator(user.end()));
+      std::lock_guard lock(records_mutex_);
+      ++unwinds_[static_cast<std::size_t>(end)];
+      unwind_ns_ += cpu;
+      RecordKey key{r.tgid, r.tid,     fixed_name(r.comm), r.cgroup,
+                    kind,   r.syscall, std::move(frames)};
+      Aggregate& a = records_pending_[std::move(key)];
+      a.count += r.count;
+      a.ns += r.ns;
+    } catch (const std::exception& e) {
+      spdlog::warn("profile: a sample of process {} not unwound: {}", r.tgid, e.what());
+    }
+  }
+
+  // Stacks the kernel side keeps between reads.
+  std::uint32_t kept_stacks() const { return lru_map_entries(options_.max_stacks); }
 
   // A process seen for the first time (or since it exec'd): its mappings are read now,
   // while it lives, so that its stacks can be symbolized after it has exited.
   void on_announce(std::span<const std::byte> record) {
-    if (record.size() < sizeof(__u32)) return;
-    __u32 tgid = 0;
-    std::memcpy(&tgid, record.data(), sizeof tgid);
+    profile_announcement a{};
+    if (record.size() < sizeof a) return;
+    std::memcpy(&a, record.data(), sizeof a);
     try {
-      store_->symbolizer().capture(tgid);
+      store_->symbolizer().capture(a.tgid, a.again != 0);
     } catch (const std::exception& e) {
-      spdlog::warn("profile: mappings of process {}: {}", tgid, e.what());
+      spdlog::warn("profile: mappings of process {}: {}", a.tgid, e.what());
     }
   }
   struct RawStack {
     std::vector<std::uint64_t> ips;
+    std::uint64_t check = 0;  // the kernel side's second hash (common/stacks.h)
     profiling::Clock::time_point seen;
   };
   // Counts made by cuts, published by the drain.
   struct Pending {
-    std::uint64_t on_cpu = 0, off_cpu = 0, stacks_expired = 0;
+    std::uint64_t on_cpu = 0, off_cpu = 0, stacks_expired = 0, collisions = 0;
   };
   static constexpr std::chrono::minutes kRawStackLife{10};
   static constexpr std::chrono::seconds kWorkloadRescan{30};
@@ -258,6 +357,10 @@ class ProfileTracer final : public Tracer {
   // store.
   void cut() {
     std::lock_guard lock(cut_mutex_);
+    // Processes announced and samples sent until now, handed over if their readers fell
+    // behind (a slow host): a cut holds everything taken before it.
+    announcements_.catch_up();
+    records_.catch_up();
     // Point the programs at the empty map; the update returns once no program runs with
     // the other one any more, so it is complete.
     const __u32 zero = 0;
@@ -296,6 +399,7 @@ class ProfileTracer final : public Tracer {
       s.tid = k.tid;
       s.comm = fixed_name(k.comm);
       s.kind = k.kind == PROFILE_OFF_CPU ? SampleKind::OffCpu : SampleKind::OnCpu;
+      s.syscall = k.syscall;
       s.count = v.count;
       s.ns = v.ns;
       (s.kind == SampleKind::OnCpu ? on : off) += v.count;
@@ -303,23 +407,46 @@ class ProfileTracer final : public Tracer {
       const auto [at, fresh] = stack_index.try_emplace({k.tgid, k.kstack, k.ustack, k.kind},
                                                        static_cast<std::uint32_t>(stacks.size()));
       if (fresh) {
-        std::vector<Frame> frames = kernel_frames(k.kstack, s.kind);
-        const std::vector<Frame>& user = user_frames(k.tgid, k.ustack);
-        // A stack hash whose frames were read once but are no longer kept: a wait longer
-        // than stacks are kept, or more stacks than max_stacks * 4 since.
-        expired.push_back((k.kstack && frames.empty()) || (k.ustack && user.empty()));
-        frames.insert(frames.end(), user.begin(), user.end());
+        const std::vector<Frame>* kernel = kernel_frames(k.kstack, s.kind);
+        const std::vector<Frame>* user = user_frames(k.tgid, k.ustack);
+        // A stack the kernel side kept whose frames the daemon no longer has: a wait longer
+        // than stacks are kept, or more stacks than max_stacks * 4 since. (One it did not
+        // keep, EMD_STACK_NOT_KEPT, was counted where it was taken.)
+        expired.push_back((!kernel && k.kstack != EMD_STACK_NOT_KEPT) ||
+                          (!user && k.ustack != EMD_STACK_NOT_KEPT));
+        std::vector<Frame> frames;
+        if (kernel) frames = *kernel;
+        if (user) frames.insert(frames.end(), user->begin(), user->end());
         if (frames.empty()) {
-          Frame none;
-          none.function = k.kstack == 0 && k.ustack == 0 ? "[no stack]" : "[stack not kept]";
-          none.module = "[unknown]";
+          Frame none = no_stack();
+          if (!kernel || !user) none.function = "[stack not kept]";
           frames.push_back(none);
         }
-
         stacks.push_back(std::move(frames));
       }
       s.stack = at->second;
       if (expired[at->second]) pending_.stacks_expired += v.count;
+      samples.push_back(std::move(s));
+    }
+    // The samples and waits whose user stacks were copied, unwound as they arrived.
+    std::map<RecordKey, Aggregate> records;
+    {
+      std::lock_guard records_lock(records_mutex_);
+      records.swap(records_pending_);
+    }
+    for (auto& [k, a] : records) {
+      Sample s;
+      s.pid = k.tgid;
+      s.tid = k.tid;
+      s.comm = k.comm;
+      s.kind = k.kind;
+      s.syscall = k.syscall;
+      s.count = a.count;
+      s.ns = a.ns;
+      (s.kind == SampleKind::OnCpu ? on : off) += a.count;
+      if (options_.cgroup) s.workload = names_.label(k.cgroup);
+      s.stack = static_cast<std::uint32_t>(stacks.size());
+      stacks.push_back(k.frames.empty() ? std::vector<Frame>{no_stack()} : k.frames);
       samples.push_back(std::move(s));
     }
     store_->add_batch(end, std::move(samples), stacks);
@@ -328,9 +455,30 @@ class ProfileTracer final : public Tracer {
     forget_unused();
   }
 
+  static Frame no_stack() {
+    Frame none;
+    none.function = "[no stack]";
+    none.module = "[unknown]";
+    return none;
+  }
+
   // The self-metrics, from the drain only: a cut made for a profile request takes no lock
   // of the metric store.
   void publish() {
+    {
+      std::array<std::uint64_t, std::size(profiling::kUnwindEnds)> unwinds{};
+      std::uint64_t unwind_ns = 0;
+      {
+        std::lock_guard lock(records_mutex_);
+        unwinds = std::exchange(unwinds_, {});
+        unwind_ns = std::exchange(unwind_ns_, 0);
+      }
+      for (profiling::UnwindEnd e : profiling::kUnwindEnds) {
+        scope_.add(unwinds_metric_, {std::string(profiling::unwind_end_name(e))},
+                   unwinds[static_cast<std::size_t>(e)]);
+      }
+      scope_.add(unwind_cpu_, {}, unwind_ns);
+    }
     Pending p;
     {
       std::lock_guard lock(cut_mutex_);
@@ -339,11 +487,13 @@ class ProfileTracer final : public Tracer {
     scope_.add(samples_, {"on_cpu"}, p.on_cpu);
     scope_.add(samples_, {"off_cpu"}, p.off_cpu);
     scope_.add_dropped("stack_expired", p.stacks_expired);
+    scope_.add_dropped("stack_collision", p.collisions);
     const std::uint64_t store_dropped = store_->dropped_samples();
     scope_.add_dropped("store_full", store_dropped - store_dropped_);
     store_dropped_ = store_dropped;
     const auto sizes = store_->symbolizer().sizes();
     scope_.set(caches_, {"elf_files"}, static_cast<double>(sizes.elf_files));
+    scope_.set(caches_, {"address_spaces"}, static_cast<double>(sizes.address_spaces));
     scope_.set(caches_, {"processes"}, static_cast<double>(sizes.processes));
     scope_.set(caches_, {"names"}, static_cast<double>(sizes.names));
     scope_.set(caches_, {"kernel_symbols"}, static_cast<double>(sizes.kernel_symbols));
@@ -370,8 +520,17 @@ class ProfileTracer final : public Tracer {
     for (__u64 k : keys) {
       emd_stack s{};
       if (bpf_map_lookup_elem(stacks_fd_, &k, &s) == 0) {
-        RawStack& r = raw_[k];
+        auto [at, fresh] = raw_.try_emplace(k);
+        RawStack& r = at->second;
+        // Another stack under a hash read before (the kernel side compares within what it
+        // holds, which each read empties): the newer is what samples from now on mean.
+        if (!fresh && r.check != s.check) {
+          ++pending_.collisions;
+          std::erase_if(kernel_cache_, [k](const auto& kv) { return kv.first.first == k; });
+          std::erase_if(user_cache_, [k](const auto& kv) { return kv.first.second == k; });
+        }
         r.ips.assign(s.ips, s.ips + std::min<__u32>(s.nr, EMD_STACK_MAX_DEPTH));
+        r.check = s.check;
         r.seen = now;
       }
       bpf_map_delete_elem(stacks_fd_, &k);
@@ -385,40 +544,43 @@ class ProfileTracer final : public Tracer {
     return &it->second;
   }
 
-  std::vector<Frame> kernel_frames(__u64 hash, SampleKind kind) {
-    if (hash == 0) return {};
+  // The frames of a kept stack: none for hash 0 (no stack), nullptr where its bytes are not
+  // here (not kept by the kernel side, or no longer by the daemon).
+  const std::vector<Frame>* kernel_frames(__u64 hash, SampleKind kind) {
+    static const std::vector<Frame> none;
+    if (hash == 0) return &none;
     const auto key = std::make_pair(hash, kind == SampleKind::OffCpu);
     auto it = kernel_cache_.find(key);
     if (it == kernel_cache_.end()) {
       const RawStack* r = raw_stack(hash);
-      if (!r) return {};
+      if (!r) return nullptr;
       // An on-CPU sample's stack is where the thread was interrupted; an off-CPU one was
       // taken by the sched_switch program (raw_tp) or where the thread sleeps (tp_btf).
       it = kernel_cache_
                .emplace(key, Cached{store_->symbolizer().kernel_frames(
                                         r->ips, kind == SampleKind::OffCpu
-                                                    ? profiling::StackOrigin::Tracepoint
-                                                    : profiling::StackOrigin::Thread),
+                                                    ? profiling::StackOrigin::Call
+                                                    : profiling::StackOrigin::Interrupt),
                                     0})
                .first;
     }
     it->second.seen = generation_;
-    return it->second.frames;
+    return &it->second.frames;
   }
 
-  const std::vector<Frame>& user_frames(std::uint32_t tgid, __u64 hash) {
+  const std::vector<Frame>* user_frames(std::uint32_t tgid, __u64 hash) {
     static const std::vector<Frame> none;
-    if (hash == 0) return none;
+    if (hash == 0) return &none;
     const auto key = std::make_pair(tgid, hash);
     auto it = user_cache_.find(key);
     if (it == user_cache_.end()) {
       const RawStack* r = raw_stack(hash);
-      if (!r) return none;
+      if (!r) return nullptr;
       it =
           user_cache_.emplace(key, Cached{store_->symbolizer().user_frames(tgid, r->ips), 0}).first;
     }
     it->second.seen = generation_;
-    return it->second.frames;
+    return &it->second.frames;
   }
 
   // Symbolized stacks not used in the last few cuts go. Raw stacks stay as long as a
@@ -445,7 +607,7 @@ class ProfileTracer final : public Tracer {
   MetricScope& scope_;
   ProfileOptions options_;
   DropAccounting drops_;
-  MetricScope::Metric caches_, samples_;
+  MetricScope::Metric caches_, samples_, unwinds_metric_, unwind_cpu_;
   profiling::ProfileStore* store_;
   Skeleton skel_;
   std::vector<BpfLink> perf_links_;
@@ -463,7 +625,26 @@ class ProfileTracer final : public Tracer {
   std::map<std::pair<__u64, bool>, Cached> kernel_cache_;  // by (hash, off-CPU)
   std::map<std::pair<std::uint32_t, __u64>, Cached> user_cache_;
   CgroupNames names_;
-  RingReader announcements_;  // last: stops first
+  // Samples and waits with copied user stacks, aggregated between cuts.
+  struct RecordKey {
+    std::uint32_t tgid, tid;
+    std::string comm;
+    std::uint64_t cgroup;
+    SampleKind kind;
+    std::int32_t syscall;
+    std::vector<Frame> frames;
+    // NOLINTNEXTLINE(modernize-use-nullptr): clang-tidy 14 misreads a defaulted operator<=>.
+    auto operator<=>(const RecordKey&) const = default;
+  };
+  struct Aggregate {
+    std::uint64_t count = 0, ns = 0;
+  };
+  std::mutex records_mutex_;
+  std::map<RecordKey, Aggregate> records_pending_;
+  std::array<std::uint64_t, std::size(profiling::kUnwindEnds)> unwinds_{};
+  std::uint64_t unwind_ns_ = 0;  // CPU time the unwinds took
+  RingReader announcements_;     // last two: stop first
+  RingReader records_;
 };
 
 }  // namespace

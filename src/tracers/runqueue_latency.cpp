@@ -37,24 +37,21 @@ class RunqueueLatencyTracer final : public Tracer {
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 4> tracepoints = {"sched_wakeup", "sched_wakeup_new",
                                                            "sched_switch", "sched_process_free"};
-    // sched_switch gained prev_state in 5.18: the 3-argument programs read it from the task.
-    const bool switch_3arg = tracepoint_arg_count("sched_switch").value_or(4) == 3;
-    skel_ =
-        Object::load_probed(scope_.tracer(), drops_, prober, tracepoints, preference,
-                            [&](runqueue_latency* s, HookKind kind) {
-                              configure_task_state(s->maps.runq_task, s->maps.runq_by_tid, kind);
-                              hist_.configure(s, s->maps.runq_hist_labelled);
-                              auto& p = s->progs;
-                              // sched_switch first: a wakeup's stamp without the switch
-                              // that ends it would go stale.
-                              return std::vector<HookTwin>{
-                                  {nullptr, p.runq_free},
-                                  {p.sched_switch_btf, p.sched_switch_raw, !switch_3arg},
-                                  {p.sched_switch_3arg_btf, p.sched_switch_3arg_raw, switch_3arg},
-                                  {p.sched_wakeup_btf, p.sched_wakeup_raw},
-                                  {p.sched_wakeup_new_btf, p.sched_wakeup_new_raw},
-                              };
-                            });
+    skel_ = Object::load_probed(
+        scope_.tracer(), drops_, prober, tracepoints, preference,
+        [&](runqueue_latency* s, HookKind kind) {
+          configure_task_state(s->maps.runq_task, s->maps.runq_by_tid, kind);
+          hist_.configure(s, s->maps.runq_hist_labelled);
+          auto& p = s->progs;
+          // sched_switch first: a wakeup's stamp without the switch
+          // that ends it would go stale.
+          std::vector<HookTwin> hooks = {{nullptr, p.runq_free}};
+          for (const HookTwin& t : EBPF_METRICSD_SCHED_SWITCH_TWINS(p, sched_switch))
+            hooks.push_back(t);
+          hooks.push_back({p.sched_wakeup_btf, p.sched_wakeup_raw});
+          hooks.push_back({p.sched_wakeup_new_btf, p.sched_wakeup_new_raw});
+          return hooks;
+        });
   }
   std::string hook() const override { return skel_.hook(); }
 

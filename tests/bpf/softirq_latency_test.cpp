@@ -92,17 +92,24 @@ TEST_CASE("softirq_latency counts every handler run as /proc/softirqs does", "[s
   const Edge end = quiet_drain(*tracer, "net_rx");
   const Counts ours1 = entries(store);
 
-  // NET_RX, which the test drove, must have been quiet at both edges; every vector that was
-  // is counted exactly as the kernel counts it, the others within the reads around the
-  // drains.
+  // NET_RX, which the test drove, must have been quiet at both edges, and is counted
+  // exactly as the kernel counts it. Another vector quiet at both edges is too, but for a
+  // run caught between the kernel's count and the tracepoint on another CPU at an edge (a
+  // virtual CPU can stall there): at most one a CPU each edge. A busy vector is counted
+  // within the reads around the drains.
   REQUIRE(start.quiet("net_rx"));
   REQUIRE(end.quiet("net_rx"));
+  const auto cpus = static_cast<std::uint64_t>(libbpf_num_possible_cpus());
   for (const auto& [vector, n0] : ours0) {
     const std::uint64_t ours = ours1.at(vector) - n0;
     INFO(vector << ": ours " << ours << ", /proc/softirqs " << start.before.at(vector) << " -> "
                 << end.after.at(vector));
-    if (start.quiet(vector) && end.quiet(vector)) {
+    if (vector == "net_rx") {
       CHECK(ours == end.before.at(vector) - start.before.at(vector));
+    } else if (start.quiet(vector) && end.quiet(vector)) {
+      const std::uint64_t kernel = end.before.at(vector) - start.before.at(vector);
+      CHECK(ours + 2 * cpus >= kernel);
+      CHECK(ours <= kernel + 2 * cpus);
     } else {
       CHECK(ours >= end.before.at(vector) - start.after.at(vector));
       CHECK(ours <= end.after.at(vector) - start.before.at(vector));
@@ -115,7 +122,6 @@ TEST_CASE("softirq_latency counts every handler run as /proc/softirqs does", "[s
   const std::uint64_t net_rx = ours1.at("net_rx") - ours0.at("net_rx");
   CHECK(net_rx >= 1);
   CHECK(timed("ebpf_softirq_latency_seconds") - latency0 == net_rx);
-  const auto cpus = static_cast<std::uint64_t>(libbpf_num_possible_cpus());
   const std::uint64_t runtime = timed("ebpf_softirq_runtime_seconds") - runtime0;
   CHECK(runtime + cpus >= net_rx);
   CHECK(runtime <= net_rx + cpus);

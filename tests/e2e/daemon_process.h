@@ -71,13 +71,18 @@ inline std::set<int> loaded_prog_ids() {
   return ids;
 }
 
-// Whether this test, and the daemon it runs, are built with sanitizers (tests/sanitizers.sh):
-// exits take longer, and RSS bounds mean nothing (shadow memory, freed memory quarantined).
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-inline constexpr bool kSanitized = true;
-#else
-inline constexpr bool kSanitized = false;
-#endif
+// The daemon the tests run: this build's, or the one EBPF_METRICSD_DAEMON names (the
+// sanitizer build's, tests/sanitizers.sh).
+inline const char* daemon_path() {
+  const char* other = std::getenv("EBPF_METRICSD_DAEMON");
+  return other && *other ? other : DAEMON_PATH;
+}
+// Whether that daemon is built with sanitizers (EBPF_METRICSD_SANITIZED=1): its exit takes
+// longer, and RSS bounds mean nothing (shadow memory, freed memory quarantined).
+inline bool sanitized() {
+  const char* s = std::getenv("EBPF_METRICSD_SANITIZED");
+  return s && std::string(s) == "1";
+}
 
 struct Setup {
   std::string dir = temp_dir();

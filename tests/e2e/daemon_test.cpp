@@ -18,7 +18,7 @@ using Catch::Matchers::Contains;
 TEST_CASE("daemon serves real syscall latencies, passes promtool, exits cleanly",
           "[sizing][sanitize]") {
   Setup s;
-  DaemonProcess d(DAEMON_PATH, s.log, {s.args(), false, {}, {}});
+  DaemonProcess d(daemon_path(), s.log, {s.args(), false, {}, {}});
   REQUIRE(wait_until(
       [&] {
         return http_get(s.port, "/metrics")
@@ -82,7 +82,7 @@ TEST_CASE("daemon serves real syscall latencies, passes promtool, exits cleanly"
   const int status = d.wait_exit(5s);
   const auto took = std::chrono::steady_clock::now() - t0;
   CHECK(status == 0);
-  CHECK(took < (kSanitized ? 5s : 1s));  // the sanitizers' leak check walks the heap at exit
+  CHECK(took < (sanitized() ? 5s : 1s));  // the sanitizers' leak check walks the heap at exit
   CHECK_THAT(d.log(), Contains("stopped: all tracers detached"));
   // Detaching is synchronous; the kernel frees the unreferenced programs after an RCU
   // grace period, so give it a moment before reading the list.
@@ -114,7 +114,7 @@ TEST_CASE(
     "reload that restarts the server, far below TasksMax",
     "[sizing][sanitize]") {
   Setup s(all_tracers_enabled());
-  DaemonProcess d(DAEMON_PATH, s.log, {s.args(), false, {}, {}});
+  DaemonProcess d(daemon_path(), s.log, {s.args(), false, {}, {}});
   // Every tracer started (or failed) and the drain loop running.
   REQUIRE(wait_until([&] { return d.log().find("draining every") != std::string::npos; }, 60s));
   const unsigned web = ebpf_metricsd::web_server_threads();
@@ -142,7 +142,7 @@ TEST_CASE(
 
 TEST_CASE("a tracer that cannot load is reported and the daemon runs on") {
   Setup s;
-  DaemonProcess d(DAEMON_PATH, s.log, {s.args(), /*deny_bpf=*/true, {}, {}});
+  DaemonProcess d(daemon_path(), s.log, {s.args(), /*deny_bpf=*/true, {}, {}});
   INFO("daemon log:\n" << d.log());
   REQUIRE(wait_until(
       [&] {
@@ -163,21 +163,22 @@ TEST_CASE("--strict makes a failed tracer fatal") {
   Setup s;
   auto args = s.args();
   args.push_back("--strict");
-  DaemonProcess d(DAEMON_PATH, s.log, {args, /*deny_bpf=*/true, {}, {}});
+  DaemonProcess d(daemon_path(), s.log, {args, /*deny_bpf=*/true, {}, {}});
   CHECK(d.wait_exit(20s) == 1);
   CHECK_THAT(d.log(), Contains("--strict"));
 }
 
 TEST_CASE("--check-config and bad configs", "[sanitize]") {
   Setup good;
-  CHECK(run_command(std::string(DAEMON_PATH) + " --check-config --config " + good.config +
+  CHECK(run_command(std::string(daemon_path()) + " --check-config --config " + good.config +
                     " > /dev/null 2>&1") == 0);
-  CHECK(run_command(std::string(DAEMON_PATH) + " --check-config --config " SOURCE_DIR
-                                               "/config/ebpf-metricsd.yaml > /dev/null 2>&1") == 0);
+  CHECK(run_command(std::string(daemon_path()) + " --check-config --config " SOURCE_DIR
+                                                 "/config/ebpf-metricsd.yaml > /dev/null 2>&1") ==
+        0);
 
   Setup bad("  syscall_latency:\n    enabled: true\n    colour: blue\n");
   const std::string out = bad.dir + "/out.txt";
-  CHECK(run_command(std::string(DAEMON_PATH) + " --check-config --config " + bad.config + " > " +
+  CHECK(run_command(std::string(daemon_path()) + " --check-config --config " + bad.config + " > " +
                     out + " 2>&1") == 1);
   CHECK_THAT(read_file(out),
              Contains(bad.config + ":7:5: tracers.syscall_latency.colour: unknown key"));
@@ -193,23 +194,24 @@ TEST_CASE("--check-config and bad configs", "[sanitize]") {
       bomb << "]\n";
     }
   }
-  CHECK(run_command(std::string(DAEMON_PATH) + " --check-config --config " + bad.dir +
+  CHECK(run_command(std::string(daemon_path()) + " --check-config --config " + bad.dir +
                     "/bomb.yaml > " + out + " 2>&1") == 1);
   CHECK_THAT(read_file(out), Contains(bad.dir + "/bomb.yaml:1:5: l0: a YAML anchor (&name)"));
 
   // The daemon itself refuses to start on it, and serves nothing.
-  DaemonProcess d(DAEMON_PATH, bad.log, {bad.args(), false, {}, {}});
+  DaemonProcess d(daemon_path(), bad.log, {bad.args(), false, {}, {}});
   CHECK(d.wait_exit(10s) == ebpf_metricsd::kExitConfigError);
   CHECK_THAT(d.log(), Contains("tracers.syscall_latency.colour: unknown key"));
   CHECK(http_get(bad.port, "/metrics").status == 0);
 }
 
 TEST_CASE("flags: --version, --help, unknown flags") {
-  CHECK(run_command(std::string(DAEMON_PATH) +
+  CHECK(run_command(std::string(daemon_path()) +
                     " --version | grep -q 'ebpf-metricsd " EBPF_METRICSD_VERSION "'") == 0);
-  CHECK(run_command(std::string(DAEMON_PATH) + " --help | grep -q -- '--web.listen-address'") == 0);
-  CHECK(run_command(std::string(DAEMON_PATH) + " --bogus > /dev/null 2>&1") == 2);
-  CHECK(run_command(std::string(DAEMON_PATH) + " --log.level loud > /dev/null 2>&1") == 2);
+  CHECK(run_command(std::string(daemon_path()) + " --help | grep -q -- '--web.listen-address'") ==
+        0);
+  CHECK(run_command(std::string(daemon_path()) + " --bogus > /dev/null 2>&1") == 2);
+  CHECK(run_command(std::string(daemon_path()) + " --log.level loud > /dev/null 2>&1") == 2);
 }
 
 TEST_CASE("every tracer, with every optional label, up at once and valid for promtool",
@@ -230,7 +232,7 @@ TEST_CASE("every tracer, with every optional label, up at once and valid for pro
       sections += other->second;
   }
   Setup s(sections);
-  DaemonProcess d(DAEMON_PATH, s.log, {s.args(), false, {}, {}});
+  DaemonProcess d(daemon_path(), s.log, {s.args(), false, {}, {}});
   // Scraping over loopback TCP is itself a connect and packets on lo; the rest comes by itself.
   const std::vector<std::string> expected = {
       "ebpf_runqueue_latency_seconds_count{",
@@ -295,7 +297,7 @@ TEST_CASE("btf_path: every tracer loads where the kernel's own BTF cannot be rea
         "-c",
         "mount --bind " + empty + " /sys/kernel/btf/vmlinux && exec \"$@\"",
         "sh"};
-    DaemonProcess d(DAEMON_PATH, s.log, {s.args(), false, {}, hide_btf});
+    DaemonProcess d(daemon_path(), s.log, {s.args(), false, {}, hide_btf});
     std::string body;
     const auto up_line = [&](const std::string& tracer) {
       const std::string prefix = "ebpf_metricsd_tracer_up{tracer=\"" + tracer + "\",hook=\"";

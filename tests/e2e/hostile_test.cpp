@@ -85,7 +85,7 @@ struct WebDaemon {
       args.push_back("--web.config.file");
       args.push_back(s.dir + "/web.yml");
     }
-    d = std::make_unique<DaemonProcess>(DAEMON_PATH, s.log,
+    d = std::make_unique<DaemonProcess>(daemon_path(), s.log,
                                         DaemonProcess::Options{args, false, {}, {}});
     base = std::string(o.tls ? "https" : "http") + "://127.0.0.1:" + std::to_string(s.port);
     // With basic auth this first scrape is also the one whose password is then remembered.

@@ -63,7 +63,7 @@ struct ProfileDaemon {
     auto args = s.args();
     args.push_back("--web.config.file");
     args.push_back(s.dir + "/web.yml");
-    d = std::make_unique<DaemonProcess>(DAEMON_PATH, s.log,
+    d = std::make_unique<DaemonProcess>(daemon_path(), s.log,
                                         DaemonProcess::Options{args, false, {}, {}});
     base = "https://127.0.0.1:" + std::to_string(s.port);
     const bool up = wait_until(
@@ -314,7 +314,7 @@ std::string profile_as_nobody(const std::vector<std::string>& units) {
   Setup s("  profile:\n    enabled: true\n    frequency: 997\n");
   chmod(s.dir.c_str(), 0755);
   chmod(s.config.c_str(), 0644);
-  DaemonProcess d(DAEMON_PATH, s.log,
+  DaemonProcess d(daemon_path(), s.log,
                   {s.args(),
                    false,
                    {},

@@ -150,7 +150,7 @@ TEST_CASE(
   Setup s(replace_all(all_tracers_labelled(), "  syscall_latency:\n    enabled: true\n",
                       "  syscall_latency:\n    enabled: true\n    per_syscall: all\n"));
   s.prepend("max_series: 25\n");
-  DaemonProcess daemon(DAEMON_PATH, s.log, {s.args(), false, {}, {}});
+  DaemonProcess daemon(daemon_path(), s.log, {s.args(), false, {}, {}});
   const std::string instance = "127.0.0.1:" + std::to_string(s.port);
   REQUIRE(wait_until([&] { return http_get(s.port, "/metrics").status == 200; }, 30s));
 
@@ -429,7 +429,7 @@ TEST_CASE(
       "    slow: {threshold: 100ms, max_per_second: 1000}\n"
       "  block_io:\n    enabled: true\n"
       "    slow: {threshold: 1us, max_per_second: 1000}\n");
-  DaemonProcess daemon(DAEMON_PATH, s.log, {s.args(), false, {}, {}});
+  DaemonProcess daemon(daemon_path(), s.log, {s.args(), false, {}, {}});
   const std::string instance = "127.0.0.1:" + std::to_string(s.port);
   REQUIRE(wait_until(
       [&] { return !run_capture("curl -sf http://" + instance + "/metrics").empty(); }, 20s));

@@ -148,7 +148,7 @@ TEST_CASE("reload: a bad file keeps the running config, a good one changes only 
   REQUIRE(stat(s.log.c_str(), &log_st) == 0);
   const std::string journal =
       "JOURNAL_STREAM=" + std::to_string(log_st.st_dev) + ":" + std::to_string(log_st.st_ino);
-  DaemonProcess d(DAEMON_PATH, s.log,
+  DaemonProcess d(daemon_path(), s.log,
                   {s.args(), false, {"NOTIFY_SOCKET=" + notify.path(), journal}, {}});
   REQUIRE(notify.wait_for("READY=1"));
   CHECK_THAT(notify.messages().front(), Contains("STATUS=3/3 tracers up"));
@@ -248,11 +248,11 @@ TEST_CASE("reload: a bad file keeps the running config, a good one changes only 
     wait_until(
         [&] {
           rss1 = rss_kib(d.pid());
-          return kSanitized || rss1 - rss0 < 5 * 1024;
+          return sanitized() || rss1 - rss0 < 5 * 1024;
         },
         30s);
     INFO("RSS " << rss0 << " KiB before the deep file, " << rss1 << " KiB after");
-    if (!kSanitized) CHECK(rss1 - rss0 < 5 * 1024);
+    if (!sanitized()) CHECK(rss1 - rss0 < 5 * 1024);
   }
 
   SECTION("a valid file attaches and detaches what changed; counters carry on") {
@@ -381,7 +381,7 @@ TEST_CASE("every tracer is up as an unprivileged user with only CAP_BPF and CAP_
   const std::string unit = read_file(SOURCE_DIR "/systemd/ebpf-metricsd.service");
   REQUIRE_THAT(unit, Contains("\nAmbientCapabilities=CAP_BPF CAP_PERFMON\n"));
   REQUIRE_THAT(unit, Contains("\nCapabilityBoundingSet=CAP_BPF CAP_PERFMON\n"));
-  DaemonProcess d(DAEMON_PATH, s.log,
+  DaemonProcess d(daemon_path(), s.log,
                   {{"--config", s.config, "--strict"},
                    false,
                    {},
@@ -415,7 +415,8 @@ TEST_CASE("every tracer is up under the unit's system call filter; reload and st
   REQUIRE(std::count(allowed.begin(), allowed.end(), "bpf") == 1);
   REQUIRE(std::count(allowed.begin(), allowed.end(), "mount") == 0);
   Setup s(all_tracers_enabled());
-  DaemonProcess d(DAEMON_PATH, s.log, {{"--config", s.config, "--strict"}, false, {}, {}, allowed});
+  DaemonProcess d(daemon_path(), s.log,
+                  {{"--config", s.config, "--strict"}, false, {}, {}, allowed});
   REQUIRE(wait_until(
       [&] {
         return count_lines_starting(scrape(s.port), "ebpf_metricsd_tracer_up{") ==
@@ -442,7 +443,7 @@ TEST_CASE("the systemd unit verifies and scores at most 3.0 in systemd-analyze s
   const std::string dir = temp_dir();
   // verify needs the ExecStart binaries to exist: point them at the built one.
   std::string unit = read_file(SOURCE_DIR "/systemd/ebpf-metricsd.service");
-  unit = std::regex_replace(unit, std::regex("/usr/bin/ebpf-metricsd"), DAEMON_PATH);
+  unit = std::regex_replace(unit, std::regex("/usr/bin/ebpf-metricsd"), daemon_path());
   std::ofstream(dir + "/ebpf-metricsd.service") << unit;
   const std::string verify =
       run_capture("systemd-analyze verify " + dir + "/ebpf-metricsd.service 2>&1");
@@ -469,7 +470,7 @@ TEST_CASE("Ten thousand short-lived processes leave memory, series and maps boun
       "  tcp_connect_latency:\n    enabled: true\n");
   // A low series limit, so that distinct command names overrun it.
   s.prepend("max_series: 300\n");
-  DaemonProcess d(DAEMON_PATH, s.log, {s.args(), false, {}, {}});
+  DaemonProcess d(daemon_path(), s.log, {s.args(), false, {}, {}});
   REQUIRE(wait_until(
       [&] { return count_lines_starting(scrape(s.port), "ebpf_metricsd_tracer_up{") == 5; }, 30s));
   std::this_thread::sleep_for(1s);
@@ -572,7 +573,7 @@ TEST_CASE("Ten thousand short-lived cgroups leave maps, series and memory bounde
   REQUIRE(labelled.size() >= 8);
   Setup s(tracers);
   s.prepend("max_series: 300\n");  // fewer than the cgroups that stay
-  DaemonProcess d(DAEMON_PATH, s.log, {s.args(), false, {}, {}});
+  DaemonProcess d(daemon_path(), s.log, {s.args(), false, {}, {}});
   REQUIRE(wait_until(
       [&] {
         return count_lines_starting(scrape(s.port), "ebpf_metricsd_tracer_up{") == labelled.size();
@@ -656,7 +657,7 @@ TEST_CASE("reload: web settings change the server; one that cannot start keeps t
   std::ofstream(web) << "# no TLS, no users yet\n";
   auto args = s.args();
   args.push_back("--web.config.file=" + web);
-  DaemonProcess d(DAEMON_PATH, s.log, {args, false, {}, {}});
+  DaemonProcess d(daemon_path(), s.log, {args, false, {}, {}});
   REQUIRE(wait_until([&] { return http_get(s.port, "/metrics").status == 200; }, 30s));
   auto reload_ok = [&](int port, const std::string& auth) {
     return sample(http_get(port, "/metrics", auth).body,
@@ -731,7 +732,7 @@ TEST_CASE(
   for (const int sig : {SIGSEGV, SIGABRT, SIGBUS, SIGILL, SIGFPE, SIGQUIT, SIGKILL, SIGUSR1,
                         SIGUSR2, SIGALRM, SIGTERM, SIGINT}) {
     INFO("signal " << strsignal(sig));
-    DaemonProcess d(DAEMON_PATH, s.log, {s.args(), false, {}, {}});
+    DaemonProcess d(daemon_path(), s.log, {s.args(), false, {}, {}});
     REQUIRE(wait_until([&] { return http_get(s.port, "/-/healthy").status == 200; }, 20s));
     kill(d.pid(), sig);
     const int status = d.wait_exit(10s);
@@ -743,13 +744,13 @@ TEST_CASE(
 
   // SIGHUPs from the first instant on (before main() could install anything) and SIGPIPE:
   // the daemon lives and serves.
-  DaemonProcess d(DAEMON_PATH, s.log, {s.args(), false, {}, {}});
+  DaemonProcess d(daemon_path(), s.log, {s.args(), false, {}, {}});
   // From the moment the daemon's binary replaces the forked test process.
   const std::string exe = "/proc/" + std::to_string(d.pid()) + "/exe";
   REQUIRE(wait_until(
       [&] {
         std::error_code ec;
-        return std::filesystem::read_symlink(exe, ec) == std::filesystem::canonical(DAEMON_PATH);
+        return std::filesystem::read_symlink(exe, ec) == std::filesystem::canonical(daemon_path());
       },
       30s));
   for (int i = 0; i < 50; ++i) {
@@ -766,7 +767,7 @@ TEST_CASE(
 
   // An invalid config at start: exit 78, which the unit does not restart.
   Setup bad("  syscall_latency:\n    enabled: true\n    colour: blue\n");
-  DaemonProcess b(DAEMON_PATH, bad.log, {bad.args(), false, {}, {}});
+  DaemonProcess b(daemon_path(), bad.log, {bad.args(), false, {}, {}});
   const int status = b.wait_exit(10s);
   CHECK(status == ebpf_metricsd::kExitConfigError);
   CHECK_FALSE(systemd_restarts(status));

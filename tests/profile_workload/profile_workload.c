@@ -1,17 +1,23 @@
-// The known workload of the profile tests, built with frame pointers and without:
-//  - the main thread runs hot_three() and hot_one(), the same loop for 3 and 1 units of
-//    work in turn: on-CPU time 3:1 between them, at any machine speed. Both call tick() now
-//    and then, so that they are not leaf functions: GCC gives a leaf without stack use no
-//    frame even with -fno-omit-frame-pointer -mno-omit-leaf-frame-pointer, and a sample in
-//    a frameless function skips its caller;
-//  - a reader thread blocks in wait_on_pipe() (a read(2) issued from that function itself,
-//    so that it is the innermost user frame with or without frame pointers) until a feeder
-//    thread writes a byte, which it does only once the reader has switched out, and 20 ms
-//    later: every read blocks.
-// Usage: profile_workload CPU_MS READS: rounds of hot_three() + hot_one() until the main
-// thread has used CPU_MS of CPU time (so that a profile at F Hz takes about CPU_MS * F / 1000
-// samples of them on any machine), and READS blocking reads. Prints "blocked_ns N" (the
-// reader's time in read) and "rounds N" (the work done).
+// The known workload of the profile tests, built with frame pointers and without (as
+// Debian builds), calling the C library as real programs do:
+//  - the main thread runs rounds of hot_three() and hot_one(), the same loop for 3 and 1
+//    units of work in turn (on-CPU time 3:1 between them, at any machine speed), and of
+//    sort_round(), a qsort() whose comparison function compare_slowly() spins: a leaf
+//    called back through the C library, which keeps no frame pointers. All under
+//    main -> run_rounds -> one_round. The loops call tick() now and then, so that they
+//    are not leaf functions: GCC gives a leaf without stack use no frame even with
+//    -fno-omit-frame-pointer -mno-omit-leaf-frame-pointer;
+//  - a reader thread blocks in read(2), called through the C library from wait_on_pipe()
+//    (reader -> read_all -> wait_on_pipe -> read), until a feeder thread writes a byte,
+//    which it does only once the reader has switched out, and 20 ms later: every read
+//    blocks;
+//  - a waiter thread blocks in pthread_cond_wait() from wait_for_signal() (waiter ->
+//    wait_all -> wait_for_signal), signalled by the feeder the same way.
+// Usage: profile_workload CPU_MS READS: rounds until the main thread has used CPU_MS of
+// CPU time (so that a profile at F Hz takes about CPU_MS * F / 1000 samples of them on
+// any machine), and READS blocking reads and as many condition waits. Prints "blocked_ns
+// N" (the reader's time in read), "cond_ns N" (the waiter's in pthread_cond_wait) and
+// "rounds N".
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
@@ -28,146 +34,184 @@ static volatile unsigned long sink;
 static int fds[2];
 static int reads;
 static long long blocked_ns;
-static volatile long reader_switches_before = -1;
-static volatile pid_t reader_tid;
+static long long cond_ns;
+static volatile long reader_switches_before = -1, waiter_switches_before = -1;
+static volatile pid_t reader_tid, waiter_tid;
+static pthread_mutex_t mutex = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
+static int signalled;
 
-static long long clock_ns(clockid_t clock)
-{
-	struct timespec t;
+static long long clock_ns(clockid_t clock) {
+  struct timespec t;
 
-	clock_gettime(clock, &t);
-	return t.tv_sec * 1000000000LL + t.tv_nsec;
+  clock_gettime(clock, &t);
+  return t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
-static long long now_ns(void)
-{
-	return clock_ns(CLOCK_MONOTONIC);
+static long long now_ns(void) { return clock_ns(CLOCK_MONOTONIC); }
+
+__attribute__((noinline, noipa)) void tick(void) { __asm__ volatile(""); }
+
+#define SPIN(n)                                              \
+  do {                                                       \
+    unsigned long x = sink;                                  \
+    for (unsigned long i = 0; i < (n); i++) {                \
+      x = x * 6364136223846793005UL + 1442695040888963407UL; \
+      if ((i & 4095) == 0) tick();                           \
+    }                                                        \
+    sink = x;                                                \
+  } while (0)
+
+__attribute__((noinline, noipa)) void hot_three(void) { SPIN(3 * UNIT); }
+
+__attribute__((noinline, noipa)) void hot_one(void) { SPIN(UNIT); }
+
+static long voluntary_switches(void) {
+  struct rusage ru;
+
+  getrusage(RUSAGE_THREAD, &ru);
+  return ru.ru_nvcsw;
 }
 
-__attribute__((noinline, noipa)) void tick(void)
-{
-	__asm__ volatile("");
+__attribute__((noinline, noipa)) long wait_on_pipe(void *buf) {
+  long ret = read(fds[0], buf, 1);
+
+  tick(); /* not a leaf: it keeps a frame where frame pointers are on */
+  return ret;
 }
 
-#define SPIN(n)                                                                \
-	do {                                                                   \
-		unsigned long x = sink;                                        \
-		for (unsigned long i = 0; i < (n); i++) {                      \
-			x = x * 6364136223846793005UL + 1442695040888963407UL; \
-			if ((i & 4095) == 0)                                   \
-				tick();                                        \
-		}                                                              \
-		sink = x;                                                      \
-	} while (0)
+__attribute__((noinline, noipa)) void read_all(void) {
+  char c;
 
-__attribute__((noinline, noipa)) void hot_three(void)
-{
-	SPIN(3 * UNIT);
+  for (int i = 0; i < reads; i++) {
+    long long t0 = now_ns();
+
+    reader_switches_before = voluntary_switches();
+    if (wait_on_pipe(&c) != 1) exit(2);
+    blocked_ns += now_ns() - t0;
+  }
 }
 
-__attribute__((noinline, noipa)) void hot_one(void)
-{
-	SPIN(UNIT);
+static void *reader(void *arg) {
+  (void)arg;
+  reader_tid = (pid_t)syscall(SYS_gettid);
+  read_all();
+  return NULL;
 }
 
-static long voluntary_switches(void)
-{
-	struct rusage ru;
-
-	getrusage(RUSAGE_THREAD, &ru);
-	return ru.ru_nvcsw;
+__attribute__((noinline, noipa)) void wait_for_signal(void) {
+  pthread_mutex_lock(&mutex);
+  while (!signalled) pthread_cond_wait(&cond, &mutex);
+  signalled = 0;
+  pthread_mutex_unlock(&mutex);
+  tick();
 }
 
-__attribute__((noinline, noipa)) long wait_on_pipe(void *buf)
-{
-	long ret;
+__attribute__((noinline, noipa)) void wait_all(void) {
+  for (int i = 0; i < reads; i++) {
+    long long t0 = now_ns();
 
-	__asm__ volatile("syscall"
-			 : "=a"(ret)
-			 : "0"((long)SYS_read), "D"((long)fds[0]), "S"(buf), "d"(1L)
-			 : "rcx", "r11", "memory");
-	tick(); /* not a leaf: it keeps a frame where frame pointers are on */
-	return ret;
+    waiter_switches_before = voluntary_switches();
+    wait_for_signal();
+    cond_ns += now_ns() - t0;
+  }
 }
 
-static void *reader(void *arg)
-{
-	char c;
-
-	(void)arg;
-	reader_tid = (pid_t)syscall(SYS_gettid);
-	for (int i = 0; i < reads; i++) {
-		long long t0 = now_ns();
-
-		reader_switches_before = voluntary_switches();
-		if (wait_on_pipe(&c) != 1)
-			exit(2);
-		blocked_ns += now_ns() - t0;
-	}
-	return NULL;
+static void *waiter(void *arg) {
+  (void)arg;
+  waiter_tid = (pid_t)syscall(SYS_gettid);
+  wait_all();
+  return NULL;
 }
 
-// Whether the reader has switched out since it stored its count (state S alone shows
-// before the switch).
-static int reader_blocked(void)
-{
-	char path[64], line[256];
-	long switches = -1;
-	char state = '?';
-	FILE *f;
+// Whether thread tid has switched out since it stored its count in *before (state S
+// alone shows before the switch).
+static int blocked_since(volatile pid_t *tid, volatile long *before) {
+  char path[64], line[256];
+  long switches = -1;
+  char state = '?';
+  FILE *f;
 
-	snprintf(path, sizeof path, "/proc/self/task/%d/status", (int)reader_tid);
-	f = fopen(path, "r");
-	if (!f)
-		return 0;
-	while (fgets(line, sizeof line, f)) {
-		if (!strncmp(line, "State:", 6))
-			sscanf(line + 6, " %c", &state);
-		else if (!strncmp(line, "voluntary_ctxt_switches:", 24))
-			switches = strtol(line + 24, NULL, 10);
-	}
-	fclose(f);
-	return state == 'S' && reader_switches_before >= 0 &&
-	       switches > reader_switches_before;
+  if (!*tid) return 0;
+  snprintf(path, sizeof path, "/proc/self/task/%d/status", (int)*tid);
+  f = fopen(path, "r");
+  if (!f) return 0;
+  while (fgets(line, sizeof line, f)) {
+    if (!strncmp(line, "State:", 6))
+      sscanf(line + 6, " %c", &state);
+    else if (!strncmp(line, "voluntary_ctxt_switches:", 24))
+      switches = strtol(line + 24, NULL, 10);
+  }
+  fclose(f);
+  return state == 'S' && *before >= 0 && switches > *before;
 }
 
-static void *feeder(void *arg)
-{
-	const struct timespec wait = {0, 20 * 1000 * 1000}, poll = {0, 100 * 1000};
+static void *feeder(void *arg) {
+  const struct timespec wait = {0, 20 * 1000 * 1000}, poll = {0, 100 * 1000};
 
-	(void)arg;
-	for (int i = 0; i < reads; i++) {
-		while (!reader_tid || !reader_blocked())
-			nanosleep(&poll, NULL);
-		nanosleep(&wait, NULL);
-		reader_switches_before = -1;
-		if (write(fds[1], "x", 1) != 1)
-			exit(2);
-	}
-	return NULL;
+  (void)arg;
+  for (int i = 0; i < reads; i++) {
+    while (!blocked_since(&reader_tid, &reader_switches_before)) nanosleep(&poll, NULL);
+    nanosleep(&wait, NULL);
+    reader_switches_before = -1;
+    if (write(fds[1], "x", 1) != 1) exit(2);
+    while (!blocked_since(&waiter_tid, &waiter_switches_before)) nanosleep(&poll, NULL);
+    nanosleep(&wait, NULL);
+    waiter_switches_before = -1;
+    pthread_mutex_lock(&mutex);
+    signalled = 1;
+    pthread_cond_signal(&cond);
+    pthread_mutex_unlock(&mutex);
+  }
+  return NULL;
 }
 
-int main(int argc, char **argv)
-{
-	pthread_t r, f;
-	long long cpu_ns, rounds = 0;
+__attribute__((noinline, noipa)) int compare_slowly(const void *a, const void *b) {
+  const int x = *(const int *)a, y = *(const int *)b;
 
-	if (argc != 3)
-		return 2;
-	cpu_ns = atoll(argv[1]) * 1000000LL;
-	reads = atoi(argv[2]);
-	if (pipe(fds) != 0)
-		return 2;
-	pthread_create(&r, NULL, reader, NULL);
-	pthread_create(&f, NULL, feeder, NULL);
-	/* Whole rounds only: the 3:1 split holds however the time is cut. */
-	while (clock_ns(CLOCK_THREAD_CPUTIME_ID) < cpu_ns) {
-		hot_three();
-		hot_one();
-		rounds++;
-	}
-	pthread_join(r, NULL);
-	pthread_join(f, NULL);
-	printf("blocked_ns %lld\nrounds %lld\n", blocked_ns, rounds);
-	return 0;
+  SPIN(UNIT / 64);
+  return (x > y) - (x < y);
+}
+
+__attribute__((noinline, noipa)) void sort_round(void) {
+  int v[16];
+
+  for (int i = 0; i < 16; i++) v[i] = (i * 7919) % 16;
+  qsort(v, 16, sizeof v[0], compare_slowly);
+  tick();
+}
+
+__attribute__((noinline, noipa)) void one_round(void) {
+  hot_three();
+  hot_one();
+  sort_round();
+}
+
+__attribute__((noinline, noipa)) long long run_rounds(long long cpu_ns) {
+  long long rounds = 0;
+
+  /* Whole rounds only: the 3:1 split holds however the time is cut. */
+  while (clock_ns(CLOCK_THREAD_CPUTIME_ID) < cpu_ns) {
+    one_round();
+    rounds++;
+  }
+  return rounds;
+}
+
+int main(int argc, char **argv) {
+  pthread_t r, w, f;
+  long long rounds;
+
+  if (argc != 3) return 2;
+  reads = atoi(argv[2]);
+  if (pipe(fds) != 0) return 2;
+  pthread_create(&r, NULL, reader, NULL);
+  pthread_create(&w, NULL, waiter, NULL);
+  pthread_create(&f, NULL, feeder, NULL);
+  rounds = run_rounds(atoll(argv[1]) * 1000000LL);
+  pthread_join(r, NULL);
+  pthread_join(w, NULL);
+  pthread_join(f, NULL);
+  printf("blocked_ns %lld\ncond_ns %lld\nrounds %lld\n", blocked_ns, cond_ns, rounds);
+  return 0;
 }

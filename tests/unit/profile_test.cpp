@@ -122,6 +122,56 @@ TEST_CASE("user symbols: this process's own functions, by file offset and build-
   CHECK(u.processes() == 1);
 }
 
+// A caller of the marker, whose return address a stack holds.
+extern "C" __attribute__((noinline, used)) int emd_profile_unit_caller(int x) {
+  return emd_profile_unit_marker(x) + 1;
+}
+
+TEST_CASE("one symbolizer, one set of rules, for a slow event and a profile sample alike") {
+  const std::string kallsyms = temp_file("kallsyms-rules",
+                                         "ffffffff81000000 T _stext\n"
+                                         "ffffffff81000100 T pipe_read\n"
+                                         "ffffffff81000200 T vfs_read\n"
+                                         "ffffffff81000300 T __schedule\n"
+                                         "ffffffff81000400 T __traceiter_sched_switch\n"
+                                         "ffffffff81000500 T bpf_trace_run4\n"
+                                         "ffffffffc0002000 t bpf_prog_abc_on_switch\t[bpf]\n");
+  const std::string modules = temp_file("modules-rules", "");
+  Symbolizer sym({}, kallsyms, modules);
+  // A tracing program's stack: its machinery's frames at the top go, and every frame is a
+  // return address, looked up one byte before (0xffffffff81000300, __schedule's first byte,
+  // returns to a call at the end of vfs_read).
+  const std::vector<std::uint64_t> taken_in_program = {0xffffffffc0002010, 0xffffffff81000510,
+                                                       0xffffffff81000410, 0xffffffff81000300,
+                                                       0xffffffff81000150};
+  const auto call = sym.kernel_frames(taken_in_program, StackOrigin::Call);
+  REQUIRE(call.size() == 2);
+  CHECK(call[0].function == "vfs_read");  // 0x...300 - 1: the call at vfs_read's end
+  CHECK(call[1].function == "pipe_read");
+  // An interrupted stack: the innermost frame is where the thread was, and a BPF program's
+  // frame is CPU time spent there.
+  const auto interrupted = sym.kernel_frames(taken_in_program, StackOrigin::Interrupt);
+  REQUIRE(interrupted.size() == 5);
+  CHECK(interrupted[0].function == "bpf_prog_abc_on_switch");
+  CHECK(interrupted[3].function == "vfs_read");
+
+  // The same user stack, as a slow event and as a profile sample would have it: the same
+  // frames. An address outside every mapping ends it (frame-pointer walking gone astray).
+  const auto marker = reinterpret_cast<std::uint64_t>(&emd_profile_unit_marker);
+  const auto caller = reinterpret_cast<std::uint64_t>(&emd_profile_unit_caller);
+  const std::vector<std::uint64_t> user = {marker + 1, caller + 5, 0x10, caller + 5};
+  const auto as_event = sym.frames(getpid(), {}, user, StackOrigin::Call);
+  const auto as_sample = sym.user_frames(getpid(), user);
+  REQUIRE(as_event.size() == 2);
+  CHECK(as_event == as_sample);
+  CHECK(as_event[0].function == "emd_profile_unit_marker");
+  CHECK(as_event[1].function == "emd_profile_unit_caller");
+  // A process whose mappings were never read: one frame that says so, no addresses.
+  const auto gone = sym.user_frames(999999999, user);
+  REQUIRE(gone.size() == 1);
+  CHECK(gone[0].function == "[mappings not read]");
+}
+
 TEST_CASE("profile store: windows, retention and the sample bound") {
   ProfileStore::Limits limits;
   limits.retention = std::chrono::seconds(10);

@@ -23,6 +23,7 @@
 #include "net_xmit_latency.h"
 #include "offcpu_time.h"
 #include "oom_kills.h"
+#include "page_cache.h"
 #include "page_faults.h"
 #include "runqueue_latency.h"
 #include "softirq_latency.h"
@@ -131,7 +132,7 @@ TEST_CASE("syscall_latency with cgroup: the workload labels of the key's cgroup"
         2);
 }
 
-TEST_CASE("runqueue_latency and offcpu_time: comm labels; context switches by kind") {
+TEST_CASE("runqueue_latency unlabelled; offcpu_time by comm; context switches by kind") {
   {
     DryTracer t("runqueue_latency");
     const std::uint32_t only = 0;
@@ -261,6 +262,27 @@ TEST_CASE("tcp_connect_latency and page_faults: families and fault types") {
   t.drain();
   CHECK(t.counter("ebpf_page_faults_total", {{"type", "minor"}}) == 150);
   CHECK(t.counter("ebpf_page_faults_total", {{"type", "major"}}) == 2);
+}
+
+TEST_CASE("page_cache: accesses, misses and pages dirtied, by workload when asked") {
+  {
+    DryTracer t("page_cache");
+    const std::uint32_t only = 0;
+    t.tables.set("totals", only, page_cache_totals{100, 7, 3}, 0);
+    t.tables.set("totals", only, page_cache_totals{50, 1, 0}, 2);
+    t.drain();
+    CHECK(t.counter("ebpf_page_cache_accesses_total", {}) == 150);
+    CHECK(t.counter("ebpf_page_cache_misses_total", {}) == 8);
+    CHECK(t.counter("ebpf_page_cache_dirtied_total", {}) == 3);
+  }
+  DryTracer t("page_cache", "    cgroup: true\n");
+  const std::uint64_t root = root_cgroup_id();
+  REQUIRE(root != 0);
+  t.tables.set("totals_by_cgroup", root, page_cache_totals{9, 2, 1}, 1);
+  t.drain();
+  const Labels labels = {{"cgroup", "/"}, {"pod", ""}, {"container", ""}};
+  CHECK(t.counter("ebpf_page_cache_accesses_total", labels) == 9);
+  CHECK(t.counter("ebpf_page_cache_misses_total", labels) == 2);
 }
 
 TEST_CASE("oom_kills: by the victim's cgroup, or its parent's once the victim's is gone") {

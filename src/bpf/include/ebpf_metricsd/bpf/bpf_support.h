@@ -83,6 +83,10 @@ std::string fixed_name(const char (&buf)[N]) {
 }
 
 int possible_cpus();
+// The entries of an LRU hash that is to hold `wanted`: at least 256 per possible CPU, as the
+// kernel's LRU keeps up to 128 free entries per CPU in reserve, which would starve a small
+// map; at most 65536 for that reserve (about 64 MiB of stacks), what a very large host gets.
+std::uint32_t lru_map_entries(std::uint32_t wanted);
 // The CPUs online now, from /sys/devices/system/cpu/online.
 std::vector<int> online_cpus();
 

@@ -1,8 +1,8 @@
 #pragma once
 // A tracer's kernel-side drop counters (a per-CPU array "drops" indexed by reason code), the
-// stacks its object could not keep whole (the per-CPU array "emd_stack_drops" of
-// bpf/common/stacks.bpf.h, where it takes stacks) and the recursion misses of its programs,
-// as ebpf_metricsd_dropped_events_total.
+// stacks its object could not keep whole (the per-CPU arrays "emd_stack_drops" of
+// bpf/common/stacks.bpf.h and "emd_ustack_drops" of bpf/common/ustack.bpf.h, where it takes
+// stacks) and the recursion misses of its programs, as ebpf_metricsd_dropped_events_total.
 
 #include <array>
 #include <chrono>
@@ -32,10 +32,9 @@ class DropAccounting {
   // sweep() deletes ("" when the tracer has none).
   DropAccounting(MetricScope& scope, std::vector<std::string> reasons,
                  std::string swept_reason = {});
-  // Call after load: the maps to read (nullptr: none) and the programs whose misses count
-  // (the wanted ones of the list).
-  void bind(const bpf_map* drops, const std::vector<ProgramChoice>& programs,
-            const bpf_map* stack_drops = nullptr);
+  // Call after load: the object whose drop maps to read, and the programs whose misses
+  // count (the wanted ones of the list).
+  void bind(const bpf_object* obj, const std::vector<ProgramChoice>& programs);
   void drain();
   // Deletes stamps older than max_age from an in-flight map (sweep_stale_stamps) and counts
   // them under the swept reason.

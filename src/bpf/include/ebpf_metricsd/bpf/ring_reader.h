@@ -1,8 +1,8 @@
 #pragma once
 // A BPF ring buffer read on a thread of its own: each record is handed to a callback on that
 // thread as soon as it arrives (the thread also wakes every 100 ms to see whether it must
-// stop). Records are never dropped here: what the kernel side could not submit it counts
-// itself.
+// stop), or on the caller's thread by catch_up(). Records are never dropped here: what the
+// kernel side could not submit it counts itself.
 
 #include <bpf/libbpf.h>
 
@@ -25,6 +25,11 @@ class RingReader {
   ~RingReader();
   RingReader(RingReader&&) noexcept;
   RingReader& operator=(RingReader&&) noexcept;
+
+  // Hands over, on this thread, every record submitted before the call that the reader's
+  // thread has not handed over yet (a reader that fell behind: records are complete up to
+  // now when it returns).
+  void catch_up();
 
   // Stops the thread (after the record it may be handing over) and frees the reader.
   void stop();

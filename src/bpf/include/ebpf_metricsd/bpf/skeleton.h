@@ -44,6 +44,20 @@ inline void configure_task_state(bpf_map* task_storage, bpf_map* by_tid, HookKin
   bpf_map__set_max_entries(by_tid, used && !btf ? 65536 : 1);
 }
 
+// The programs of one sched_switch handler as EMD_SCHED_SWITCH_PROGS defines them
+// (bpf/common/sched_switch.bpf.h): the pair for the argument list the kernel's BTF shows
+// (prev_state is passed since 5.18, and read from the task before).
+inline std::vector<HookTwin> sched_switch_twins(bpf_program* btf, bpf_program* raw,
+                                                bpf_program* btf_3arg, bpf_program* raw_3arg,
+                                                bool wanted = true) {
+  const bool three_args = tracepoint_arg_count("sched_switch").value_or(4) == 3;
+  return {{btf, raw, wanted && !three_args}, {btf_3arg, raw_3arg, wanted && three_args}};
+}
+#define EBPF_METRICSD_SCHED_SWITCH_TWINS(progs, name, ...)                    \
+  ::ebpf_metricsd::sched_switch_twins((progs).name##_btf, (progs).name##_raw, \
+                                      (progs).name##_3arg_btf,                \
+                                      (progs).name##_3arg_raw __VA_OPT__(, ) __VA_ARGS__)
+
 template <typename Skel, Skel* (*Open)(const bpf_object_open_opts*), int (*Load)(Skel*),
           void (*Destroy)(Skel*)>
 class LoadedSkeleton {
@@ -54,9 +68,8 @@ class LoadedSkeleton {
 
   LoadedSkeleton() = default;
 
-  // Throws BpfError naming `tracer` and the kernel's reason. `drops` reads the object's
-  // "drops" and "emd_stack_drops" maps where it has them, and the recursion misses of the
-  // chosen programs.
+  // Throws BpfError naming `tracer` and the kernel's reason. `drops` reads the object's drop
+  // maps, and the recursion misses of the chosen programs.
   // `hook`: what hook() says (the one kind of its programs, e.g. "perf_event").
   static LoadedSkeleton load(const std::string& tracer, DropAccounting& drops, const Choose& choose,
                              const std::string& hook) {
@@ -73,8 +86,7 @@ class LoadedSkeleton {
           return Load(l.skel_.get());
         },
         tracer);
-    drops.bind(bpf_object__find_map_by_name(l.skel_->obj, "drops"), programs,
-               bpf_object__find_map_by_name(l.skel_->obj, "emd_stack_drops"));
+    drops.bind(l.skel_->obj, programs);
     l.hook_ = hook;
     return l;
   }

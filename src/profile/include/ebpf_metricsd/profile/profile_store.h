@@ -34,8 +34,9 @@ struct Sample {
   std::string comm;
   CgroupLabel workload;  // empty cgroup when `cgroup` is off
   SampleKind kind = SampleKind::OnCpu;
-  std::uint64_t count = 0;  // samples, or waits
-  std::uint64_t ns = 0;     // CPU time, or time blocked
+  std::int32_t syscall = -1;  // the system call a wait was in (x86-64 number), -1: none
+  std::uint64_t count = 0;    // samples, or waits
+  std::uint64_t ns = 0;       // CPU time, or time blocked
   // Which stack: an index into the stacks given with the sample to add_batch, and in a
   // ProfileWindow into its `stacks`.
   std::uint32_t stack = 0;

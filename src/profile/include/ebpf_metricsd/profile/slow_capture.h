@@ -40,14 +40,13 @@ class SlowCapture {
 
   const SlowOptions& options() const { return options_; }
 
-  // Stacks kept by hash from an event's start to its end, at most (LRU: the least recently
-  // used go first): 4096, or 256 per possible CPU where that is more (the kernel's LRU keeps
-  // up to 128 free entries per CPU in reserve, which would starve a small map).
+  // Stacks kept by hash (emd_stacks) from an event's start to its end, at most (LRU: the
+  // least recently used go first): lru_map_entries(4096).
   static std::uint32_t kept_stacks();
 
   // Before load: the BPF side's threshold, limit and ring size. `origins`: for a tracer whose
   // events end elsewhere than they start (emd_slow_start), how many are kept at once;
-  // `keeps_stacks`: whether its events keep stacks from start to end (slow_stacks) without
+  // `keeps_stacks`: whether its events keep stacks from start to end (emd_stacks) without
   // origins.
   template <class Skeleton>
   static void configure(Skeleton* s, const SlowOptions& options, std::uint32_t origins = 0,

@@ -18,6 +18,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "ebpf_metricsd/profile/unwinder.h"
+
 namespace ebpf_metricsd::profiling {
 
 struct Frame {
@@ -62,9 +64,10 @@ class ElfModule;
 class UserSymbols {
  public:
   struct Limits {
-    std::size_t max_modules = 256;     // ELF files open at once
-    std::size_t max_processes = 8192;  // processes whose mappings are kept
-    std::size_t max_names = 1u << 20;  // names cached over all modules
+    std::size_t max_modules = 256;        // ELF files open at once
+    std::size_t max_processes = 8192;     // processes whose mappings are kept
+    std::size_t max_names = 1u << 20;     // names cached over all modules
+    std::size_t max_address_spaces = 64;  // processes whose files the unwinder keeps open
   };
   explicit UserSymbols(Limits limits);
   UserSymbols() : UserSymbols(Limits{}) {}
@@ -77,7 +80,23 @@ class UserSymbols {
   // `again`: read them again even if known (it exec'd, or mapped more since), as long as it
   // still runs; a process that is gone keeps what was captured.
   void capture(pid_t tgid, bool again = false);
+
+  // What capture() reads of a process while it lives: its executable mappings and a
+  // descriptor of each file they map. Taken without the symbolizer's lock (a reader busy
+  // unwinding must not make a short-lived process's mappings come too late), installed
+  // with it.
+  struct Snapshot;
+  static std::shared_ptr<Snapshot> snapshot(pid_t tgid);
+  void install(Snapshot& snapshot, bool again);
+  // Reads the mappings of a known process again because an address was in none of them
+  // (it mapped more since: dlopen, or the libraries after an exec), with a growing pause
+  // (10 ms doubling to 10 s) while reading again finds nothing new: an address in no file
+  // (JIT code) would ask at every sample.
+  void refresh(pid_t tgid);
   Frame resolve(pid_t tgid, std::uint64_t address, bool return_address);
+  // Unwinds a copy of thread `tid`'s user stack with the CFI of the files process `tgid`
+  // maps (captured), at most `max_depth` frames.
+  Unwound unwind(pid_t tgid, pid_t tid, const UserStackCopy& copy, std::size_t max_depth);
   // Forgets processes that had exited already at the previous call: their last stacks have
   // been symbolized by now (call once per read of the kernel side, after it). Closes the
   // files no process it knows maps.
@@ -85,6 +104,9 @@ class UserSymbols {
 
   std::size_t modules() const { return modules_.size(); }
   std::size_t processes() const { return processes_.size(); }
+  // Whether the mappings of process `tgid` were read.
+  bool knows(pid_t tgid) const { return processes_.count(tgid) > 0; }
+  std::size_t address_spaces() const { return space_lru_.size(); }
   std::size_t names() const;
 
  private:
@@ -97,43 +119,51 @@ class UserSymbols {
     std::weak_ptr<ElfModule> elf;
   };
   struct Process {
-    std::uint64_t start_time = 0;  // /proc/PID/stat field 22: tells a reused pid
-    bool exited = false;           // seen gone by forget_exited()
+    std::uint64_t start_time = 0;                   // /proc/PID/stat field 22: tells a reused pid
+    bool exited = false;                            // seen gone by forget_exited()
+    std::chrono::steady_clock::time_point read_at;  // when the mappings were read
+    std::chrono::milliseconds refresh_pause{10};    // before refresh() reads them again
     std::vector<Mapping> mappings;
     std::list<pid_t>::iterator lru;
+    std::unique_ptr<AddressSpace> space;  // made on its first unwind
+    std::list<pid_t>::iterator space_lru;
   };
   void forget(pid_t tgid);
-  std::shared_ptr<ElfModule> open_module(pid_t tgid, const Mapping& m, std::uint64_t dev,
-                                         std::uint64_t inode);
+  std::map<pid_t, Process>::iterator erase(std::map<pid_t, Process>::iterator it);
+  // The module of the file mapped by m: the one open already, else from `fd` (taken; -1:
+  // opened from /proc/PID while the process runs).
+  std::shared_ptr<ElfModule> open_module(pid_t tgid, const Mapping& m, int fd = -1);
   Limits limits_;
   std::map<pid_t, Process> processes_;
   std::list<pid_t> process_lru_;  // most recently used first
+  std::list<pid_t> space_lru_;    // processes with an AddressSpace, most recently used first
   std::map<std::pair<std::uint64_t, std::uint64_t>, std::weak_ptr<ElfModule>> by_inode_;
   std::list<std::shared_ptr<ElfModule>> modules_;  // the open files, most recently used first
 };
 
-// How a stack was taken, which says what its innermost kernel frames are.
+// How a kernel stack was taken, which says what its innermost frames are.
 enum class StackOrigin {
-  // By a tracing program (a tracepoint's bpf_get_stack): the innermost kernel frames are the
-  // tracing machinery's own (bpf_prog_*, bpf_trace_run*, __bpf_trace_*, __traceiter_*,
-  // perf_trace_*), not where the thread was; they go.
-  Tracepoint,
-  // Where a sample interrupted the thread, or where a sleeping thread waits: every frame is
-  // the thread's (a sample inside a BPF program is CPU time spent there).
-  Thread,
+  // Where a sample interrupted the thread: the innermost frame is the address it was at, and
+  // every frame is the thread's (a sample inside a BPF program is CPU time spent there).
+  Interrupt,
+  // By a call: a tracing program's bpf_get_stack, or where a sleeping thread waits. Every
+  // frame is a return address, and the innermost ones of a tracing program's stack are the
+  // tracing machinery's (bpf_prog_*, bpf_trace_run*, __bpf_trace_*, __traceiter_*,
+  // perf_trace_*, bpf_get_stack*), not where the thread was: they go.
+  Call,
 };
 
 // The one way a stack becomes frames, for the profile and slow events alike, so that the
 // same code reads the same on every page. Its rules:
-// - the innermost frame of a stack is the address where it was taken, every other a return
-//   address, looked up one byte before (the call, also where a call is a function's last
-//   instruction);
-// - kernel frames come before user frames; StackOrigin says which innermost kernel frames
-//   are the tracing machinery's;
+// - a return address is looked up one byte before (the call, also where a call is a
+//   function's last instruction); every frame is one but the innermost of an interrupted
+//   kernel stack and of a user stack (the instruction the thread was at);
+// - kernel frames come before user frames; StackOrigin says what the kernel ones are;
 // - a user address outside every executable mapping of the process is no frame:
 //   frame-pointer walking through code built without frame pointers reads such addresses,
 //   and the user stack ends before the first one (where the innermost one is, the mappings
-//   are read again first, for a library loaded since they were read).
+//   are read again first, for a library loaded since they were read); a process whose
+//   mappings were never read (gone before it was seen) has one frame, "[mappings not read]".
 // Thread-safe; one instance serves every tracer of a process.
 class Symbolizer {
  public:
@@ -145,24 +175,34 @@ class Symbolizer {
                             std::span<const std::uint64_t> user_stack, StackOrigin origin);
   std::vector<Frame> kernel_frames(std::span<const std::uint64_t> ips, StackOrigin origin);
   std::vector<Frame> user_frames(std::uint32_t pid, std::span<const std::uint64_t> ips);
-  // Reads the mappings of a process seen for the first time (or since it exec'd) while it
-  // lives, so that its stacks can be symbolized after it exits.
-  void capture(std::uint32_t pid);
+  // The user frames of a copy of thread `tid`'s stack, unwound with CFI (at most
+  // `max_depth`), by the same rules; `end` says why the unwind ended.
+  std::vector<Frame> user_frames(std::uint32_t pid, std::uint32_t tid, const UserStackCopy& copy,
+                                 std::size_t max_depth, UnwindEnd& end);
+  // Reads the mappings of a process seen for the first time (or, `execed`, since it exec'd)
+  // while it lives, so that its stacks can be symbolized after it exits: at once, without
+  // waiting for the symbolizer (installed at its next use).
+  void capture(std::uint32_t pid, bool execed);
   // Forgets the processes that had exited already at the previous call, whose stacks have
   // all been symbolized by now: call once per round of reads of every tracer that takes
   // stacks (the daemon's drain round), never from one reader alone.
   void end_round();
 
   struct Sizes {
-    std::size_t elf_files, processes, names, kernel_symbols;
+    std::size_t elf_files, processes, names, kernel_symbols, address_spaces;
   };
   Sizes sizes();
 
  private:
-  void refresh_kernel();  // caller holds mutex_
+  void refresh_kernel();    // caller holds mutex_
+  void install_captured();  // caller holds mutex_
   std::mutex mutex_;
   KernelSymbols kernel_;
   UserSymbols user_;
+  // Processes captured since user_ was last used, in order: capture() takes no mutex_,
+  // which an unwind holds for long.
+  std::mutex captured_mutex_;
+  std::vector<std::pair<std::shared_ptr<UserSymbols::Snapshot>, bool>> captured_;
   std::chrono::steady_clock::time_point kernel_read_{};
 };
 

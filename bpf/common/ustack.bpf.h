@@ -1,0 +1,219 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * Copying the top of the current thread's user stack with its user registers
+ * (common/ustack.h), for the daemon to unwind with CFI. Every copy becomes a
+ * ring record of its own, so copies are limited to emd_ustack_per_second over
+ * all CPUs (what the limit refuses is counted), and everything that keeps a
+ * copy from being made is counted in emd_ustack_drops by reason.
+ *
+ * The user registers: a perf sample that interrupted user mode carries them;
+ * everywhere else they are the ones saved at the top of the task's kernel
+ * stack on entry to the kernel. bpf_task_pt_regs() finds them where the kernel
+ * has it (5.15); before, they sit emd_ptregs_offset bytes above task->stack,
+ * an offset user space measures at start (calibrate_ptregs_offset).
+ */
+#ifndef EBPF_METRICSD_USTACK_BPF_H
+#define EBPF_METRICSD_USTACK_BPF_H
+
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_helpers.h>
+
+#include "common/maps.bpf.h"
+#include "common/ustack.h"
+
+#ifndef PF_KTHREAD
+#define PF_KTHREAD 0x00200000
+#endif
+#define EMD_PF_IO_WORKER 0x00000010
+
+/* The saved user registers as the x86-64 ABI lays them out (struct pt_regs of
+ * asm/ptrace.h, bpf_user_pt_regs_t): 21 words, the same on every kernel. Read
+ * through this, not the kernel's struct, whose cs and ss became unions with
+ * FRED (6.9): a perf program's context allows only whole-word loads. */
+struct emd_user_regs {
+	__u64 r15, r14, r13, r12, bp, bx, r11, r10, r9, r8, ax, cx, dx, si, di,
+	    orig_ax, ip, cs, flags, sp, ss;
+};
+
+const volatile __u32 emd_ptregs_offset = 0;
+const volatile __u32 emd_ustack_per_second = 0;
+
+struct emd_ustack_budget {
+	__u64 second;
+	__u64 used;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct emd_ustack_budget);
+} emd_ustack_budget SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, EMD_USTACK_DROP__COUNT);
+	__type(key, __u32);
+	__type(value, __u64);
+} emd_ustack_drops SEC(".maps");
+
+static __always_inline void emd_ustack_count(__u32 reason)
+{
+	emd_count_drop(&emd_ustack_drops, reason);
+}
+
+/* Whether another copy fits this second's budget (counted when not). */
+static __always_inline bool emd_ustack_admit(void)
+{
+	struct emd_ustack_budget *b;
+	__u32 zero = 0;
+	__u64 second = bpf_ktime_get_ns() / 1000000000ULL;
+
+	b = bpf_map_lookup_elem(&emd_ustack_budget, &zero);
+	if (!b)
+		return false;
+	if (b->second != second) {
+		b->second = second;
+		b->used = 0;
+	}
+	if (b->used >= emd_ustack_per_second) {
+		emd_ustack_count(EMD_USTACK_DROP_BUDGET);
+		return false;
+	}
+	__sync_fetch_and_add(&b->used, 1);
+	return true;
+}
+
+/* The user registers saved at the top of the current task's kernel stack. */
+static __always_inline struct pt_regs *emd_task_user_regs(void)
+{
+	struct task_struct *t;
+	void *stack;
+
+	if (bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_task_pt_regs))
+		return (struct pt_regs *)bpf_task_pt_regs(
+		    bpf_get_current_task_btf());
+	t = (struct task_struct *)bpf_get_current_task();
+	stack = BPF_CORE_READ(t, stack);
+	if (!stack || !emd_ptregs_offset)
+		return NULL;
+	return (struct pt_regs *)(stack + emd_ptregs_offset);
+}
+
+/* Whether the current task has a user stack of its own: not a kernel thread,
+ * not an io_uring or vhost worker (their saved registers are zeros). */
+static __always_inline bool emd_has_user_stack(void)
+{
+	struct task_struct *t = (struct task_struct *)bpf_get_current_task();
+	__u32 flags = BPF_CORE_READ(t, flags);
+
+	if (flags & PF_KTHREAD)
+		return false;
+	if (flags & EMD_PF_IO_WORKER) {
+		emd_ustack_count(EMD_USTACK_DROP_WORKER);
+		return false;
+	}
+	return true;
+}
+
+/* Fills u's registers from user registers r (a copy, or a perf context's);
+ * false (counted) when they are not a 64-bit user thread's. */
+static __always_inline bool emd_ustack_regs_of(struct emd_ustack *u,
+					       const struct emd_user_regs *rp)
+{
+	const struct emd_user_regs r = *rp;
+
+	if ((r.cs & 3) != 3 || !r.sp || !r.ip) {
+		emd_ustack_count(r.ip ? EMD_USTACK_DROP_NO_REGS
+				      : EMD_USTACK_DROP_WORKER);
+		return false;
+	}
+	u->regs[0] = r.ax;
+	u->regs[1] = r.dx;
+	u->regs[2] = r.cx;
+	u->regs[3] = r.bx;
+	u->regs[4] = r.si;
+	u->regs[5] = r.di;
+	u->regs[6] = r.bp;
+	u->regs[7] = r.sp;
+	u->regs[8] = r.r8;
+	u->regs[9] = r.r9;
+	u->regs[10] = r.r10;
+	u->regs[11] = r.r11;
+	u->regs[12] = r.r12;
+	u->regs[13] = r.r13;
+	u->regs[14] = r.r14;
+	u->regs[15] = r.r15;
+	u->regs[16] = r.ip;
+	return true;
+}
+
+/* The same from the user registers saved at `saved` in the kernel. */
+static __always_inline bool emd_ustack_regs(struct emd_ustack *u,
+					    const struct pt_regs *saved)
+{
+	struct emd_user_regs r;
+
+	if (!saved || bpf_probe_read_kernel(&r, sizeof(r), saved)) {
+		emd_ustack_count(EMD_USTACK_DROP_NO_REGS);
+		return false;
+	}
+	return emd_ustack_regs_of(u, &r);
+}
+
+/* Copies the stack from the page of the stack pointer up, page by page, until
+ * a page is not resident (bpf_probe_read_user never faults one in); the bytes
+ * copied, 0 (counted) when none. */
+static __always_inline __u32 emd_ustack_copy(struct emd_ustack *u)
+{
+	__u64 base = u->regs[EMD_UREG_SP] & ~((__u64)EMD_USTACK_PAGE - 1);
+	__u32 i, n = 0;
+
+	u->base = base;
+	for (i = 0; i < EMD_USTACK_PAGES; i++) {
+		if (bpf_probe_read_user(&u->data[i * EMD_USTACK_PAGE],
+					EMD_USTACK_PAGE,
+					(void *)(base + i * EMD_USTACK_PAGE)))
+			break;
+		n++;
+	}
+	u->len = n * EMD_USTACK_PAGE;
+	if (!n)
+		emd_ustack_count(EMD_USTACK_DROP_UNREADABLE);
+	return u->len;
+}
+
+/*
+ * Takes the current task's user stack into u: from `interrupted` (a perf
+ * sample's registers) when they are user mode's, else from the task's saved
+ * ones. False (counted) when there is none to take, or the budget is spent.
+ */
+static __always_inline bool emd_ustack_take(struct emd_ustack *u,
+					    const struct pt_regs *interrupted)
+{
+	if (!emd_has_user_stack())
+		return false;
+	if (!emd_ustack_admit())
+		return false;
+	if (!emd_ustack_regs(u,
+			     interrupted ? interrupted : emd_task_user_regs()))
+		return false;
+	return emd_ustack_copy(u) > 0;
+}
+
+/* Sends record rec, whose last member is an emd_ustack u, through `ring`:
+ * what precedes u and the bytes of u actually copied. */
+#define emd_ustack_send(ring, rec, u)                                          \
+	({                                                                     \
+		__u64 __len =                                                  \
+		    (__u64)((void *)(u)->data - (void *)(rec)) + (u)->len;     \
+		long __err;                                                    \
+		if (__len > sizeof(*(rec)))                                    \
+			__len = sizeof(*(rec));                                \
+		__err = bpf_ringbuf_output(ring, rec, __len, 0);               \
+		if (__err)                                                     \
+			emd_ustack_count(EMD_USTACK_DROP_RING_FULL);           \
+		__err == 0;                                                    \
+	})
+
+#endif
