@@ -144,11 +144,13 @@ class ProfileTracer final : public Tracer {
                                        "ended: complete, or cut (the frames found are kept).",
                                        MetricType::Counter,
                                        {"result"}})),
-        unwind_cpu_(scope.declare({"ebpf_metricsd_profile_unwind_cpu_nanoseconds_total",
-                                   "CPU time the daemon spent unwinding copied user stacks, "
-                                   "in nanoseconds (divide by the unwinds for the cost of one).",
+        unwind_cpu_(scope.declare({"ebpf_metricsd_profile_unwind_cpu_seconds_total",
+                                   "CPU time the daemon spent unwinding copied user stacks "
+                                   "(divide by the unwinds for the cost of one).",
                                    MetricType::Counter,
-                                   {}})),
+                                   {},
+                                   {},
+                                   1e9})),
         store_(context.profiles) {
     if (!store_) throw std::runtime_error("profile: this process keeps no profiles");
   }

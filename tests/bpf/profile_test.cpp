@@ -299,8 +299,8 @@ TEST_CASE("profile: a known workload's CPU shares, blocked time and stacks", "[p
       by["unwinds"] +=
           test::counter_value(metrics, "ebpf_metricsd_profile_unwinds_total", {{"result", result}});
     }
-    by["unwind_ns"] =
-        test::counter_value(metrics, "ebpf_metricsd_profile_unwind_cpu_nanoseconds_total", {});
+    by["unwind_cpu_seconds"] =
+        test::counter_value(metrics, "ebpf_metricsd_profile_unwind_cpu_seconds_total", {});
     return by;
   };
   const std::uint64_t drops0 = drops();
