@@ -7,8 +7,13 @@
 #     each other, two blocking switches per round trip) with nothing, with the daemon
 #     (on_cpu: false; the waits are below offcpu_min, so each costs the user stack taken at
 #     switch-out and one comparison), with the daemon running offcpu_time beside the profile
-#     (each keeps off-CPU state of its own), and with libbpf-tools' offcputime;
-#  3. the daemon's RSS under process churn: thousands of short-lived processes run from 200
+#     (each keeps off-CPU state of its own), with the daemon walking frame pointers only
+#     (`unwind: frame_pointers`: the user stack taken at every blocking switch, no sys_exit),
+#     and with libbpf-tools' offcputime;
+#  3. what every system call on the host pays for the sys_exit hook of `unwind: cfi`:
+#     `perf bench syscall basic` (getppid) with nothing, with the profile (on_cpu: false)
+#     under `unwind: cfi` and under `unwind: frame_pointers`;
+#  4. the daemon's RSS under process churn: thousands of short-lived processes run from 200
 #     distinct copies of the workload binary (a file each: its own ELF to open and name).
 # Root; run from the repository root after building.
 #   bash bench/profile_bench.sh [rounds]
@@ -22,7 +27,7 @@ done
 [[ -x $workload ]] || { echo "$workload is missing: build the tests first" >&2; exit 2; }
 . "$(dirname "$0")/daemon.sh"
 
-config() {  # config FILE FREQUENCY ON_CPU OFF_CPU
+config() {  # config FILE FREQUENCY ON_CPU OFF_CPU [UNWIND]
   cat >"$1" <<EOF
 web:
   listen_address: "127.0.0.1:$port"
@@ -32,6 +37,7 @@ tracers:
     frequency: $2
     on_cpu: $3
     off_cpu: $4
+    unwind: ${5:-cfi}
 EOF
 }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
@@ -78,7 +84,8 @@ pipe_usecs() {  # usecs per round trip of perf bench sched pipe, both tasks on C
 config "$dir/off.yaml" 19 false true
 config "$dir/both.yaml" 19 false true
 printf '  offcpu_time:\n    enabled: true\n' >>"$dir/both.yaml"
-: >"$dir/base"; : >"$dir/ours"; : >"$dir/both"; : >"$dir/theirs"
+config "$dir/fp.yaml" 19 false true frame_pointers
+: >"$dir/base"; : >"$dir/ours"; : >"$dir/both"; : >"$dir/fp"; : >"$dir/theirs"
 for _ in $(seq "$rounds"); do
   pipe_usecs >>"$dir/base"
   start_daemon "$dir/off.yaml"
@@ -87,6 +94,9 @@ for _ in $(seq "$rounds"); do
   start_daemon "$dir/both.yaml"
   pipe_usecs >>"$dir/both"
   stop_daemon
+  start_daemon "$dir/fp.yaml"
+  pipe_usecs >>"$dir/fp"
+  stop_daemon
   /usr/sbin/offcputime -m 1000 30 >/dev/null 2>&1 &
   oc=$!
   sleep 2  # its programs attached
@@ -94,14 +104,35 @@ for _ in $(seq "$rounds"); do
   kill -INT "$oc"; wait "$oc" 2>/dev/null || true
 done
 base=$(median <"$dir/base"); ours=$(median <"$dir/ours"); both=$(median <"$dir/both")
-theirs=$(median <"$dir/theirs")
+fp=$(median <"$dir/fp"); theirs=$(median <"$dir/theirs")
 echo "Off-CPU path (perf bench sched pipe, median of $rounds; two blocking switches a round trip):"
 printf '  nothing      %.3f us a round trip\n' "$base"
 printf '  profile      %.3f us  (%+.0f ns a switch)\n' "$ours" "$(echo "($ours - $base) * 1000 / 2" | bc -l)"
 printf '  + offcpu_time %.3f us  (%+.0f ns a switch)\n' "$both" "$(echo "($both - $base) * 1000 / 2" | bc -l)"
+printf '  frame ptrs   %.3f us  (%+.0f ns a switch)\n' "$fp" "$(echo "($fp - $base) * 1000 / 2" | bc -l)"
 printf '  offcputime   %.3f us  (%+.0f ns a switch)\n' "$theirs" "$(echo "($theirs - $base) * 1000 / 2" | bc -l)"
 
-# 3. RSS under process churn.
+# 3. The sys_exit hook, per system call.
+syscall_ns() {  # ns per getppid() on CPU 0
+  taskset -c 0 perf bench syscall basic -l 2000000 2>/dev/null | awk '/usecs\/op/ {print $1 * 1000}'
+}
+: >"$dir/sc_base"; : >"$dir/sc_cfi"; : >"$dir/sc_fp"
+for _ in $(seq "$rounds"); do
+  syscall_ns >>"$dir/sc_base"
+  start_daemon "$dir/off.yaml"
+  syscall_ns >>"$dir/sc_cfi"
+  stop_daemon
+  start_daemon "$dir/fp.yaml"
+  syscall_ns >>"$dir/sc_fp"
+  stop_daemon
+done
+sc_base=$(median <"$dir/sc_base"); sc_cfi=$(median <"$dir/sc_cfi"); sc_fp=$(median <"$dir/sc_fp")
+echo "System calls (perf bench syscall basic, median of $rounds):"
+printf '  nothing         %.0f ns a call\n' "$sc_base"
+printf '  unwind: cfi     %.0f ns  (%+.0f ns a call)\n' "$sc_cfi" "$(echo "$sc_cfi - $sc_base" | bc -l)"
+printf '  frame pointers  %.0f ns  (%+.0f ns a call)\n' "$sc_fp" "$(echo "$sc_fp - $sc_base" | bc -l)"
+
+# 4. RSS under process churn.
 config "$dir/churn.yaml" 99 true true
 mkdir "$dir/bins"
 for i in $(seq 200); do cp "$workload" "$dir/bins/w$i"; done
