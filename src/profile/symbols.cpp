@@ -3,6 +3,7 @@
 #include <bpf/bpf.h>
 #include <cxxabi.h>
 #include <elfutils/libdwfl.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <gelf.h>
 #include <unistd.h>
@@ -146,28 +147,26 @@ Frame KernelSymbols::resolve(std::uint64_t address, bool return_address) const {
 
 class ElfModule {
  public:
-  // The file open as `fd` (taken), which the process maps as `path`. nullptr when it is not
-  // an ELF file libdw can read.
-  static std::shared_ptr<ElfModule> open(int fd, const std::string& path) {
-    if (fd < 0) return nullptr;
-    const std::string open_path = "/proc/self/fd/" + std::to_string(fd);
-    auto m = std::shared_ptr<ElfModule>(new ElfModule(path));
+  // The file open as `fd` (taken), which the process maps as `path`. nullptr, with `why`
+  // set, when it is refused (elf_file.h) or libdwfl cannot read it.
+  static std::shared_ptr<ElfModule> open(int fd, const std::string& path, const ElfLimits& limits,
+                                         ElfRefusal& why) {
+    std::shared_ptr<ElfFile> file = ElfFile::open(fd, limits, why);
+    if (!file) return nullptr;
+    why = ElfRefusal::NotElf;
+    auto m = std::shared_ptr<ElfModule>(new ElfModule(path, std::move(file), limits));
     m->dwfl_ = dwfl_begin(&callbacks());
-    if (!m->dwfl_) {
-      close(fd);
-      return nullptr;
-    }
+    if (!m->dwfl_) return nullptr;
+    // At bias 0: the module sits at its link-time addresses, so a file offset maps to an
+    // address through the program headers alone.
     dwfl_report_begin(m->dwfl_);
-    // base 0 with the first segment's address added: the module sits at its link-time
-    // addresses, so a file offset maps to an address through the program headers alone.
-    // A descriptor of our own, for the unwinder (libdwfl closes the one it is given).
-    m->fd_ = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-    m->mod_ = dwfl_report_elf(m->dwfl_, base_name(path).c_str(), open_path.c_str(), fd, 0, true);
+    m->mod_ =
+        dwfl_report_module(m->dwfl_, base_name(path).c_str(), m->file_->low(), m->file_->high());
     dwfl_report_end(m->dwfl_, nullptr, nullptr);
-    if (!m->mod_) {
-      close(fd);  // libdwfl keeps the descriptor only of a module it made
-      return nullptr;
-    }
+    if (!m->mod_) return nullptr;
+    void** userdata = nullptr;
+    dwfl_module_info(m->mod_, &userdata, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+    *userdata = m.get();
     GElf_Addr bias = 0;
     Elf* elf = dwfl_module_getelf(m->mod_, &bias);
     if (!elf) return nullptr;
@@ -183,26 +182,17 @@ class ElfModule {
         }
       }
     }
-    const unsigned char* bits = nullptr;
-    GElf_Addr vaddr = 0;
-    const int len = dwfl_module_build_id(m->mod_, &bits, &vaddr);
-    for (int i = 0; i < len; ++i) {
-      char b[3];
-      std::snprintf(b, sizeof b, "%02x", bits[i]);
-      m->build_id_ += b;
-    }
     return m;
   }
 
   ~ElfModule() {
     if (dwfl_) dwfl_end(dwfl_);
-    if (fd_ >= 0) close(fd_);
   }
   ElfModule(const ElfModule&) = delete;
   ElfModule& operator=(const ElfModule&) = delete;
 
   const std::string& path() const { return path_; }
-  const std::string& build_id() const { return build_id_; }
+  const std::string& build_id() const { return file_->build_id(); }
   std::size_t names() const { return names_.size(); }
   void clear_names() { names_.clear(); }
 
@@ -211,7 +201,7 @@ class ElfModule {
   bool mapped_at(std::uint64_t start, std::uint64_t offset, MappedFile& out) const {
     for (const Load& l : loads_) {
       if (offset < l.offset || offset >= l.offset + std::max<std::uint64_t>(l.size, 1)) continue;
-      out = {start, offset, base_name(path_), fd_, fixed_, l.offset, l.vaddr};
+      out = {start, offset, base_name(path_), file_, fixed_, l.offset, l.vaddr};
       return true;
     }
     return false;
@@ -239,15 +229,28 @@ class ElfModule {
   }
 
  private:
-  explicit ElfModule(std::string path) : path_(std::move(path)) {}
+  ElfModule(std::string path, std::shared_ptr<ElfFile> file, const ElfLimits& limits)
+      : path_(std::move(path)), file_(std::move(file)), limits_(limits) {}
 
+  // libdwfl opens no file by itself: the module's file is the checked one, its debug file
+  // the one find_debug_file() checked (never a .gnu_debuglink target, never the network).
+  static int find_elf(Dwfl_Module*, void** userdata, const char*, Dwarf_Addr, char**, Elf** elfp) {
+    const auto* self = static_cast<const ElfModule*>(*userdata);
+    *elfp = elf_begin(self->file_->fd(), ELF_C_READ, self->file_->elf());
+    return -1;
+  }
+  static int find_debuginfo(Dwfl_Module*, void** userdata, const char*, Dwarf_Addr, const char*,
+                            const char*, GElf_Word, char**) {
+    auto* self = static_cast<ElfModule*>(*userdata);
+    self->debug_ = find_debug_file(*self->file_, self->limits_);
+    errno = 0;
+    // libdwfl maps it: a file of the root-owned debug tree, which no user can truncate.
+    return self->debug_ ? fcntl(self->debug_->fd(), F_DUPFD_CLOEXEC, 0) : -1;
+  }
   static const Dwfl_Callbacks& callbacks() {
-    // Debug files by build-id and .gnu_debuglink under the default path (the file's own
-    // directory, .debug/ beside it, /usr/lib/debug). debuginfod is asked only when
-    // DEBUGINFOD_URLS is set, which the daemon clears at start.
     static char* debuginfo_path = nullptr;
-    static const Dwfl_Callbacks cb = {dwfl_build_id_find_elf, dwfl_standard_find_debuginfo,
-                                      dwfl_offline_section_address, &debuginfo_path};
+    static const Dwfl_Callbacks cb = {find_elf, find_debuginfo, dwfl_offline_section_address,
+                                      &debuginfo_path};
     return cb;
   }
 
@@ -255,8 +258,9 @@ class ElfModule {
     std::uint64_t offset, size, vaddr;
   };
   std::string path_;
-  std::string build_id_;
-  int fd_ = -1;
+  std::shared_ptr<ElfFile> file_;
+  std::shared_ptr<ElfFile> debug_;  // found when libdwfl first asks for it
+  ElfLimits limits_;
   bool fixed_ = false;  // ET_EXEC
   Dwfl* dwfl_ = nullptr;
   Dwfl_Module* mod_ = nullptr;
@@ -474,8 +478,21 @@ std::shared_ptr<ElfModule> UserSymbols::open_module(pid_t tgid, const Mapping& m
       deleted != std::string::npos && deleted + 10 == path.size()) {
     path.erase(deleted);
   }
-  std::shared_ptr<ElfModule> elf = ElfModule::open(fd, path);
-  if (!elf) return nullptr;
+  if (refused_files_.contains(key)) {
+    if (fd >= 0) close(fd);
+    return nullptr;
+  }
+  const bool opened = fd >= 0;
+  ElfRefusal why{};
+  std::shared_ptr<ElfModule> elf = ElfModule::open(fd, path, limits_.files, why);
+  if (!elf) {
+    if (opened) {  // not a process gone before its file could be opened
+      ++refused_[static_cast<std::size_t>(why)];
+      if (refused_files_.size() >= 4 * limits_.max_modules) refused_files_.clear();
+      refused_files_.insert(key);
+    }
+    return nullptr;
+  }
   by_inode_[key] = elf;
   modules_.push_front(elf);
   while (modules_.size() > limits_.max_modules) modules_.pop_back();
@@ -709,8 +726,8 @@ void Symbolizer::end_round() {
 
 Symbolizer::Sizes Symbolizer::sizes() {
   std::lock_guard lock(mutex_);
-  return {user_.modules(), user_.processes(), user_.names(), kernel_.symbols(),
-          user_.address_spaces()};
+  return {user_.modules(),   user_.processes(),      user_.names(),
+          kernel_.symbols(), user_.address_spaces(), user_.refused()};
 }
 
 }  // namespace ebpf_metricsd::profiling

@@ -54,10 +54,14 @@ Elf* architecture_elf() {
   return elf;
 }
 
-// Unwinding reads CFI from the files themselves and nothing else: no separate debug files
-// are looked for (where CFI is only in .debug_frame of a separate file, the frame pointer
-// serves), and no file is opened by name.
-int no_elf(Dwfl_Module*, void**, const char*, Dwarf_Addr, char**, Elf**) { return -1; }
+// Unwinding reads CFI from the checked files themselves and nothing else: no separate debug
+// files are looked for (where CFI is only in .debug_frame of a separate file, the frame
+// pointer serves), and no file is opened by name. A module's userdata is its ElfFile.
+int checked_elf(Dwfl_Module*, void** userdata, const char*, Dwarf_Addr, char**, Elf** elfp) {
+  const auto* file = static_cast<const ElfFile*>(*userdata);
+  *elfp = elf_begin(file->fd(), ELF_C_READ, file->elf());
+  return -1;
+}
 int no_debuginfo(Dwfl_Module*, void**, const char*, Dwarf_Addr, const char*, const char*, GElf_Word,
                  char**) {
   errno = 0;
@@ -66,7 +70,8 @@ int no_debuginfo(Dwfl_Module*, void**, const char*, Dwarf_Addr, const char*, con
 
 const Dwfl_Callbacks& unwind_callbacks() {
   static char* no_path = nullptr;
-  static const Dwfl_Callbacks cb = {no_elf, no_debuginfo, dwfl_offline_section_address, &no_path};
+  static const Dwfl_Callbacks cb = {checked_elf, no_debuginfo, dwfl_offline_section_address,
+                                    &no_path};
   return cb;
 }
 
@@ -115,19 +120,20 @@ std::unique_ptr<AddressSpace> AddressSpace::build(pid_t tgid, std::span<const Ma
   dwfl_report_begin(space->dwfl_);
   std::size_t reported = 0;
   for (const MappedFile& f : files) {
-    if (f.fd < 0) continue;
+    if (!f.file) continue;
     // Where the file's addresses land: for ET_DYN the mapping's start less the offset of the
     // segment it maps (and that segment's address in the file); ET_EXEC is not moved.
+    // libdwfl takes the bias as the module's low address less the file's (ElfFile::low).
     const std::uint64_t bias =
         f.fixed ? 0 : f.start - f.offset - (f.segment_vaddr - f.segment_offset);
-    const int fd = dup(f.fd);
-    if (fd < 0) continue;
-    // libdwfl keeps the descriptor of a module it made, and not of one it refused.
-    if (dwfl_report_elf(space->dwfl_, f.name.c_str(), f.name.c_str(), fd, bias, true)) {
-      ++reported;
-    } else {
-      close(fd);
-    }
+    Dwfl_Module* mod = dwfl_report_module(space->dwfl_, f.name.c_str(), f.file->low() + bias,
+                                          f.file->high() + bias);
+    if (!mod) continue;
+    void** userdata = nullptr;
+    dwfl_module_info(mod, &userdata, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+    *userdata = const_cast<ElfFile*>(f.file.get());
+    space->files_.push_back(f.file);
+    ++reported;
   }
   dwfl_report_end(space->dwfl_, nullptr, nullptr);
   if (reported == 0) return nullptr;

@@ -135,6 +135,12 @@ class ProfileTracer final : public Tracer {
                                "cached, kernel symbols, frames and samples kept.",
                                MetricType::Gauge,
                                {"cache"}})),
+        refused_(scope.declare({"ebpf_metricsd_profile_files_refused_total",
+                                "Files processes map that the symbolizer refused to read, by "
+                                "why: not a regular file, too large, not an x86-64 ELF file, "
+                                "tables outside the file, too many symbols, unreadable.",
+                                MetricType::Counter,
+                                {"reason"}})),
         samples_(scope.declare({"ebpf_metricsd_profile_samples_total",
                                 "On-CPU samples and off-CPU waits the profile recorded.",
                                 MetricType::Counter,
@@ -499,6 +505,12 @@ class ProfileTracer final : public Tracer {
     scope_.set(caches_, {"processes"}, static_cast<double>(sizes.processes));
     scope_.set(caches_, {"names"}, static_cast<double>(sizes.names));
     scope_.set(caches_, {"kernel_symbols"}, static_cast<double>(sizes.kernel_symbols));
+    for (profiling::ElfRefusal why : profiling::kElfRefusals) {
+      const auto i = static_cast<std::size_t>(why);
+      scope_.add(refused_, {std::string(profiling::elf_refusal_name(why))},
+                 sizes.refused[i] - refused_seen_[i]);
+    }
+    refused_seen_ = sizes.refused;
     {
       std::lock_guard lock(cut_mutex_);
       scope_.set(caches_, {"stacks"}, static_cast<double>(raw_.size()));
@@ -609,8 +621,9 @@ class ProfileTracer final : public Tracer {
   MetricScope& scope_;
   ProfileOptions options_;
   DropAccounting drops_;
-  MetricScope::Metric caches_, samples_, unwinds_metric_, unwind_cpu_;
+  MetricScope::Metric caches_, refused_, samples_, unwinds_metric_, unwind_cpu_;
   profiling::ProfileStore* store_;
+  profiling::UserSymbols::Refusals refused_seen_{};
   Skeleton skel_;
   std::vector<BpfLink> perf_links_;
   bool started_ = false;

@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -13,11 +14,13 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "ebpf_metricsd/profile/elf_file.h"
 #include "ebpf_metricsd/profile/unwinder.h"
 
 namespace ebpf_metricsd::profiling {
@@ -68,7 +71,9 @@ class UserSymbols {
     std::size_t max_processes = 8192;     // processes whose mappings are kept
     std::size_t max_names = 1u << 20;     // names cached over all modules
     std::size_t max_address_spaces = 64;  // processes whose files the unwinder keeps open
+    ElfLimits files;                      // what a file may be (elf_file.h)
   };
+  using Refusals = std::array<std::uint64_t, kElfRefusals.size()>;
   explicit UserSymbols(Limits limits);
   UserSymbols() : UserSymbols(Limits{}) {}
   ~UserSymbols();
@@ -108,6 +113,9 @@ class UserSymbols {
   bool knows(pid_t tgid) const { return processes_.count(tgid) > 0; }
   std::size_t address_spaces() const { return space_lru_.size(); }
   std::size_t names() const;
+  // Files refused so far, by ElfRefusal; a refused file is not tried again while it is
+  // remembered (up to 4 * max_modules of them).
+  const Refusals& refused() const { return refused_; }
 
  private:
   struct Mapping {
@@ -139,6 +147,8 @@ class UserSymbols {
   std::list<pid_t> space_lru_;    // processes with an AddressSpace, most recently used first
   std::map<std::pair<std::uint64_t, std::uint64_t>, std::weak_ptr<ElfModule>> by_inode_;
   std::list<std::shared_ptr<ElfModule>> modules_;  // the open files, most recently used first
+  Refusals refused_{};
+  std::set<std::pair<std::uint64_t, std::uint64_t>> refused_files_;  // by (dev, inode)
 };
 
 // How a kernel stack was taken, which says what its innermost frames are.
@@ -190,6 +200,7 @@ class Symbolizer {
 
   struct Sizes {
     std::size_t elf_files, processes, names, kernel_symbols, address_spaces;
+    UserSymbols::Refusals refused;  // files refused so far, by ElfRefusal
   };
   Sizes sizes();
 

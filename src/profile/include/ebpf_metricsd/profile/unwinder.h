@@ -15,6 +15,8 @@
 #include <string_view>
 #include <vector>
 
+#include "ebpf_metricsd/profile/elf_file.h"
+
 struct Dwfl;
 
 namespace ebpf_metricsd::profiling {
@@ -56,12 +58,12 @@ struct Unwound {
 };
 
 // An executable file of a process as it maps it: its range, the offset of the mapping in
-// the file, the file's program headers' view (for the load bias) and a descriptor to read it
-// (borrowed: duplicated for libdwfl, which keeps its own).
+// the file, the file's program headers' view (for the load bias) and the checked file
+// (shared: every address space that maps it reads the same copy of its CFI).
 struct MappedFile {
   std::uint64_t start = 0, offset = 0;
   std::string name;
-  int fd = -1;
+  std::shared_ptr<const ElfFile> file;
   bool fixed = false;  // ET_EXEC: at its link-time addresses whatever the mapping says
   // The PT_LOAD segment that holds `offset`: its offset and address in the file.
   std::uint64_t segment_offset = 0, segment_vaddr = 0;
@@ -84,6 +86,7 @@ class AddressSpace {
   struct Reads;
   Dwfl* dwfl_ = nullptr;
   std::unique_ptr<Reads> reads_;  // the sample being unwound: libdwfl's callbacks read it
+  std::vector<std::shared_ptr<const ElfFile>> files_;  // what libdwfl's modules read
 };
 
 }  // namespace ebpf_metricsd::profiling

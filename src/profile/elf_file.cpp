@@ -1,0 +1,176 @@
+#include "ebpf_metricsd/profile/elf_file.h"
+
+#include <elfutils/libdwelf.h>
+#include <fcntl.h>
+#include <gelf.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+namespace ebpf_metricsd::profiling {
+
+std::string_view elf_refusal_name(ElfRefusal why) {
+  switch (why) {
+    case ElfRefusal::NotRegular:
+      return "not_regular";
+    case ElfRefusal::TooLarge:
+      return "too_large";
+    case ElfRefusal::NotElf:
+      return "not_elf";
+    case ElfRefusal::BadTables:
+      return "bad_tables";
+    case ElfRefusal::TooManySymbols:
+      return "too_many_symbols";
+    case ElfRefusal::Unreadable:
+      return "unreadable";
+  }
+  return "?";
+}
+
+namespace {
+
+// Whether [offset, offset + size) lies inside a file of `file_size` bytes.
+bool inside(std::uint64_t offset, std::uint64_t size, std::uint64_t file_size) {
+  return offset <= file_size && size <= file_size - offset;
+}
+
+// Checks the tables of `elf` (ELF_C_READ: the ones it reads are copies in memory) against the
+// file's size; sets `low`/`high` as libdwfl places the file at bias 0.
+// A debug file keeps the program headers of the file it was split from, whose bytes it does
+// not hold: its segments are not checked against its size.
+bool check_tables(int fd, Elf* elf, std::uint64_t file_size, const ElfLimits& limits, bool debug,
+                  ElfRefusal& why, std::uint64_t& low, std::uint64_t& high) {
+  GElf_Ehdr eh;
+  if (elf_kind(elf) != ELF_K_ELF || !gelf_getehdr(elf, &eh) || eh.e_ident[EI_CLASS] != ELFCLASS64 ||
+      eh.e_ident[EI_DATA] != ELFDATA2LSB || eh.e_machine != EM_X86_64 ||
+      (eh.e_type != ET_EXEC && eh.e_type != ET_DYN)) {
+    why = ElfRefusal::NotElf;
+    return false;
+  }
+  why = ElfRefusal::BadTables;
+  std::size_t phnum = 0, shnum = 0, shstrndx = 0;
+  if (elf_getphdrnum(elf, &phnum) != 0 || elf_getshdrnum(elf, &shnum) != 0) return false;
+  if (phnum > 0 && (eh.e_phentsize != sizeof(Elf64_Phdr) ||
+                    !inside(eh.e_phoff, phnum * sizeof(Elf64_Phdr), file_size))) {
+    return false;
+  }
+  // libelf counts no sections where it cannot read the table: the header says there is one.
+  if (eh.e_shoff != 0 && shnum == 0) return false;
+  if (shnum > 0 && (eh.e_shentsize != sizeof(Elf64_Shdr) ||
+                    !inside(eh.e_shoff, shnum * sizeof(Elf64_Shdr), file_size) ||
+                    elf_getshdrstrndx(elf, &shstrndx) != 0 || shstrndx >= shnum)) {
+    return false;
+  }
+  bool loads = false;
+  for (std::size_t i = 0; i < phnum; ++i) {
+    GElf_Phdr ph;
+    if (!gelf_getphdr(elf, static_cast<int>(i), &ph)) return false;
+    if (ph.p_type != PT_LOAD) continue;
+    if ((!debug && !inside(ph.p_offset, ph.p_filesz, file_size)) || ph.p_memsz < ph.p_filesz ||
+        ph.p_vaddr + ph.p_memsz < ph.p_vaddr) {
+      return false;
+    }
+    if (!loads) low = ph.p_vaddr & -ph.p_align;  // libdwfl's rounding, p_align 0 included
+    high = std::max(loads ? high : 0, ph.p_vaddr + ph.p_memsz);
+    loads = true;
+  }
+  if (!loads || high <= low) return false;
+  Elf_Scn* scn = nullptr;
+  while ((scn = elf_nextscn(elf, scn)) != nullptr) {
+    GElf_Shdr sh;
+    if (!gelf_getshdr(scn, &sh)) return false;
+    if (sh.sh_link >= shnum && sh.sh_link < SHN_LORESERVE) return false;
+    if (sh.sh_type == SHT_NOBITS) continue;
+    if (!inside(sh.sh_offset, sh.sh_size, file_size)) return false;
+    if (sh.sh_flags & SHF_COMPRESSED) {
+      // What it says it holds once inflated, which libelf would allocate.
+      Elf64_Chdr ch;
+      if (sh.sh_size < sizeof ch ||
+          pread(fd, &ch, sizeof ch, static_cast<off_t>(sh.sh_offset)) !=
+              static_cast<ssize_t>(sizeof ch) ||
+          ch.ch_size > limits.max_inflated) {
+        return false;
+      }
+    }
+    if (sh.sh_type == SHT_SYMTAB || sh.sh_type == SHT_DYNSYM) {
+      if (sh.sh_entsize != sizeof(Elf64_Sym)) return false;
+      if (sh.sh_size / sizeof(Elf64_Sym) > limits.max_symbols) {
+        why = ElfRefusal::TooManySymbols;
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+std::shared_ptr<ElfFile> ElfFile::open(int fd, const ElfLimits& limits, ElfRefusal& why,
+                                       bool debug) {
+  if (fd < 0) {
+    why = ElfRefusal::Unreadable;
+    return nullptr;
+  }
+  std::shared_ptr<ElfFile> f(new ElfFile());
+  f->fd_ = fd;
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    why = ElfRefusal::Unreadable;
+    return nullptr;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    why = ElfRefusal::NotRegular;
+    return nullptr;
+  }
+  f->size_ = static_cast<std::uint64_t>(st.st_size);
+  if (f->size_ > limits.max_file_size) {
+    why = ElfRefusal::TooLarge;
+    return nullptr;
+  }
+  unsigned char ident[EI_NIDENT] = {};
+  if (pread(fd, ident, sizeof ident, 0) != static_cast<ssize_t>(sizeof ident) ||
+      std::memcmp(ident, ELFMAG, SELFMAG) != 0) {
+    why = ElfRefusal::NotElf;
+    return nullptr;
+  }
+  elf_version(EV_CURRENT);
+  f->elf_ = elf_begin(fd, ELF_C_READ, nullptr);
+  if (!f->elf_) {  // an ELF file whose tables libelf could not read
+    why = ElfRefusal::BadTables;
+    return nullptr;
+  }
+  if (!check_tables(fd, f->elf_, f->size_, limits, debug, why, f->low_, f->high_)) {
+    return nullptr;
+  }
+  const void* bits = nullptr;
+  const ssize_t len = dwelf_elf_gnu_build_id(f->elf_, &bits);
+  for (ssize_t i = 0; i < len && i < 64; ++i) {
+    char b[3];
+    std::snprintf(b, sizeof b, "%02x", static_cast<const unsigned char*>(bits)[i]);
+    f->build_id_ += b;
+  }
+  return f;
+}
+
+ElfFile::~ElfFile() {
+  if (elf_) elf_end(elf_);
+  if (fd_ >= 0) close(fd_);
+}
+
+std::shared_ptr<ElfFile> find_debug_file(const ElfFile& file, const ElfLimits& limits,
+                                         const std::string& root) {
+  const std::string& id = file.build_id();
+  if (id.size() < 4) return nullptr;
+  const std::string path = root + "/.build-id/" + id.substr(0, 2) + "/" + id.substr(2) + ".debug";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) return nullptr;
+  ElfRefusal why{};
+  auto debug = ElfFile::open(fd, limits, why, true);
+  if (!debug || debug->build_id() != id) return nullptr;
+  return debug;
+}
+
+}  // namespace ebpf_metricsd::profiling

@@ -1,0 +1,85 @@
+#pragma once
+
+// ELF files from users, read as hostile input. Any local user can write the files their
+// processes map (and the debug files those name), so a file is taken only when:
+// - it is a regular file (a FIFO or a device would hold or feed the reader), opened
+//   non-blocking, no larger than a cap;
+// - its headers, its program and section tables and every section's bytes lie inside it, a
+//   compressed section does not claim to grow past the cap, and its symbol tables hold at most
+//   a bounded number of symbols (libdwfl searches them linearly);
+// - it is read with pread, never mapped: its owner can truncate it at any moment, and a page
+//   of a mapping past the end of the file is SIGBUS to whoever reads it.
+// The checks are of the tables libelf has read into memory, so a file rewritten after them
+// changes only bytes libelf copies (and checks against the size) when it reads a section.
+
+#include <libelf.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace ebpf_metricsd::profiling {
+
+struct ElfLimits {
+  std::uint64_t max_file_size = std::uint64_t{1} << 30;   // 1 GiB
+  std::uint64_t max_symbols = 4u << 20;                   // per symbol table (24 bytes each)
+  std::uint64_t max_inflated = std::uint64_t{256} << 20;  // a compressed section, inflated
+};
+
+// Why a file was not taken.
+enum class ElfRefusal {
+  NotRegular,      // a FIFO, a device, a directory
+  TooLarge,        // beyond max_file_size
+  NotElf,          // not a 64-bit little-endian x86-64 ELF file
+  BadTables,       // a header, a table or a section's bytes outside the file
+  TooManySymbols,  // a symbol table past max_symbols
+  Unreadable,      // the file could not be read (gone, I/O error)
+};
+inline constexpr std::array kElfRefusals = {ElfRefusal::NotRegular,     ElfRefusal::TooLarge,
+                                            ElfRefusal::NotElf,         ElfRefusal::BadTables,
+                                            ElfRefusal::TooManySymbols, ElfRefusal::Unreadable};
+std::string_view elf_refusal_name(ElfRefusal why);
+
+// One checked file, read through libelf. Shared by every libdwfl session that uses it
+// (symbols, and the unwinder of each process that maps it): each takes a reference of its
+// own to the Elf with elf_begin(fd(), ELF_C_READ, elf()) and gives it back with elf_end; the
+// descriptor lives as long as this object.
+class ElfFile {
+ public:
+  // Takes `fd`. nullptr, with `why` set, when the file is refused. `debug`: a separate
+  // debug file (its program headers describe bytes of another file).
+  static std::shared_ptr<ElfFile> open(int fd, const ElfLimits& limits, ElfRefusal& why,
+                                       bool debug = false);
+  ~ElfFile();
+  ElfFile(const ElfFile&) = delete;
+  ElfFile& operator=(const ElfFile&) = delete;
+
+  Elf* elf() const { return elf_; }
+  int fd() const { return fd_; }
+  std::uint64_t size() const { return size_; }
+  // The GNU build ID as hex, "" when the file has none.
+  const std::string& build_id() const { return build_id_; }
+  // Where libdwfl places the file with load bias 0: the first PT_LOAD's address rounded
+  // down to its alignment, as libdwfl rounds it, and the end of the highest segment.
+  std::uint64_t low() const { return low_; }
+  std::uint64_t high() const { return high_; }
+
+ private:
+  ElfFile() = default;
+  int fd_ = -1;
+  Elf* elf_ = nullptr;
+  std::uint64_t size_ = 0, low_ = 0, high_ = 0;
+  std::string build_id_;
+};
+
+// The separate debug file of a checked file, found by its build ID under `root`
+// (<root>/.build-id/ab/cdef....debug), which is where Debian's -dbgsym packages install
+// them: a root-owned tree. A .gnu_debuglink name is never followed (it can name any file,
+// a FIFO included). Checked as ElfFile::open checks, and taken only when its build ID is
+// the file's. nullptr when there is none.
+std::shared_ptr<ElfFile> find_debug_file(const ElfFile& file, const ElfLimits& limits,
+                                         const std::string& root = "/usr/lib/debug");
+
+}  // namespace ebpf_metricsd::profiling
