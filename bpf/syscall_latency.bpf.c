@@ -6,7 +6,8 @@
  * by thread id (for kernels whose tracing programs have no task storage,
  * before 5.12, or no BTF-typed task): user space loads the first kind the
  * kernel takes. A syscall at or above the `slow` threshold is also sent to
- * user space with the caller's user stack (common/slow.bpf.h).
+ * user space with the caller's user stack, copied for the daemon to unwind
+ * with CFI or walked by frame pointer (common/slow_copy.bpf.h).
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -15,7 +16,7 @@
 #include "common/cgroup.bpf.h"
 #include "common/maps.bpf.h"
 #include "common/read.bpf.h"
-#include "common/slow.bpf.h"
+#include "common/slow_copy.bpf.h"
 #include "syscall_latency.h"
 
 /* Set by user space before load from the include/exclude options. */
@@ -63,8 +64,8 @@ static __always_inline struct start *thread_start(bool create, bool raw)
 
 	if (!raw) {
 		struct start *s = bpf_task_storage_get(
-			&start, bpf_get_current_task_btf(), 0,
-			create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+		    &start, bpf_get_current_task_btf(), 0,
+		    create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
 
 		if (!s && create)
 			emd_count_drop(&drops, SYSLAT_DROP_STORAGE);
@@ -95,7 +96,8 @@ static __always_inline int on_enter(long id, bool raw)
 	return 0;
 }
 
-static __always_inline int on_exit(void *ctx, bool raw)
+static __always_inline int on_exit(void *ctx, const struct pt_regs *regs,
+				   bool raw)
 {
 	struct syscall_latency_hist *h;
 	struct start *s;
@@ -113,8 +115,7 @@ static __always_inline int on_exit(void *ctx, bool raw)
 	if (emd_by_cgroup) {
 		/* The calling task: sys_exit runs in its context. */
 		struct syscall_latency_cgroup_key k = {
-			.cgroup = bpf_get_current_cgroup_id(), .nr = nr
-		};
+		    .cgroup = bpf_get_current_cgroup_id(), .nr = nr};
 
 		h = emd_lookup_or_init(&hists_by_cgroup, &k, &zero_hist, &drops,
 				       SYSLAT_DROP_LABELS_FULL);
@@ -124,14 +125,14 @@ static __always_inline int on_exit(void *ctx, bool raw)
 	if (!h)
 		return 0;
 	emd_hist_add_ns(h, delta);
-	emd_slow_record(ctx, now, delta, emd_seconds_slot(delta), nr, false,
-			&drops, SYSLAT_DROP_SLOW_LIMITED,
-			SYSLAT_DROP_SLOW_RING_FULL);
+	emd_slow_record_at_exit(ctx, regs, now, delta, emd_seconds_slot(delta),
+				nr, &drops, SYSLAT_DROP_SLOW_LIMITED,
+				SYSLAT_DROP_SLOW_RING_FULL);
 	return 0;
 }
 
 #define ENTER(raw) on_enter(id, raw)
-#define EXIT(raw) on_exit(ctx, raw)
+#define EXIT(raw) on_exit(ctx, regs, raw)
 
 EMD_TP_PROGS(sys_enter, sys_enter, ENTER, struct pt_regs *regs, long id)
 EMD_TP_PROGS(sys_exit, sys_exit, EXIT, struct pt_regs *regs, long ret)

@@ -26,6 +26,7 @@ TEST_PKGS=(
   qemu-system-x86 busybox-static cpio kmod e2fsprogs  # the kernel matrix: guests under qemu
   golang-go linux-perf chromium      # profiles: go tool pprof reads them, perf agrees, the page in a browser
   libc6-dbg                          # profiles: the C library's debug file, found by build ID
+  libclang-rt-14-dev                 # tests/fuzz.sh: libFuzzer
   clang-format clang-tidy            # tests/hygiene.sh
 )
 

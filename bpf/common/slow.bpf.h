@@ -85,7 +85,8 @@ static __always_inline bool emd_slow_admit(__u64 now, void *drops_map,
 	return true;
 }
 
-/* A record for an admitted slow event, or NULL (refused or no room: counted). */
+/* A record for an admitted slow event, or NULL (refused or no room: counted).
+ */
 static __always_inline struct emd_slow_event *
 emd_slow_reserve(__u64 now, void *drops_map, __u32 rate_reason,
 		 __u32 full_reason)
@@ -114,9 +115,8 @@ static __always_inline bool emd_slow(__u64 latency_ns, __u32 tgid)
  * asked), a kernel thread's kernel stack (it has no other). The kernel stack
  * costs as much again (2.7 us a block request on the development machine).
  */
-static __always_inline void emd_slow_origin_here(void *ctx,
-						 struct emd_slow_origin *o,
-						 bool user)
+static __always_inline void
+emd_slow_origin_here(void *ctx, struct emd_slow_origin *o, bool user)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 
@@ -132,10 +132,11 @@ static __always_inline void emd_slow_origin_here(void *ctx,
  * Records a slow event started by `o` (which must be emd_slow()): `label` is
  * the tracer's label text (up to 32 bytes), cgroup the one of its series.
  */
-static __always_inline void emd_slow_record_origin(
-	__u64 now, __u64 latency_ns, __u32 slot, __u64 key, const char *label,
-	__u64 cgroup, const struct emd_slow_origin *o, void *drops_map,
-	__u32 rate_reason, __u32 full_reason)
+static __always_inline void
+emd_slow_record_origin(__u64 now, __u64 latency_ns, __u32 slot, __u64 key,
+		       const char *label, __u64 cgroup,
+		       const struct emd_slow_origin *o, void *drops_map,
+		       __u32 rate_reason, __u32 full_reason)
 {
 	struct emd_slow_event *e;
 
@@ -152,34 +153,26 @@ static __always_inline void emd_slow_record_origin(
 	e->pad = 0;
 	__builtin_memcpy(e->comm, o->comm, sizeof(e->comm));
 	bpf_probe_read_kernel_str(e->label, sizeof(e->label), label);
-	e->kstack_len = emd_stack_copy(o->kstack, e->kstack, EMD_SLOW_STACK_LOST);
-	e->ustack_len = emd_stack_copy(o->ustack, e->ustack, EMD_SLOW_STACK_LOST);
+	e->kstack_len =
+	    emd_stack_copy(o->kstack, e->kstack, EMD_SLOW_STACK_LOST);
+	e->ustack_len =
+	    emd_stack_copy(o->ustack, e->ustack, EMD_SLOW_STACK_LOST);
 	bpf_ringbuf_submit(e, 0);
 }
 
 /*
- * Records the current task's event of latency_ns (counted in histogram slot
- * `slot`, labelled by `key`) if it is slow, with its user stack, its kernel
+ * Fills e with the current task's event of latency_ns (counted in histogram
+ * slot `slot`, labelled by `key`): its user stack by frame pointer, its kernel
  * stack when `kernel_stack` (where the kernel stack says why; at sys_exit it
- * is only the exit path) and its cgroup. ctx: the program's context.
+ * is only the exit path) and its cgroup.
  */
-static __always_inline void emd_slow_record(void *ctx, __u64 now,
-					    __u64 latency_ns, __u32 slot,
-					    __u64 key, bool kernel_stack,
-					    void *drops_map, __u32 rate_reason,
-					    __u32 full_reason)
+static __always_inline void emd_slow_fill(void *ctx, struct emd_slow_event *e,
+					  __u64 now, __u64 latency_ns,
+					  __u32 slot, __u64 key,
+					  bool kernel_stack)
 {
-	struct emd_slow_event *e;
-	__u64 id;
+	__u64 id = bpf_get_current_pid_tgid();
 
-	if (!emd_slow_threshold_ns || latency_ns < emd_slow_threshold_ns)
-		return;
-	id = bpf_get_current_pid_tgid();
-	if (!emd_slow(latency_ns, id >> 32))
-		return;
-	e = emd_slow_reserve(now, drops_map, rate_reason, full_reason);
-	if (!e)
-		return;
 	e->ts = now;
 	e->latency_ns = latency_ns;
 	e->cgroup = bpf_get_current_cgroup_id();
@@ -190,8 +183,31 @@ static __always_inline void emd_slow_record(void *ctx, __u64 now,
 	e->pad = 0;
 	bpf_get_current_comm(&e->comm, sizeof(e->comm));
 	e->label[0] = 0;
-	e->kstack_len = kernel_stack ? emd_stack_take_into(ctx, e->kstack, 0) : 0;
+	e->kstack_len =
+	    kernel_stack ? emd_stack_take_into(ctx, e->kstack, 0) : 0;
 	e->ustack_len = emd_stack_take_into(ctx, e->ustack, BPF_F_USER_STACK);
+}
+
+/*
+ * Records the current task's event of latency_ns if it is slow (see
+ * emd_slow_fill). ctx: the program's context.
+ */
+static __always_inline void emd_slow_record(void *ctx, __u64 now,
+					    __u64 latency_ns, __u32 slot,
+					    __u64 key, bool kernel_stack,
+					    void *drops_map, __u32 rate_reason,
+					    __u32 full_reason)
+{
+	struct emd_slow_event *e;
+
+	if (!emd_slow_threshold_ns || latency_ns < emd_slow_threshold_ns)
+		return;
+	if (!emd_slow(latency_ns, bpf_get_current_pid_tgid() >> 32))
+		return;
+	e = emd_slow_reserve(now, drops_map, rate_reason, full_reason);
+	if (!e)
+		return;
+	emd_slow_fill(ctx, e, now, latency_ns, slot, key, kernel_stack);
 	bpf_ringbuf_submit(e, 0);
 }
 
@@ -234,11 +250,11 @@ static __always_inline void emd_slow_end(__u64 key, __u64 latency_ns,
 	if (!o)
 		return;
 	if (counted && emd_slow(latency_ns, o->tgid))
-		emd_slow_record_origin(bpf_ktime_get_ns(), latency_ns,
-				       emd_seconds_slot(latency_ns), event_key,
-				       label,
-				       emd_by_cgroup ? series_cgroup : o->cgroup,
-				       o, drops_map, rate_reason, full_reason);
+		emd_slow_record_origin(
+		    bpf_ktime_get_ns(), latency_ns,
+		    emd_seconds_slot(latency_ns), event_key, label,
+		    emd_by_cgroup ? series_cgroup : o->cgroup, o, drops_map,
+		    rate_reason, full_reason);
 	bpf_map_delete_elem(&slow_origins, &key);
 }
 

@@ -69,8 +69,10 @@ bool check_tables(int fd, Elf* elf, std::uint64_t file_size, const ElfLimits& li
     GElf_Phdr ph;
     if (!gelf_getphdr(elf, static_cast<int>(i), &ph)) return false;
     if (ph.p_type != PT_LOAD) continue;
+    // Every segment inside a user address space (57 bits with five-level paging).
+    constexpr std::uint64_t kUserTop = std::uint64_t{1} << 56;
     if ((!debug && !inside(ph.p_offset, ph.p_filesz, file_size)) || ph.p_memsz < ph.p_filesz ||
-        ph.p_vaddr + ph.p_memsz < ph.p_vaddr) {
+        ph.p_vaddr >= kUserTop || ph.p_memsz > kUserTop - ph.p_vaddr) {
       return false;
     }
     if (!loads) low = ph.p_vaddr & -ph.p_align;  // libdwfl's rounding, p_align 0 included
@@ -86,12 +88,25 @@ bool check_tables(int fd, Elf* elf, std::uint64_t file_size, const ElfLimits& li
     if (sh.sh_type == SHT_NOBITS) continue;
     if (!inside(sh.sh_offset, sh.sh_size, file_size)) return false;
     if (sh.sh_flags & SHF_COMPRESSED) {
-      // What it says it holds once inflated, which libelf would allocate.
+      // Only debug sections are compressed by real toolchains (libelf leaks the inflated
+      // copy of a compressed string table); what it says it holds once inflated, libelf
+      // would allocate.
+      if (sh.sh_type != SHT_PROGBITS || (sh.sh_flags & SHF_ALLOC)) return false;
       Elf64_Chdr ch;
       if (sh.sh_size < sizeof ch ||
           pread(fd, &ch, sizeof ch, static_cast<off_t>(sh.sh_offset)) !=
               static_cast<ssize_t>(sizeof ch) ||
           ch.ch_size > limits.max_inflated) {
+        return false;
+      }
+    }
+    if (sh.sh_type == SHT_STRTAB) {
+      // A string table ends with a NUL: libelf looks for one past every name it reads (and
+      // leaks the section's copy where there is none).
+      char last = 1;
+      if (sh.sh_size == 0 ||
+          pread(fd, &last, 1, static_cast<off_t>(sh.sh_offset + sh.sh_size - 1)) != 1 ||
+          last != 0) {
         return false;
       }
     }

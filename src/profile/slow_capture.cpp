@@ -6,6 +6,7 @@
 
 #include <bit>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 
 #include "ebpf_metricsd/base/yaml_reader.h"
@@ -25,6 +26,8 @@ namespace {
 // counted and dropped.
 constexpr std::size_t kMaxPending = 10000;
 constexpr std::size_t kMaxPendingFrames = 200000;
+// User frames of an unwound copy, at most (the profile's bound).
+constexpr std::size_t kMaxUserFrames = 128;
 
 double realtime_of(std::uint64_t monotonic_ns) {
   timespec mono{}, real{};
@@ -39,7 +42,7 @@ double realtime_of(std::uint64_t monotonic_ns) {
 
 }  // namespace
 
-SlowOptions SlowOptions::read(YamlMapReader& options) {
+SlowOptions SlowOptions::read(YamlMapReader& options, bool copies) {
   SlowOptions o;
   if (!options.has("slow")) return o;
   YamlMapReader slow = options.get_map("slow");
@@ -55,13 +58,25 @@ SlowOptions SlowOptions::read(YamlMapReader& options) {
   }
   o.max_per_second =
       static_cast<std::uint32_t>(slow.get_int("max_per_second", o.max_per_second, 1, 1000));
+  if (copies) {
+    const std::string unwind = slow.get_string("unwind", "cfi");
+    if (unwind != "cfi" && unwind != "frame_pointers") {
+      slow.fail("unwind", "must be cfi or frame_pointers");
+    }
+    o.unwind_cfi = unwind == "cfi";
+  } else if (slow.has("unwind")) {
+    slow.fail("unwind",
+              "this tracer's slow events are walked by frame pointer: they do not end in the "
+              "thread that caused them (unwind is syscall_latency's)");
+  }
   slow.finish();
   return o;
 }
 
 std::uint32_t SlowOptions::ring_bytes() const {
   // The reading thread empties it every 100 ms; two seconds leave room for a stall.
-  const std::uint64_t want = std::uint64_t{2} * max_per_second * sizeof(emd_slow_event);
+  const std::uint64_t want = std::uint64_t{2} * max_per_second *
+                             (unwind_cfi ? sizeof(emd_slow_event_copy) : sizeof(emd_slow_event));
   return static_cast<std::uint32_t>(
       std::min<std::uint64_t>(std::bit_ceil(std::max<std::uint64_t>(want, 65536)), 8u << 20));
 }
@@ -86,7 +101,20 @@ SlowCapture::SlowCapture(MetricScope& scope, MetricScope::Metric metric, std::st
       options_(options),
       labels_(labels),
       own_stacks_(stacks ? nullptr : std::make_unique<profiling::ProfileStore>()),
-      stacks_(stacks ? stacks : own_stacks_.get()) {}
+      stacks_(stacks ? stacks : own_stacks_.get()) {
+  if (options_.on() && options_.unwind_cfi) {
+    unwinds_metric_ = scope_.declare(
+        {"ebpf_metricsd_slow_unwinds_total",
+         "Copied user stacks of slow events unwound with CFI, by tracer and how the unwind "
+         "ended: complete, or cut (the frames found are kept).",
+         MetricType::Counter,
+         {"tracer", "result"}});
+    for (profiling::UnwindEnd end : profiling::kUnwindEnds) {
+      scope_.add(*unwinds_metric_, {scope_.tracer(), std::string(profiling::unwind_end_name(end))},
+                 0);
+    }
+  }
+}
 
 SlowCapture::~SlowCapture() { reader_.stop(); }
 
@@ -101,6 +129,19 @@ void SlowCapture::on_event(std::span<const std::byte> record) {
   emd_slow_event copy;
   std::memcpy(&copy, record.data(), sizeof copy);
   const emd_slow_event* e = &copy;
+  // With a copy of the user stack (common/slow_copy.bpf.h): its header, then the bytes.
+  constexpr std::size_t header = offsetof(emd_slow_event_copy, ustack.data);
+  std::optional<profiling::UserStackCopy> stack;
+  if (record.size() >= header) {
+    emd_ustack u;
+    std::memcpy(&u, record.data() + offsetof(emd_slow_event_copy, ustack),
+                offsetof(emd_ustack, data));
+    stack.emplace();
+    std::copy(std::begin(u.regs), std::end(u.regs), stack->regs.begin());
+    stack->base = u.base;
+    stack->bytes = {reinterpret_cast<const std::uint8_t*>(record.data()) + header,
+                    std::min<std::size_t>(u.len, record.size() - header)};
+  }
   if (e->kstack_len == EMD_SLOW_STACK_LOST || e->ustack_len == EMD_SLOW_STACK_LOST) {
     // Its stack was evicted between the event's start and end: not kept (all such events
     // would share the id of an empty stack), counted.
@@ -123,9 +164,20 @@ void SlowCapture::on_event(std::span<const std::byte> record) {
             std::string(e->comm, strnlen(e->comm, sizeof e->comm)),
             std::string(e->label, strnlen(e->label, sizeof e->label)),
             {}};
-  p.frames = stacks_->symbolizer().frames(e->tgid, frames_of(e->kstack, e->kstack_len),
-                                          frames_of(e->ustack, e->ustack_len),
-                                          profiling::StackOrigin::Call);
+  profiling::Symbolizer& sym = stacks_->symbolizer();
+  if (stack) {
+    p.frames = sym.kernel_frames(frames_of(e->kstack, e->kstack_len), profiling::StackOrigin::Call);
+    profiling::UnwindEnd end = profiling::UnwindEnd::Complete;
+    std::vector<profiling::Frame> user =
+        sym.user_frames(e->tgid, e->tid, *stack, kMaxUserFrames, end);
+    p.frames.insert(p.frames.end(), std::make_move_iterator(user.begin()),
+                    std::make_move_iterator(user.end()));
+    std::lock_guard lock(mutex_);
+    ++unwinds_[static_cast<std::size_t>(end)];
+  } else {
+    p.frames = sym.frames(e->tgid, frames_of(e->kstack, e->kstack_len),
+                          frames_of(e->ustack, e->ustack_len), profiling::StackOrigin::Call);
+  }
   std::lock_guard lock(mutex_);
   if (pending_.size() >= kMaxPending || pending_frames_ + p.frames.size() > kMaxPendingFrames) {
     ++pending_dropped_;
@@ -142,6 +194,8 @@ void SlowCapture::begin_drain() {
   pending_frames_ = 0;
   taken_dropped_ += std::exchange(pending_dropped_, 0);
   taken_lost_ += std::exchange(stack_lost_, 0);
+  for (std::size_t i = 0; i < unwinds_.size(); ++i)
+    taken_unwinds_[i] += std::exchange(unwinds_[i], 0);
 }
 
 void SlowCapture::drain(
@@ -155,6 +209,12 @@ void SlowCapture::drain(
   }
   if (const std::uint64_t lost = std::exchange(taken_lost_, 0)) {
     scope_.add_dropped("slow_stack_lost", lost);
+  }
+  if (unwinds_metric_) {
+    for (profiling::UnwindEnd end : profiling::kUnwindEnds) {
+      scope_.add(*unwinds_metric_, {scope_.tracer(), std::string(profiling::unwind_end_name(end))},
+                 std::exchange(taken_unwinds_[static_cast<std::size_t>(end)], 0));
+    }
   }
   profiling::SlowEventStore& store = stacks_->slow_events();
   store.expire_old();

@@ -179,7 +179,8 @@ class ProfileTracer final : public Tracer {
       s->rodata->unwind_cfi = options_.unwind_cfi;
       s->rodata->waits_at_sys_exit = waits_at_sys_exit();
       configure_user_stacks(s, options_.stack_copies_per_second);
-      // Half a second of copies at the limit: the reader empties it as records arrive.
+      // A quarter of a second of copies at the limit: the reader empties it as records
+      // arrive.
       bpf_map__set_max_entries(s->maps.samples, options_.unwind_cfi ? samples_ring_bytes() : 4096);
       bpf_map__set_max_entries(s->maps.emd_stacks, kept_stacks());
       bpf_map__set_max_entries(s->maps.counts_a, options_.max_aggregates);
@@ -258,7 +259,7 @@ class ProfileTracer final : public Tracer {
 
   std::uint32_t samples_ring_bytes() const {
     const std::uint64_t want =
-        std::uint64_t{options_.stack_copies_per_second} * sizeof(profile_record) / 2;
+        std::uint64_t{options_.stack_copies_per_second} * sizeof(profile_record) / 4;
     return static_cast<std::uint32_t>(
         std::clamp<std::uint64_t>(std::bit_ceil(want), 1u << 20, 16u << 20));
   }

@@ -1,10 +1,13 @@
 // syscall_latency on the real kernel: the test makes N getppid() calls itself and expects
 // the histogram count to grow by N plus at most kOtherCallers.
+#include <fcntl.h>
+#include <spawn.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <thread>
@@ -211,4 +214,72 @@ TEST_CASE(
                                       {{"tracer", "syscall_latency"}, {"reason", reason}});
     CHECK((d == nullptr || d->counter.value == 0));
   }
+}
+
+TEST_CASE(
+    "slow syscalls through the C library: the stack names the caller of read(), with and "
+    "without frame pointers, up to the thread's start",
+    "[syscall_latency][slow][unwind]") {
+  // The profile tests' workload: its reader thread blocks in read() called through the C
+  // library (whose wrapper keeps no frame) from reader -> read_all -> wait_on_pipe, each read
+  // at least 20 ms; built with frame pointers and without, as Debian builds.
+  const std::string binary =
+      GENERATE(std::string(PROFILE_WORKLOAD_FP), std::string(PROFILE_WORKLOAD_NOFP));
+  constexpr int kReads = 8;
+  MetricStore store;
+  profiling::ProfileStore profiles;
+  auto tracer = test::start_tracer(store, "syscall_latency",
+                                   "    per_syscall: all\n    include: [read]\n    slow:\n"
+                                   "      threshold: 10ms\n      max_per_second: 1000\n",
+                                   &profiles);
+  // Its main thread burns 2 s of CPU while the reads happen, so it is still there when
+  // their stacks are named.
+  const std::string cpu_ms = "2000", reads = std::to_string(kReads);
+  char* argv[] = {const_cast<char*>(binary.c_str()), const_cast<char*>(cpu_ms.c_str()),
+                  const_cast<char*>(reads.c_str()), nullptr};
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+  pid_t pid = 0;
+  REQUIRE(posix_spawn(&pid, binary.c_str(), &actions, nullptr, argv, environ) == 0);
+  posix_spawn_file_actions_destroy(&actions);
+  // Its blocking reads: each lasts 20 ms at least (other reads of the process, the loader's,
+  // take microseconds).
+  const auto ours = test::wait_for_slow_events(
+      tracer, profiles, kMetric, kReads, [&](const profiling::SlowEvent& e) {
+        return e.pid == static_cast<std::uint32_t>(pid) && e.latency_ns >= 20'000'000;
+      });
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  REQUIRE(ours.size() == kReads);
+  profiling::SlowEventStore::Query q;
+  q.metric = kMetric;
+  const auto window = profiles.slow_events().query(q);
+  for (const auto& e : ours) {
+    REQUIRE(window.stacks.count(e.stack_id) == 1);
+    std::vector<std::string> user;
+    for (const auto& f : window.stacks.at(e.stack_id)) {
+      if (!f.kernel) user.push_back(f.function);
+    }
+    std::string chain;
+    for (const auto& f : user) chain += f + " <- ";
+    INFO("user frames: " << chain);
+    // The wrapper, then the function that called it and its callers, to the thread's start.
+    const auto at = [&](const std::string& name) {
+      return std::find(user.begin(), user.end(), name) - user.begin();
+    };
+    REQUIRE(user.size() >= 4);
+    CHECK(at("wait_on_pipe") < at("read_all"));
+    CHECK(at("read_all") < at("reader"));
+    CHECK(at("reader") < at("start_thread"));
+    CHECK(at("start_thread") < static_cast<long>(user.size()));
+  }
+  // Each copy was unwound to the stack's own end.
+  const auto fams = test::collect(store);
+  const auto* complete = test::find_series(fams, "ebpf_metricsd_slow_unwinds_total",
+                                           {{"tracer", "syscall_latency"}, {"result", "complete"}});
+  REQUIRE(complete);
+  CHECK(complete->counter.value >= kReads);
 }

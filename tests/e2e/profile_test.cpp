@@ -1,12 +1,15 @@
 // Profiles through the daemon, as operators and their tools fetch them: pprof over HTTPS
 // with basic auth that `go tool pprof` reads, its bounds, and the flame graph page in a real
 // browser (headless Chromium).
+#include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -360,4 +363,137 @@ TEST_CASE(
     CHECK_THAT(raw, !Contains("hot_three"));
     CHECK_THAT(raw, !Contains("pipe_read"));
   }
+}
+
+TEST_CASE("hostile files mapped by a process: refused and counted, scrapes and profiles go on",
+          "[profile][hostile][sanitize]") {
+  ProfileDaemon p;
+  const std::string dir = p.s.dir + "/files";
+  REQUIRE(run_command("mkdir -p " + dir) == 0);
+  const std::string elf = PROFILE_WORKLOAD_FP;
+  // A file cut in half, one whose section table lies a terabyte past its end, a sparse file
+  // of 2 GiB, one whose .gnu_debuglink names a FIFO, and one its owner truncates while it is
+  // mapped.
+  REQUIRE(run_command("head -c $(( $(stat -c %s " + elf + ") / 2 )) " + elf + " > " + dir +
+                      "/cut.so") == 0);
+  REQUIRE(run_command("cp " + elf + " " + dir +
+                      "/far.so && printf '\\000\\000\\000\\000\\000"
+                      "\\001\\000\\000' | dd of=" +
+                      dir + "/far.so bs=1 seek=40 conv=notrunc status=none") == 0);
+  REQUIRE(run_command("truncate -s 2G " + dir + "/sparse.so") == 0);
+  REQUIRE(run_command("cd " + dir + " && cp " + elf +
+                      " link.so && : > link.debug &&"
+                      " objcopy --add-gnu-debuglink=link.debug link.so && rm link.debug &&"
+                      " mkfifo link.debug") == 0);
+  REQUIRE(run_command("cp " + elf + " " + dir + "/shrinks.so") == 0);
+  const std::vector<std::string> files = {"cut.so", "far.so", "sparse.so", "link.so", "shrinks.so"};
+
+  // A process that maps them all to execute and burns CPU, so that it is sampled and its
+  // mappings read.
+  int ready[2];
+  REQUIRE(pipe(ready) == 0);
+  const pid_t mapper = fork();
+  REQUIRE(mapper >= 0);
+  if (mapper == 0) {
+    for (const auto& f : files) {
+      const int fd = ::open((dir + "/" + f).c_str(), O_RDONLY);
+      if (fd < 0 || mmap(nullptr, 65536, PROT_READ | PROT_EXEC, MAP_PRIVATE, fd, 0) == MAP_FAILED)
+        _exit(3);
+      close(fd);
+    }
+    (void)!write(ready[1], "x", 1);
+    for (;;) __asm__ volatile("" ::: "memory");
+  }
+  close(ready[1]);
+  char c = 0;
+  REQUIRE(read(ready[0], &c, 1) == 1);
+  close(ready[0]);
+
+  const auto refused = [&](const std::string& reason) {
+    const auto m = p.get("/metrics", true, "5");
+    std::smatch v;
+    const std::regex line("\nebpf_metricsd_profile_files_refused_total\\{reason=\"" + reason +
+                          "\"\\} ([0-9]+)\n");
+    return m.first == "200" && std::regex_search(m.second, v, line) ? std::stod(v[1]) : -1.0;
+  };
+  // A profile while it runs; its owner truncates one mapped file in the middle of it.
+  std::pair<std::string, std::string> profile;
+  std::thread asking([&] { profile = p.get("/debug/pprof/profile?seconds=4"); });
+  std::this_thread::sleep_for(2s);
+  REQUIRE(run_command("truncate -s 0 " + dir + "/shrinks.so") == 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto scrape = p.get("/metrics", true, "5");
+  const double scrape_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  asking.join();
+  const bool counted =
+      wait_until([&] { return refused("bad_tables") >= 2 && refused("too_large") >= 1; }, 30s);
+  kill(mapper, SIGKILL);
+  waitpid(mapper, nullptr, 0);
+  INFO(p.d->log());
+  CHECK(scrape.first == "200");
+  CHECK(scrape_s < 5.0);
+  CHECK(profile.first == "200");
+  // cut.so and far.so: tables outside the file; sparse.so: past the size cap.
+  CHECK(counted);
+  CHECK(refused("not_regular") == 0);
+  // Alive and answering.
+  CHECK(kill(p.d->pid(), 0) == 0);
+  CHECK(p.get("/debug/pprof/profile?seconds=1").first == "200");
+}
+
+TEST_CASE("the profile's memory budget: 200 distinct binaries starting and exiting",
+          "[profile][budget]") {
+  // Unwinding with CFI at 99 Hz while 2,000 short processes run from 200 copies of the
+  // workload built without frame pointers (a file each: its own ELF to check, name and
+  // unwind with). The daemon's peak RSS (anonymous and file-backed) and its BPF maps'
+  // memory stay under 100 MiB.
+  ProfileDaemon p("    unwind: cfi\n");
+  const std::string bins = p.s.dir + "/bins";
+  REQUIRE(run_command("mkdir -p " + bins + " && for i in $(seq 200); do cp " +
+                      std::string(PROFILE_WORKLOAD_NOFP) + " " + bins + "/w$i; done") == 0);
+  for (int pass = 0; pass < 10; ++pass) {
+    // 200 at once, 20 ms of CPU and one 20 ms wait each.
+    REQUIRE(run_command("for i in $(seq 200); do " + bins + "/w$i 20 1 >/dev/null & done; wait") ==
+            0);
+  }
+  CHECK(p.get("/debug/pprof/profile?seconds=1").first == "200");
+  const auto kib = [&](const std::string& field) {
+    std::ifstream in("/proc/" + std::to_string(p.d->pid()) + "/status");
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind(field + ":", 0) == 0) return std::stod(line.substr(field.size() + 1));
+    }
+    return -1.0;
+  };
+  // The memory of the daemon's BPF maps, as the kernel charges it (fdinfo's memlock).
+  double maps_kib = 0;
+  const std::string fds = "/proc/" + std::to_string(p.d->pid()) + "/fdinfo";
+  for (const auto& e : std::filesystem::directory_iterator(fds)) {
+    std::ifstream in(e.path());
+    bool map = false;
+    double memlock = 0;
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("map_type:", 0) == 0) map = true;
+      if (line.rfind("memlock:", 0) == 0) memlock = std::stod(line.substr(8)) / 1024;
+    }
+    if (map) maps_kib += memlock;
+  }
+  const double peak = kib("VmHWM");
+  const auto metrics = p.get("/metrics", true, "5").second;
+  std::string caches;
+  const std::regex cache_line("\nebpf_metricsd_profile_cache_entries[^\n]*");
+  for (std::sregex_iterator it(metrics.begin(), metrics.end(), cache_line);
+       it != std::sregex_iterator(); ++it)
+    caches += it->str();
+  const std::string rollup = read_file("/proc/" + std::to_string(p.d->pid()) + "/smaps_rollup");
+  const std::string maps = run_capture(
+      "bpftool map show 2>/dev/null | grep -B0 -A2 '' | "
+      "awk '/memlock/ {print prev \" \" $0} {prev=$0}' | "
+      "sort -k2 -t'k' | tail -n 8");
+  INFO("peak RSS " << peak / 1024 << " MiB, BPF maps " << maps_kib / 1024 << " MiB" << caches
+                   << "\n"
+                   << rollup);
+  REQUIRE(peak > 0);
+  CHECK(peak + maps_kib < 100 * 1024);
+  WARN("peak RSS " << peak / 1024 << " MiB, BPF maps " << maps_kib / 1024 << " MiB");
 }

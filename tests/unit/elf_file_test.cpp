@@ -13,11 +13,13 @@
 #include <array>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <string>
 
+#include "../fuzz/elf_exercise.h"
 #include "ebpf_metricsd/profile/elf_file.h"
 #include "ebpf_metricsd/profile/symbols.h"
 
@@ -297,4 +299,24 @@ TEST_CASE("elf files: a file its owner truncates while it is read", "[elf]") {
   copy.bytes = stack;
   const Unwound unwound = u.unwind(b.pid, b.pid, copy, 128);
   CHECK(unwound.frames.size() <= 1);
+}
+
+TEST_CASE("elf files: the fuzzer's seed corpus, each through the whole read", "[elf][corpus]") {
+  // Real files and broken variants of one (tests/fuzz/elf_exercise.h): each is checked and,
+  // when taken, named and unwound-over by libdwfl as the daemon does. The real ones are taken
+  // and their functions named; no input crashes (tests/sanitizers.sh runs this under ASan).
+  const auto corpus = ebpf_metricsd::test::elf_seed_corpus({kElf, PROFILE_WORKLOAD_NOFP});
+  REQUIRE(corpus.size() > 20);
+  // tests/fuzz.sh writes the seeds for libFuzzer from here.
+  if (const char* dir = std::getenv("EMD_WRITE_ELF_CORPUS")) {
+    fs::create_directories(dir);
+    for (const auto& [name, bytes] : corpus)
+      std::ofstream(std::string(dir) + "/" + name, std::ios::binary) << bytes;
+  }
+  for (const auto& [name, bytes] : corpus) {
+    INFO("seed " << name);
+    const std::size_t named = ebpf_metricsd::test::exercise_elf(
+        reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size());
+    if (name.rfind("real-", 0) == 0) CHECK(named > 0);
+  }
 }

@@ -8,12 +8,14 @@
 #include <bpf/libbpf.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,6 +26,7 @@
 #include "ebpf_metricsd/profile/profile_store.h"
 #include "ebpf_metricsd/profile/slow_events.h"
 #include "ebpf_metricsd/profile/slow_options.h"
+#include "ebpf_metricsd/profile/unwinder.h"
 
 namespace ebpf_metricsd {
 
@@ -54,6 +57,9 @@ class SlowCapture {
     s->rodata->emd_slow_threshold_ns = options.threshold_ns;
     s->rodata->emd_slow_per_second = options.max_per_second;
     s->rodata->emd_slow_self_tgid = self_tgid();
+    if constexpr (requires { s->rodata->emd_slow_unwind_cfi; }) {
+      s->rodata->emd_slow_unwind_cfi = options.on() && options.unwind_cfi;
+    }
     const bool on = options.on();
     bpf_map__set_max_entries(s->maps.slow_events, on ? options.ring_bytes() : 4096);
     bpf_map__set_max_entries(s->maps.slow_origins, on && origins ? origins : 1);
@@ -94,9 +100,14 @@ class SlowCapture {
   std::size_t pending_frames_ = 0;
   std::uint64_t pending_dropped_ = 0;
   std::uint64_t stack_lost_ = 0;
+  // Copies of user stacks unwound, by how the unwind ended (UnwindEnd); with `unwind: cfi`.
+  using Unwinds = std::array<std::uint64_t, std::size(profiling::kUnwindEnds)>;
+  std::optional<MetricScope::Metric> unwinds_metric_;
+  Unwinds unwinds_{};          // under mutex_
   std::deque<Pending> taken_;  // by begin_drain, for drain
   std::uint64_t taken_dropped_ = 0;
   std::uint64_t taken_lost_ = 0;
+  Unwinds taken_unwinds_{};
   RingReader reader_;  // last: stops first
 };
 

@@ -10,10 +10,15 @@ class YamlMapReader;
 struct SlowOptions {
   std::uint64_t threshold_ns = 0;  // 0: off
   std::uint32_t max_per_second = 100;
+  // Events sent with a copy of the user stack, unwound with CFI (`unwind: cfi`), or walked
+  // by frame pointer (`unwind: frame_pointers`).
+  bool unwind_cfi = false;
   bool on() const { return threshold_ns > 0; }
-  // `slow: {threshold: 10ms, max_per_second: 100}` (threshold 1us .. 1h, at most 1000 a
-  // second), absent: off.
-  static SlowOptions read(YamlMapReader& options);
+  // `slow: {threshold: 10ms, max_per_second: 100, unwind: cfi}` (threshold 1us .. 1h, at
+  // most 1000 a second), absent: off. `copies`: the tracer's events end in their own thread
+  // on its way back to user space, where the stack can be copied: `unwind` is read (default
+  // cfi); elsewhere the key is refused.
+  static SlowOptions read(YamlMapReader& options, bool copies = false);
   // The ring buffer: two seconds of events at the limit, a power of two of pages.
   std::uint32_t ring_bytes() const;
   bool operator==(const SlowOptions&) const = default;

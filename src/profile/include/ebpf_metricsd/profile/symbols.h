@@ -70,7 +70,7 @@ class UserSymbols {
     std::size_t max_modules = 256;        // ELF files open at once
     std::size_t max_processes = 8192;     // processes whose mappings are kept
     std::size_t max_names = 1u << 20;     // names cached over all modules
-    std::size_t max_address_spaces = 64;  // processes whose files the unwinder keeps open
+    std::size_t max_address_spaces = 16;  // processes whose unwind state is kept
     ElfLimits files;                      // what a file may be (elf_file.h)
   };
   using Refusals = std::array<std::uint64_t, kElfRefusals.size()>;
