@@ -17,6 +17,7 @@
 #include <bpf/bpf_core_read.h>
 #include <bpf/bpf_helpers.h>
 
+#include "common/budget.bpf.h"
 #include "common/cgroup.bpf.h"
 #include "common/maps.bpf.h"
 #include "common/slow.h"
@@ -34,17 +35,7 @@ const volatile __u32 emd_slow_per_second = 100;
 /* The daemon's own process: its waits are not what anyone asks about. */
 const volatile __u32 emd_slow_self_tgid = 0;
 
-struct emd_slow_budget {
-	__u64 second;
-	__u64 used;
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct emd_slow_budget);
-} slow_budget SEC(".maps");
+EMD_BUDGET_MAP(slow_budget);
 
 /* Sized by user space (a power of two of pages). */
 struct {
@@ -66,23 +57,10 @@ struct {
 static __always_inline bool emd_slow_admit(__u64 now, void *drops_map,
 					   __u32 rate_reason)
 {
-	struct emd_slow_budget *b;
-	__u32 zero = 0;
-	__u64 second = now / 1000000000ULL;
-
-	b = bpf_map_lookup_elem(&slow_budget, &zero);
-	if (!b)
-		return false;
-	if (b->second != second) {
-		b->second = second;
-		b->used = 0;
-	}
-	if (b->used >= emd_slow_per_second) {
-		emd_count_drop(drops_map, rate_reason);
-		return false;
-	}
-	__sync_fetch_and_add(&b->used, 1);
-	return true;
+	if (emd_budget_take(&slow_budget, emd_slow_per_second, now))
+		return true;
+	emd_count_drop(drops_map, rate_reason);
+	return false;
 }
 
 /* A record for an admitted slow event, or NULL (refused or no room: counted).

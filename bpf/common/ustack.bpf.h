@@ -18,6 +18,7 @@
 #include <bpf/bpf_core_read.h>
 #include <bpf/bpf_helpers.h>
 
+#include "common/budget.bpf.h"
 #include "common/maps.bpf.h"
 #include "common/ustack.h"
 
@@ -38,17 +39,7 @@ struct emd_user_regs {
 const volatile __u32 emd_ptregs_offset = 0;
 const volatile __u32 emd_ustack_per_second = 0;
 
-struct emd_ustack_budget {
-	__u64 second;
-	__u64 used;
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct emd_ustack_budget);
-} emd_ustack_budget SEC(".maps");
+EMD_BUDGET_MAP(emd_ustack_budget);
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -65,23 +56,11 @@ static __always_inline void emd_ustack_count(__u32 reason)
 /* Whether another copy fits this second's budget (counted when not). */
 static __always_inline bool emd_ustack_admit(void)
 {
-	struct emd_ustack_budget *b;
-	__u32 zero = 0;
-	__u64 second = bpf_ktime_get_ns() / 1000000000ULL;
-
-	b = bpf_map_lookup_elem(&emd_ustack_budget, &zero);
-	if (!b)
-		return false;
-	if (b->second != second) {
-		b->second = second;
-		b->used = 0;
-	}
-	if (b->used >= emd_ustack_per_second) {
-		emd_ustack_count(EMD_USTACK_DROP_BUDGET);
-		return false;
-	}
-	__sync_fetch_and_add(&b->used, 1);
-	return true;
+	if (emd_budget_take(&emd_ustack_budget, emd_ustack_per_second,
+			    bpf_ktime_get_ns()))
+		return true;
+	emd_ustack_count(EMD_USTACK_DROP_BUDGET);
+	return false;
 }
 
 /* The user registers saved at the top of the current task's kernel stack. */

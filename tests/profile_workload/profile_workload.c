@@ -19,6 +19,7 @@
 // N" (the reader's time in read), "cond_ns N" (the waiter's in pthread_cond_wait) and
 // "rounds N".
 #define _GNU_SOURCE
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -127,22 +128,24 @@ static void *waiter(void *arg) {
 // Whether thread tid has switched out since it stored its count in *before (state S
 // alone shows before the switch).
 static int blocked_since(volatile pid_t *tid, volatile long *before) {
-  char path[64], line[256];
+  char path[64], text[2048];
+  const char *at;
   long switches = -1;
   char state = '?';
-  FILE *f;
+  ssize_t n;
+  int fd;
 
   if (!*tid) return 0;
   snprintf(path, sizeof path, "/proc/self/task/%d/status", (int)*tid);
-  f = fopen(path, "r");
-  if (!f) return 0;
-  while (fgets(line, sizeof line, f)) {
-    if (!strncmp(line, "State:", 6))
-      sscanf(line + 6, " %c", &state);
-    else if (!strncmp(line, "voluntary_ctxt_switches:", 24))
-      switches = strtol(line + 24, NULL, 10);
-  }
-  fclose(f);
+  /* pread(2), not read(2): the reader's reads are the process's only read(2) calls. */
+  fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  n = pread(fd, text, sizeof text - 1, 0);
+  close(fd);
+  if (n <= 0) return 0;
+  text[n] = 0;
+  if ((at = strstr(text, "\nState:"))) sscanf(at + 7, " %c", &state);
+  if ((at = strstr(text, "\nvoluntary_ctxt_switches:"))) switches = strtol(at + 25, NULL, 10);
   return state == 'S' && *before >= 0 && switches > *before;
 }
 
