@@ -368,6 +368,19 @@ static __always_inline int on_switch(void *ctx, bool preempt,
 	return 0;
 }
 
+/* The key of an off-CPU wait of the current thread, without its stacks. */
+static __always_inline void current_wait_key(struct profile_key *key)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+
+	key->tgid = id >> 32;
+	key->tid = (__u32)id;
+	key->kind = PROFILE_OFF_CPU;
+	if (emd_by_cgroup)
+		key->cgroup = bpf_get_current_cgroup_id();
+	bpf_get_current_comm(&key->comm, sizeof(key->comm));
+}
+
 /* The current task returns from a system call with user registers `regs`:
  * the long waits it had inside are sent with a copy of the user stack it
  * returns to (else kept with the frame-pointer walk of it). */
@@ -380,15 +393,9 @@ static __always_inline void syscall_returns(void *ctx, struct pt_regs *regs,
 	struct emd_user_regs r;
 	struct profile_record *rec;
 	struct profile_key key = {};
-	struct emd_offcpu *s;
+	struct emd_offcpu *s = emd_offcpu_current(raw);
 	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tid = (__u32)id;
 
-	if (raw)
-		s = bpf_map_lookup_elem(&emd_offcpu_by_tid, &tid);
-	else
-		s = bpf_task_storage_get(&emd_offcpu_task,
-					 bpf_get_current_task_btf(), 0, 0);
 	if (nr == 9 || nr == 10) { /* mmap, mprotect: more code to read? */
 		if ((EMD_READ(raw, regs, dx) & 0x4 /* PROT_EXEC */) && ret >= 0)
 			announce_again(id >> 32, false);
@@ -399,12 +406,7 @@ static __always_inline void syscall_returns(void *ctx, struct pt_regs *regs,
 		__builtin_memset(&r, 0, sizeof(r));
 	if (!emd_syscall_wait_take(s, &r, &w, &loss))
 		return;
-	key.tgid = id >> 32;
-	key.tid = tid;
-	key.kind = PROFILE_OFF_CPU;
-	if (emd_by_cgroup)
-		key.cgroup = bpf_get_current_cgroup_id();
-	bpf_get_current_comm(&key.comm, sizeof(key.comm));
+	current_wait_key(&key);
 	if (loss != EMD_SYSCALL_WAIT_KEPT) {
 		keep_without_ustack(&key, &w, loss);
 		return;
@@ -452,25 +454,13 @@ static __always_inline void thread_exits(bool raw)
 {
 	struct emd_syscall_wait w;
 	struct profile_key key = {};
-	struct emd_offcpu *s;
-	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tid = (__u32)id;
+	struct emd_offcpu *s = emd_offcpu_current(raw);
 
-	if (raw)
-		s = bpf_map_lookup_elem(&emd_offcpu_by_tid, &tid);
-	else
-		s = bpf_task_storage_get(&emd_offcpu_task,
-					 bpf_get_current_task_btf(), 0, 0);
 	if (!s || !s->pending.waits)
 		return;
 	w = s->pending;
 	s->pending.waits = 0;
-	key.tgid = id >> 32;
-	key.tid = tid;
-	key.kind = PROFILE_OFF_CPU;
-	if (emd_by_cgroup)
-		key.cgroup = bpf_get_current_cgroup_id();
-	bpf_get_current_comm(&key.comm, sizeof(key.comm));
+	current_wait_key(&key);
 	keep_without_ustack(&key, &w, EMD_SYSCALL_WAIT_EXITED);
 }
 

@@ -24,33 +24,33 @@
 #include "common/maps.bpf.h"
 #include "common/read.bpf.h"
 
-#define EMD_TASK_STATE(name, value_type)                                             \
+#define EMD_TASK_STATE(name, value_type)                                       \
 	struct {                                                               \
 		__uint(type, BPF_MAP_TYPE_TASK_STORAGE);                       \
 		__uint(map_flags, BPF_F_NO_PREALLOC);                          \
 		__type(key, int);                                              \
-		__type(value, value_type);                                           \
+		__type(value, value_type);                                     \
 	} name##_task SEC(".maps");                                            \
 	struct {                                                               \
 		__uint(type, BPF_MAP_TYPE_HASH);                               \
 		__uint(max_entries, 1);                                        \
 		__type(key, __u32);                                            \
-		__type(value, value_type);                                           \
+		__type(value, value_type);                                     \
 	} name##_by_tid SEC(".maps");                                          \
-	static __always_inline value_type *name##_of(struct task_struct *t,          \
-					       bool create, bool raw,          \
-					       void *drops, __u32 reason)      \
+	static __always_inline value_type *name##_of(                          \
+	    struct task_struct *t, bool create, bool raw, void *drops,         \
+	    __u32 reason)                                                      \
 	{                                                                      \
-		static const value_type zero = {};                                   \
+		static const value_type zero = {};                             \
 		__u32 tid = EMD_READ(raw, t, pid);                             \
-		value_type *s;                                                       \
+		value_type *s;                                                 \
                                                                                \
 		if (tid == 0)                                                  \
 			return NULL;                                           \
 		if (!raw) {                                                    \
 			s = bpf_task_storage_get(                              \
-				&name##_task, t, 0,                            \
-				create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);  \
+			    &name##_task, t, 0,                                \
+			    create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);      \
 			if (!s && create)                                      \
 				emd_count_drop(drops, reason);                 \
 			return s;                                              \
@@ -59,6 +59,18 @@
 			return bpf_map_lookup_elem(&name##_by_tid, &tid);      \
 		return emd_lookup_or_init(&name##_by_tid, &tid, &zero, drops,  \
 					  reason);                             \
+	}                                                                      \
+	/* The current thread's state, looked up only (tp_btf: with the   */  \
+	/* helper of 5.11+).                                               */  \
+	static __always_inline __attribute__((unused)) value_type *            \
+	name##_current(bool raw)                                               \
+	{                                                                      \
+		__u32 tid = (__u32)bpf_get_current_pid_tgid();                 \
+                                                                               \
+		if (raw)                                                       \
+			return bpf_map_lookup_elem(&name##_by_tid, &tid);      \
+		return bpf_task_storage_get(&name##_task,                      \
+					    bpf_get_current_task_btf(), 0, 0); \
 	}                                                                      \
 	SEC("raw_tp/sched_process_free")                                       \
 	int BPF_PROG(name##_free, struct task_struct *p)                       \

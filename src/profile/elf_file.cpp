@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 
@@ -130,6 +131,7 @@ std::shared_ptr<ElfFile> ElfFile::open(int fd, const ElfLimits& limits, ElfRefus
     return nullptr;
   }
   std::shared_ptr<ElfFile> f(new ElfFile());
+  f->limits_ = limits;
   f->fd_ = fd;
   struct stat st {};
   if (fstat(fd, &st) != 0) {
@@ -151,7 +153,8 @@ std::shared_ptr<ElfFile> ElfFile::open(int fd, const ElfLimits& limits, ElfRefus
     why = ElfRefusal::NotElf;
     return nullptr;
   }
-  elf_version(EV_CURRENT);
+  static const unsigned version = elf_version(EV_CURRENT);
+  (void)version;
   f->elf_ = elf_begin(fd, ELF_C_READ, nullptr);
   if (!f->elf_) {  // an ELF file whose tables libelf could not read
     why = ElfRefusal::BadTables;
@@ -186,6 +189,54 @@ std::shared_ptr<ElfFile> find_debug_file(const ElfFile& file, const ElfLimits& l
   auto debug = ElfFile::open(fd, limits, why, true);
   if (!debug || debug->build_id() != id) return nullptr;
   return debug;
+}
+
+std::shared_ptr<ElfFile> ElfFile::debug_file() const {
+  std::call_once(debug_once_, [this] { debug_ = find_debug_file(*this, limits_); });
+  return debug_;
+}
+
+Dwfl_Module* ElfFile::report(Dwfl* dwfl, const std::string& name, std::uint64_t bias) const {
+  Dwfl_Module* mod = dwfl_report_module(dwfl, name.c_str(), low_ + bias, high_ + bias);
+  if (!mod) return nullptr;
+  void** userdata = nullptr;
+  dwfl_module_info(mod, &userdata, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+  *userdata = const_cast<ElfFile*>(this);
+  return mod;
+}
+
+namespace {
+
+int checked_elf(Dwfl_Module*, void** userdata, const char*, Dwarf_Addr, char**, Elf** elfp) {
+  const auto* file = static_cast<const ElfFile*>(*userdata);
+  *elfp = elf_begin(file->fd(), ELF_C_READ, file->elf());
+  return -1;
+}
+
+int checked_debug_file(Dwfl_Module*, void** userdata, const char*, Dwarf_Addr, const char*,
+                       const char*, GElf_Word, char**) {
+  const auto* file = static_cast<const ElfFile*>(*userdata);
+  const auto debug = file->debug_file();
+  errno = 0;
+  // libdwfl maps it: a file of the root-owned debug tree, which no user can truncate.
+  return debug ? fcntl(debug->fd(), F_DUPFD_CLOEXEC, 0) : -1;
+}
+
+int no_debug_file(Dwfl_Module*, void**, const char*, Dwarf_Addr, const char*, const char*,
+                  GElf_Word, char**) {
+  errno = 0;
+  return -1;
+}
+
+}  // namespace
+
+const Dwfl_Callbacks& dwfl_callbacks(bool debug_files) {
+  static char* no_path = nullptr;
+  static const Dwfl_Callbacks with = {checked_elf, checked_debug_file, dwfl_offline_section_address,
+                                      &no_path};
+  static const Dwfl_Callbacks without = {checked_elf, no_debug_file, dwfl_offline_section_address,
+                                         &no_path};
+  return debug_files ? with : without;
 }
 
 }  // namespace ebpf_metricsd::profiling

@@ -154,19 +154,15 @@ class ElfModule {
     std::shared_ptr<ElfFile> file = ElfFile::open(fd, limits, why);
     if (!file) return nullptr;
     why = ElfRefusal::NotElf;
-    auto m = std::shared_ptr<ElfModule>(new ElfModule(path, std::move(file), limits));
-    m->dwfl_ = dwfl_begin(&callbacks());
+    auto m = std::shared_ptr<ElfModule>(new ElfModule(path, std::move(file)));
+    m->dwfl_ = dwfl_begin(&dwfl_callbacks(true));
     if (!m->dwfl_) return nullptr;
     // At bias 0: the module sits at its link-time addresses, so a file offset maps to an
     // address through the program headers alone.
     dwfl_report_begin(m->dwfl_);
-    m->mod_ =
-        dwfl_report_module(m->dwfl_, base_name(path).c_str(), m->file_->low(), m->file_->high());
+    m->mod_ = m->file_->report(m->dwfl_, base_name(path));
     dwfl_report_end(m->dwfl_, nullptr, nullptr);
     if (!m->mod_) return nullptr;
-    void** userdata = nullptr;
-    dwfl_module_info(m->mod_, &userdata, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
-    *userdata = m.get();
     GElf_Addr bias = 0;
     Elf* elf = dwfl_module_getelf(m->mod_, &bias);
     if (!elf) return nullptr;
@@ -229,38 +225,14 @@ class ElfModule {
   }
 
  private:
-  ElfModule(std::string path, std::shared_ptr<ElfFile> file, const ElfLimits& limits)
-      : path_(std::move(path)), file_(std::move(file)), limits_(limits) {}
-
-  // libdwfl opens no file by itself: the module's file is the checked one, its debug file
-  // the one find_debug_file() checked (never a .gnu_debuglink target, never the network).
-  static int find_elf(Dwfl_Module*, void** userdata, const char*, Dwarf_Addr, char**, Elf** elfp) {
-    const auto* self = static_cast<const ElfModule*>(*userdata);
-    *elfp = elf_begin(self->file_->fd(), ELF_C_READ, self->file_->elf());
-    return -1;
-  }
-  static int find_debuginfo(Dwfl_Module*, void** userdata, const char*, Dwarf_Addr, const char*,
-                            const char*, GElf_Word, char**) {
-    auto* self = static_cast<ElfModule*>(*userdata);
-    self->debug_ = find_debug_file(*self->file_, self->limits_);
-    errno = 0;
-    // libdwfl maps it: a file of the root-owned debug tree, which no user can truncate.
-    return self->debug_ ? fcntl(self->debug_->fd(), F_DUPFD_CLOEXEC, 0) : -1;
-  }
-  static const Dwfl_Callbacks& callbacks() {
-    static char* debuginfo_path = nullptr;
-    static const Dwfl_Callbacks cb = {find_elf, find_debuginfo, dwfl_offline_section_address,
-                                      &debuginfo_path};
-    return cb;
-  }
+  ElfModule(std::string path, std::shared_ptr<ElfFile> file)
+      : path_(std::move(path)), file_(std::move(file)) {}
 
   struct Load {
     std::uint64_t offset, size, vaddr;
   };
   std::string path_;
   std::shared_ptr<ElfFile> file_;
-  std::shared_ptr<ElfFile> debug_;  // found when libdwfl first asks for it
-  ElfLimits limits_;
   bool fixed_ = false;  // ET_EXEC
   Dwfl* dwfl_ = nullptr;
   Dwfl_Module* mod_ = nullptr;
@@ -269,7 +241,7 @@ class ElfModule {
   std::unordered_map<std::uint64_t, std::string> names_;
 };
 
-UserSymbols::UserSymbols(Limits limits) : limits_(limits) { elf_version(EV_CURRENT); }
+UserSymbols::UserSymbols(Limits limits) : limits_(limits) {}
 UserSymbols::~UserSymbols() = default;
 
 std::size_t UserSymbols::names() const {

@@ -54,27 +54,6 @@ Elf* architecture_elf() {
   return elf;
 }
 
-// Unwinding reads CFI from the checked files themselves and nothing else: no separate debug
-// files are looked for (where CFI is only in .debug_frame of a separate file, the frame
-// pointer serves), and no file is opened by name. A module's userdata is its ElfFile.
-int checked_elf(Dwfl_Module*, void** userdata, const char*, Dwarf_Addr, char**, Elf** elfp) {
-  const auto* file = static_cast<const ElfFile*>(*userdata);
-  *elfp = elf_begin(file->fd(), ELF_C_READ, file->elf());
-  return -1;
-}
-int no_debuginfo(Dwfl_Module*, void**, const char*, Dwarf_Addr, const char*, const char*, GElf_Word,
-                 char**) {
-  errno = 0;
-  return -1;
-}
-
-const Dwfl_Callbacks& unwind_callbacks() {
-  static char* no_path = nullptr;
-  static const Dwfl_Callbacks cb = {checked_elf, no_debuginfo, dwfl_offline_section_address,
-                                    &no_path};
-  return cb;
-}
-
 }  // namespace
 
 // What libdwfl's callbacks read: the sample being unwound, and what its reads ran into.
@@ -115,7 +94,10 @@ std::unique_ptr<AddressSpace> AddressSpace::build(pid_t tgid, std::span<const Ma
   std::unique_ptr<AddressSpace> space(new AddressSpace());
   space->reads_ = std::make_unique<Reads>();
   space->reads_->tgid = tgid;
-  space->dwfl_ = dwfl_begin(&unwind_callbacks());
+  // CFI comes from the checked files themselves and nothing else: no separate debug files
+  // are looked for (where CFI is only in .debug_frame of a separate file, the frame pointer
+  // serves).
+  space->dwfl_ = dwfl_begin(&dwfl_callbacks(false));
   if (!space->dwfl_) return nullptr;
   dwfl_report_begin(space->dwfl_);
   std::size_t reported = 0;
@@ -126,12 +108,7 @@ std::unique_ptr<AddressSpace> AddressSpace::build(pid_t tgid, std::span<const Ma
     // libdwfl takes the bias as the module's low address less the file's (ElfFile::low).
     const std::uint64_t bias =
         f.fixed ? 0 : f.start - f.offset - (f.segment_vaddr - f.segment_offset);
-    Dwfl_Module* mod = dwfl_report_module(space->dwfl_, f.name.c_str(), f.file->low() + bias,
-                                          f.file->high() + bias);
-    if (!mod) continue;
-    void** userdata = nullptr;
-    dwfl_module_info(mod, &userdata, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
-    *userdata = const_cast<ElfFile*>(f.file.get());
+    if (!f.file->report(space->dwfl_, f.name, bias)) continue;
     space->files_.push_back(f.file);
     ++reported;
   }

@@ -247,25 +247,30 @@ TEST_CASE(
   // loader's (which take microseconds, unless a busy machine preempts one for 20 ms). The
   // events of the process named by wait_on_pipe must be exactly its reads, each unwound to
   // the thread's start; so the tracer is drained until they are all in, for at most 10 s.
-  profiling::SlowEventStore::Query q;
-  q.metric = kMetric;
-  std::vector<std::vector<std::string>> named, others;
-  for (int i = 0; i < 100 && named.size() < kReads; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    tracer->drain();
-    named.clear();
-    others.clear();
-    const auto window = profiles.slow_events().query(q);
-    for (const auto& e : window.events) {
-      if (e.pid != static_cast<std::uint32_t>(pid) || e.latency_ns < 20'000'000) continue;
-      REQUIRE(window.stacks.count(e.stack_id) == 1);
-      std::vector<std::string> user;
-      for (const auto& f : window.stacks.at(e.stack_id)) {
-        if (!f.kernel) user.push_back(f.function);
-      }
-      (std::find(user.begin(), user.end(), "wait_on_pipe") != user.end() ? named : others)
-          .push_back(std::move(user));
+  const auto user_frames = [](const profiling::SlowEvent& e, const profiling::SlowWindow& w) {
+    std::vector<std::string> user;
+    for (const auto& f : w.stacks.at(e.stack_id)) {
+      if (!f.kernel) user.push_back(f.function);
     }
+    return user;
+  };
+  const auto slow_read = [&](const profiling::SlowEvent& e) {
+    return e.pid == static_cast<std::uint32_t>(pid) && e.latency_ns >= 20'000'000;
+  };
+  const auto found = test::wait_for_slow(
+      tracer, profiles, kMetric, kReads,
+      [&](const profiling::SlowEvent& e, const profiling::SlowWindow& w) {
+        if (!slow_read(e) || w.stacks.count(e.stack_id) != 1) return false;
+        const auto user = user_frames(e, w);
+        return std::find(user.begin(), user.end(), "wait_on_pipe") != user.end();
+      });
+  std::vector<std::vector<std::string>> named, others;
+  for (const auto& e : found.window.events) {
+    if (!slow_read(e)) continue;
+    REQUIRE(found.window.stacks.count(e.stack_id) == 1);
+    auto user = user_frames(e, found.window);
+    (std::find(user.begin(), user.end(), "wait_on_pipe") != user.end() ? named : others)
+        .push_back(std::move(user));
   }
   int status = 0;
   REQUIRE(waitpid(pid, &status, 0) == pid);

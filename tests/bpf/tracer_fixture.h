@@ -104,24 +104,39 @@ inline SchedulerTracers start_scheduler_tracers(MetricStore& store, const std::s
   return both;
 }
 
-// The slow events of histogram `metric` kept in `profiles` that `wanted` picks, once there
-// are `n` of them: they come through a ring buffer, so the tracer is drained every 100 ms
+// The slow events of histogram `metric` kept in `profiles` that `wanted` picks (given the
+// event and the window it was found in, which holds its stack), once there are `n` of them,
+// with that window: they come through a ring buffer, so the tracer is drained every 100 ms
 // until they are in, for at most 10 s (fewer are returned then).
-inline std::vector<profiling::SlowEvent> wait_for_slow_events(
+struct SlowFound {
+  std::vector<profiling::SlowEvent> events;
+  profiling::SlowWindow window;
+};
+inline SlowFound wait_for_slow(
     const StartedTracer& tracer, profiling::ProfileStore& profiles, const std::string& metric,
-    std::size_t n, const std::function<bool(const profiling::SlowEvent&)>& wanted) {
+    std::size_t n,
+    const std::function<bool(const profiling::SlowEvent&, const profiling::SlowWindow&)>& wanted) {
   profiling::SlowEventStore::Query q;
   q.metric = metric;
-  std::vector<profiling::SlowEvent> found;
-  for (int i = 0; i < 100 && found.size() < n; ++i) {
+  SlowFound found;
+  for (int i = 0; i < 100 && found.events.size() < n; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     tracer->drain();
-    found.clear();
-    for (const auto& e : profiles.slow_events().query(q).events) {
-      if (wanted(e)) found.push_back(e);
+    found.events.clear();
+    found.window = profiles.slow_events().query(q);
+    for (const auto& e : found.window.events) {
+      if (wanted(e, found.window)) found.events.push_back(e);
     }
   }
   return found;
+}
+inline std::vector<profiling::SlowEvent> wait_for_slow_events(
+    const StartedTracer& tracer, profiling::ProfileStore& profiles, const std::string& metric,
+    std::size_t n, const std::function<bool(const profiling::SlowEvent&)>& wanted) {
+  return wait_for_slow(
+             tracer, profiles, metric, n,
+             [&](const profiling::SlowEvent& e, const profiling::SlowWindow&) { return wanted(e); })
+      .events;
 }
 
 // The bucket `last` (a kept slow event) was counted in (the first le at or above its latency)

@@ -23,17 +23,6 @@
 
 namespace ebpf_metricsd::test {
 
-inline int exercise_find_elf(Dwfl_Module*, void** userdata, const char*, Dwarf_Addr, char**,
-                             Elf** elfp) {
-  const auto* file = static_cast<const profiling::ElfFile*>(*userdata);
-  *elfp = elf_begin(file->fd(), ELF_C_READ, file->elf());
-  return -1;
-}
-inline int exercise_no_debuginfo(Dwfl_Module*, void**, const char*, Dwarf_Addr, const char*,
-                                 const char*, GElf_Word, char**) {
-  return -1;
-}
-
 // The number of addresses named (for the caller to use, so nothing is optimized out).
 inline std::size_t exercise_elf(const std::uint8_t* data, std::size_t size) {
   const int fd = memfd_create("elf", MFD_CLOEXEC);
@@ -47,19 +36,13 @@ inline std::size_t exercise_elf(const std::uint8_t* data, std::size_t size) {
   profiling::ElfRefusal why{};
   auto file = profiling::ElfFile::open(fd, limits, why);
   if (!file) return 0;
-  static char* no_path = nullptr;
-  static const Dwfl_Callbacks callbacks = {exercise_find_elf, exercise_no_debuginfo,
-                                           dwfl_offline_section_address, &no_path};
-  Dwfl* dwfl = dwfl_begin(&callbacks);
+  Dwfl* dwfl = dwfl_begin(&profiling::dwfl_callbacks(false));
   if (!dwfl) return 0;
   dwfl_report_begin(dwfl);
-  Dwfl_Module* mod = dwfl_report_module(dwfl, "fuzz", file->low(), file->high());
+  Dwfl_Module* mod = file->report(dwfl, "fuzz");
   dwfl_report_end(dwfl, nullptr, nullptr);
   std::size_t named = 0;
   if (mod) {
-    void** userdata = nullptr;
-    dwfl_module_info(mod, &userdata, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
-    *userdata = file.get();
     Dwarf_Addr bias = 0;
     if (dwfl_module_getelf(mod, &bias)) {
       const unsigned char* bits = nullptr;

@@ -12,11 +12,13 @@
 // The checks are of the tables libelf has read into memory, so a file rewritten after them
 // changes only bytes libelf copies (and checks against the size) when it reads a section.
 
+#include <elfutils/libdwfl.h>
 #include <libelf.h>
 
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 
@@ -66,13 +68,30 @@ class ElfFile {
   std::uint64_t low() const { return low_; }
   std::uint64_t high() const { return high_; }
 
+  // Reports the file to `dwfl` (between dwfl_report_begin and dwfl_report_end) as module
+  // `name`, its addresses moved by `bias`, for a Dwfl begun with dwfl_callbacks(): libdwfl
+  // then reads this checked file and opens none by itself. nullptr when libdwfl refuses it.
+  Dwfl_Module* report(Dwfl* dwfl, const std::string& name, std::uint64_t bias = 0) const;
+
+  // The separate debug file of this file (find_debug_file), looked for once and kept with
+  // it; nullptr when there is none.
+  std::shared_ptr<ElfFile> debug_file() const;
+
  private:
   ElfFile() = default;
   int fd_ = -1;
   Elf* elf_ = nullptr;
   std::uint64_t size_ = 0, low_ = 0, high_ = 0;
   std::string build_id_;
+  ElfLimits limits_;
+  mutable std::once_flag debug_once_;
+  mutable std::shared_ptr<ElfFile> debug_;
 };
+
+// The callbacks of a Dwfl whose modules are reported by ElfFile::report: a module's file is
+// its ElfFile; with `debug_files`, its separate debug file is ElfFile::debug_file() (never a
+// .gnu_debuglink target, never the network), without, none is looked for.
+const Dwfl_Callbacks& dwfl_callbacks(bool debug_files);
 
 // The separate debug file of a checked file, found by its build ID under `root`
 // (<root>/.build-id/ab/cdef....debug), which is where Debian's -dbgsym packages install
