@@ -1,5 +1,8 @@
 #include "ebpf_metricsd/profile/elf_file.h"
 
+#include <cxxabi.h>
+#include <dwarf.h>
+#include <elfutils/libdw.h>
 #include <elfutils/libdwelf.h>
 #include <fcntl.h>
 #include <gelf.h>
@@ -9,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace ebpf_metricsd::profiling {
@@ -29,6 +33,19 @@ std::string_view elf_refusal_name(ElfRefusal why) {
       return "unreadable";
   }
   return "?";
+}
+
+std::string demangle(const std::string& name) {
+  if (name.rfind("_Z", 0) != 0) return name;
+  int status = 0;
+  char* out = abi::__cxa_demangle(name.c_str(), nullptr, nullptr, &status);
+  if (status != 0 || out == nullptr) {
+    std::free(out);
+    return name;
+  }
+  std::string s(out);
+  std::free(out);
+  return s;
 }
 
 namespace {
@@ -122,6 +139,56 @@ bool check_tables(int fd, Elf* elf, std::uint64_t file_size, const ElfLimits& li
   return true;
 }
 
+// The bytes of the DWARF sections of a checked file, inflated (`dwarf`), and of the tables
+// symbolizing and unwinding read: symbols, their strings and the CFI (`tables`). `dwarf` is
+// 0 where its DWARF is not to be read for lines: libdw reads a name of a string section up to
+// its NUL, past the section's end where it has none (found by the fuzz target), so each must
+// end with one; a compressed one cannot be looked at before it is inflated, so it is taken
+// only from a file of the root-owned debug tree (`debug`).
+void section_sizes(int fd, Elf* elf, bool debug, std::uint64_t& dwarf, std::uint64_t& tables) {
+  std::size_t shstrndx = 0;
+  dwarf = tables = 0;
+  if (elf_getshdrstrndx(elf, &shstrndx) != 0) return;
+  bool usable = true;
+  Elf_Scn* scn = nullptr;
+  while ((scn = elf_nextscn(elf, scn)) != nullptr) {
+    GElf_Shdr sh;
+    if (!gelf_getshdr(scn, &sh) || sh.sh_type == SHT_NOBITS) continue;
+    const char* name = elf_strptr(elf, shstrndx, sh.sh_name);
+    if (!name) continue;
+    const bool gnu_compressed = std::strncmp(name, ".zdebug_", 8) == 0;
+    const char* dwarf_name = gnu_compressed ? name + 2 : name + 1;  // "debug_..."
+    if ((std::strncmp(name, ".debug_", 7) == 0 || gnu_compressed) &&
+        (std::strcmp(dwarf_name, "debug_str") == 0 ||
+         std::strcmp(dwarf_name, "debug_line_str") == 0)) {
+      char last = 1;
+      if ((sh.sh_flags & SHF_COMPRESSED) || gnu_compressed) {
+        usable = usable && debug;
+      } else if (sh.sh_size == 0 ||
+                 pread(fd, &last, 1, static_cast<off_t>(sh.sh_offset + sh.sh_size - 1)) != 1 ||
+                 last != 0) {
+        usable = false;
+      }
+    }
+    if (sh.sh_type == SHT_SYMTAB || sh.sh_type == SHT_DYNSYM || sh.sh_type == SHT_STRTAB ||
+        std::strncmp(name, ".eh_frame", 9) == 0 || std::strcmp(name, ".debug_frame") == 0) {
+      tables += sh.sh_size;
+    }
+    if (std::strncmp(name, ".debug_", 7) != 0 && std::strncmp(name, ".zdebug_", 8) != 0) continue;
+    std::uint64_t size = sh.sh_size;
+    Elf64_Chdr ch;
+    if ((sh.sh_flags & SHF_COMPRESSED) &&
+        pread(fd, &ch, sizeof ch, static_cast<off_t>(sh.sh_offset)) ==
+            static_cast<ssize_t>(sizeof ch)) {
+      size = ch.ch_size;
+    } else if (name[1] == 'z') {
+      size *= 8;  // GNU-compressed: no size said up front
+    }
+    dwarf += size;
+  }
+  if (!usable) dwarf = 0;
+}
+
 }  // namespace
 
 std::shared_ptr<ElfFile> ElfFile::open(int fd, const ElfLimits& limits, ElfRefusal& why,
@@ -163,6 +230,7 @@ std::shared_ptr<ElfFile> ElfFile::open(int fd, const ElfLimits& limits, ElfRefus
   if (!check_tables(fd, f->elf_, f->size_, limits, debug, why, f->low_, f->high_)) {
     return nullptr;
   }
+  section_sizes(fd, f->elf_, debug, f->dwarf_bytes_, f->table_bytes_);
   const void* bits = nullptr;
   const ssize_t len = dwelf_elf_gnu_build_id(f->elf_, &bits);
   for (ssize_t i = 0; i < len && i < 64; ++i) {
@@ -228,7 +296,69 @@ int no_debug_file(Dwfl_Module*, void**, const char*, Dwarf_Addr, const char*, co
   return -1;
 }
 
+// Inlined scopes looked at for one address, at most: DWARF from a user's file can claim any
+// nesting.
+constexpr int kMaxScopes = 64;
+
+// An inlined function's name: its linkage name demangled, else its name.
+std::string die_name(Dwarf_Die* d) {
+  Dwarf_Attribute a;
+  const char* linkage = dwarf_formstring(dwarf_attr_integrate(d, DW_AT_linkage_name, &a));
+  if (!linkage) linkage = dwarf_formstring(dwarf_attr_integrate(d, DW_AT_MIPS_linkage_name, &a));
+  if (linkage) return demangle(linkage);
+  const char* name = dwarf_diename(d);
+  return name ? name : "[inlined]";
+}
+
 }  // namespace
+
+// The lines at `addr` (see Frame::lines): the inlined functions whose scopes hold it,
+// innermost first, each with the line it is at, then `function` (the symbol's name) with
+// the line where the outermost of them was inlined.
+std::optional<std::vector<SourceLine>> source_lines(Dwfl_Module* mod, std::uint64_t addr,
+                                                    const std::string& function) {
+  std::vector<SourceLine> out;
+  Dwarf_Addr cu_bias = 0;
+  Dwarf_Die* cu = dwfl_module_addrdie(mod, addr, &cu_bias);
+  if (!cu) return out;
+  // A line table that cannot be read is read again at every lookup, and libdw 0.188 leaks a
+  // little each time: the caller reads no more of this file's DWARF.
+  Dwarf_Lines* table = nullptr;
+  std::size_t rows = 0;
+  if (dwarf_hasattr(cu, DW_AT_stmt_list) && dwarf_getsrclines(cu, &table, &rows) != 0)
+    return std::nullopt;
+  std::string file;
+  int line = 0;
+  if (Dwfl_Line* l = dwfl_module_getsrc(mod, addr)) {
+    if (const char* f = dwfl_lineinfo(l, nullptr, &line, nullptr, nullptr, nullptr)) file = f;
+  }
+  Dwarf_Die* scopes = nullptr;
+  const int n = dwarf_getscopes(cu, addr - cu_bias, &scopes);
+  for (int i = 0; i < n && i < kMaxScopes; ++i) {
+    Dwarf_Die* d = &scopes[i];
+    const int tag = dwarf_tag(d);
+    if (tag == DW_TAG_subprogram) break;
+    if (tag != DW_TAG_inlined_subroutine) continue;
+    out.push_back({die_name(d), file, static_cast<std::uint32_t>(std::max(line, 0))});
+    // The line it was inlined at, in the function around it.
+    Dwarf_Attribute a;
+    Dwarf_Word v = 0;
+    line = dwarf_formudata(dwarf_attr(d, DW_AT_call_line, &a), &v) == 0
+               ? static_cast<int>(std::min<Dwarf_Word>(v, INT32_MAX))
+               : 0;
+    file.clear();
+    Dwarf_Files* files = nullptr;
+    std::size_t nfiles = 0;
+    if (dwarf_formudata(dwarf_attr(d, DW_AT_call_file, &a), &v) == 0 &&
+        dwarf_getsrcfiles(cu, &files, &nfiles) == 0 && v < nfiles) {
+      if (const char* f = dwarf_filesrc(files, v, nullptr, nullptr)) file = f;
+    }
+  }
+  free(scopes);
+  if (out.empty() && file.empty()) return out;  // DWARF that knows nothing of it
+  out.push_back({function, file, static_cast<std::uint32_t>(std::max(line, 0))});
+  return out;
+}
 
 const Dwfl_Callbacks& dwfl_callbacks(bool debug_files) {
   static char* no_path = nullptr;

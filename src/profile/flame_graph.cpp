@@ -69,7 +69,7 @@ void count_all(const Node& n, std::size_t& total) {
 }  // namespace
 
 std::string flame_graph_json(const ProfileWindow& w, FlameGrouping grouping, std::size_t max_nodes,
-                             std::optional<std::size_t> slow_events) {
+                             std::optional<std::size_t> slow_events, bool lines) {
   Node root;
   root.name = "all";
   // The tree is built within ten times the nodes sent: past that, a stack's deeper frames
@@ -87,12 +87,24 @@ std::string flame_graph_json(const ProfileWindow& w, FlameGrouping grouping, std
       add(n);
     }
     const auto& frames = w.stacks[s.stack];
-    for (auto it = frames.rbegin(); it != frames.rend(); ++it) {
-      const Frame& f = w.frames[*it];
-      Node* c = n->child(f.function, f.module, room);
-      if (!c) break;
+    // Root first: a frame's own function, then the functions inlined into it, outermost
+    // first; with `lines`, each named with its line.
+    const auto step = [&](const std::string& function, std::uint32_t line,
+                          const std::string& module) {
+      Node* c =
+          n->child(lines && line ? function + ":" + std::to_string(line) : function, module, room);
+      if (!c) return false;
       n = c;
       add(n);
+      return true;
+    };
+    for (auto it = frames.rbegin(); it != frames.rend(); ++it) {
+      const Frame& f = w.frames[*it];
+      bool ok = true;
+      if (f.lines.empty()) ok = step(f.function, 0, f.module);
+      for (auto l = f.lines.rbegin(); ok && l != f.lines.rend(); ++l)
+        ok = step(l->function, l->line, f.module);
+      if (!ok) break;
     }
   }
   // Keep the heaviest nodes, parents before children, up to max_nodes.

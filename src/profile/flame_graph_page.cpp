@@ -24,7 +24,8 @@ cursor:pointer}
 #status{color:#555}
 </style></head><body>
 <h1>Where the time goes</h1>
-<p><a href="/">ebpf-metricsd</a> &middot; each bar is a function, as wide as the time in it and
+<p><a href="/">ebpf-metricsd</a> &middot; each bar is a function (one inlined into another is
+a bar of its own, where the program's debug info is on the host), as wide as the time in it and
 in what it called: <span id="legend"><span class="on">on-CPU</span><span class="off">off-CPU
 (blocked)</span></span> mixed in proportion. Click to zoom. The same data as pprof:
 <a id="pprof" href="/debug/pprof/profile?seconds=30">/debug/pprof/profile?seconds=30</a>.</p>
@@ -35,6 +36,8 @@ in what it called: <span id="legend"><span class="on">on-CPU</span><span class="
 <option value="slow">slow events</option></select></label>
 <label>by <select id="group"><option value="process">process</option>
 <option value="workload">workload</option><option value="none">nothing</option></select></label>
+<label>name <select id="lines"><option value="0">function</option>
+<option value="1">function:line</option></select></label>
 <input id="search" size="28" placeholder="search (regular expression)">
 <button type="button" id="reset">reset zoom</button>
 <button type="button" id="reload">reload</button>
@@ -101,6 +104,7 @@ function draw() {
 }
 async function load() {
   let q = "seconds=" + $("seconds").value + "&group=" + $("group").value;
+  if ($("lines").value === "1") q += "&lines=1";
   if ($("show").value === "slow") {
     q += "&slow=1";
     for (const [k, v] of narrowing) q += "&" + k + "=" + encodeURIComponent(v);
@@ -128,13 +132,14 @@ const params = new URLSearchParams(location.search);
 const narrowing = ["metric", "min", "stack_id"].filter((k) => params.get(k)).map((k) => [k, params.get(k)]);
 const narrow = narrowing.length ? narrowing.map(([k, v]) => k + " " + v) : ["all"];
 if (params.get("slow") === "1") $("show").value = "slow";
-for (const id of ["seconds", "group"]) {
+for (const id of ["seconds", "group", "lines"]) {
   const v = params.get(id);
   if (v && [...$(id).options].some((o) => o.value === v)) $(id).value = v;
 }
 if (params.get("search")) $("search").value = params.get("search");
 $("seconds").addEventListener("change", load);
 $("group").addEventListener("change", load);
+$("lines").addEventListener("change", load);
 $("show").addEventListener("change", load);
 $("reload").addEventListener("click", load);
 $("reset").addEventListener("click", () => { zoom = null; draw(); });

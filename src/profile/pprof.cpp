@@ -48,10 +48,24 @@ void number(perftools::profiles::Sample* sample, Strings& s, const char* key, st
 }
 
 // Frame i as location i + 1; one mapping per module (and build-id); one function per
-// (name, module).
+// (name, module, source file). A frame with source lines has a Line per function inlined at
+// its address, innermost first, then its own function (pprof's order); one without has its
+// function alone, the module as its file.
 void add_frames(perftools::profiles::Profile& p, Strings& s, const std::vector<Frame>& frames) {
   std::map<std::pair<std::string, std::string>, perftools::profiles::Mapping*> mappings;
-  std::map<std::pair<std::string, std::string>, std::uint64_t> functions;
+  std::map<std::tuple<std::string, std::string, std::string>, std::uint64_t> functions;
+  const auto function = [&](const std::string& name, const std::string& module,
+                            const std::string& file) {
+    auto [it, fresh] = functions.try_emplace({name, module, file}, functions.size() + 1);
+    if (fresh) {
+      auto* fn = p.add_function();
+      fn->set_id(it->second);
+      fn->set_name(s.index(name));
+      fn->set_system_name(s.index(name));
+      fn->set_filename(s.index(file));
+    }
+    return it->second;
+  };
   for (std::size_t i = 0; i < frames.size(); ++i) {
     const Frame& f = frames[i];
     auto& m = mappings[{f.module, f.build_id}];
@@ -63,19 +77,22 @@ void add_frames(perftools::profiles::Profile& p, Strings& s, const std::vector<F
       m->set_has_functions(true);
     }
     if (f.address >= m->memory_limit()) m->set_memory_limit(f.address + 1);
-    auto [fit, fresh] = functions.try_emplace({f.function, f.module}, functions.size() + 1);
-    if (fresh) {
-      auto* fn = p.add_function();
-      fn->set_id(fit->second);
-      fn->set_name(s.index(f.function));
-      fn->set_system_name(s.index(f.function));
-      fn->set_filename(s.index(f.module));
-    }
     auto* loc = p.add_location();
     loc->set_id(i + 1);
     loc->set_mapping_id(m->id());
     loc->set_address(f.address);
-    loc->add_line()->set_function_id(fit->second);
+    if (f.lines.empty()) {
+      loc->add_line()->set_function_id(function(f.function, f.module, f.module));
+      continue;
+    }
+    m->set_has_filenames(true);
+    m->set_has_line_numbers(true);
+    m->set_has_inline_frames(true);
+    for (const SourceLine& l : f.lines) {
+      auto* line = loc->add_line();
+      line->set_function_id(function(l.function, f.module, l.file.empty() ? f.module : l.file));
+      line->set_line(l.line);
+    }
   }
 }
 

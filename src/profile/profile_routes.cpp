@@ -159,6 +159,14 @@ std::vector<Route> profile_routes(const std::shared_ptr<ProfileStore>& store) {
       if (!g) return bad_request("group must be process, workload or none");
       grouping = *g;
     }
+    // lines=1: nodes named function:line.
+    const auto lines_param = single(req, "lines");
+    if (const auto* why = std::get_if<std::string>(&lines_param)) return bad_request(*why);
+    bool lines = false;
+    if (const auto& on = std::get<std::optional<std::string>>(lines_param)) {
+      if (*on != "0" && *on != "1") return bad_request("lines must be 0 or 1");
+      lines = *on == "1";
+    }
     // slow=1: the stacks of the tracers' slow events (metric=, min=, stack_id= narrow them).
     const auto slow = single(req, "slow");
     if (const auto* why = std::get_if<std::string>(&slow)) return bad_request(*why);
@@ -168,13 +176,13 @@ std::vector<Route> profile_routes(const std::shared_ptr<ProfileStore>& store) {
       if (const auto* why = std::get_if<std::string>(&query)) return bad_request(*why);
       return DeferredResponse{{},
                               std::chrono::milliseconds(0),
-                              [store, grouping, q = std::get<SlowEventStore::Query>(query)] {
+                              [store, grouping, lines, q = std::get<SlowEventStore::Query>(query)] {
                                 const SlowWindow events = store->slow_events().query(q);
                                 HttpResponse r;
                                 r.content_type = "application/json";
-                                r.body =
-                                    flame_graph_json(slow_profile_window(events), grouping,
-                                                     kMaxFlameGraphNodes, events.events.size());
+                                r.body = flame_graph_json(slow_profile_window(events), grouping,
+                                                          kMaxFlameGraphNodes, events.events.size(),
+                                                          lines);
                                 r.compressible = true;
                                 return r;
                               }};
@@ -185,14 +193,15 @@ std::vector<Route> profile_routes(const std::shared_ptr<ProfileStore>& store) {
       }
     }
     if (!store->running()) return not_running();
-    return DeferredResponse{{}, std::chrono::milliseconds(0), [store, seconds, grouping] {
+    return DeferredResponse{{}, std::chrono::milliseconds(0), [store, seconds, grouping, lines] {
                               store->cut();
                               const Clock::time_point to = Clock::now();
                               const ProfileWindow w = store->window(
                                   to - std::chrono::seconds(std::get<int>(seconds)), to);
                               HttpResponse r;
                               r.content_type = "application/json";
-                              r.body = flame_graph_json(w, grouping, kMaxFlameGraphNodes);
+                              r.body =
+                                  flame_graph_json(w, grouping, kMaxFlameGraphNodes, {}, lines);
                               r.compressible = true;
                               return r;
                             }};

@@ -58,6 +58,7 @@ SlowOptions SlowOptions::read(YamlMapReader& options, bool copies) {
   }
   o.max_per_second =
       static_cast<std::uint32_t>(slow.get_int("max_per_second", o.max_per_second, 1, 1000));
+  o.lines = slow.get_bool("lines", o.lines);
   if (copies) {
     const std::string unwind = slow.get_string("unwind", "cfi");
     if (unwind != "cfi" && unwind != "frame_pointers") {
@@ -169,14 +170,15 @@ void SlowCapture::on_event(std::span<const std::byte> record) {
     p.frames = sym.kernel_frames(frames_of(e->kstack, e->kstack_len), profiling::StackOrigin::Call);
     profiling::UnwindEnd end = profiling::UnwindEnd::Complete;
     std::vector<profiling::Frame> user =
-        sym.user_frames(e->tgid, e->tid, *stack, kMaxUserFrames, end);
+        sym.user_frames(e->tgid, e->tid, *stack, kMaxUserFrames, end, options_.lines);
     p.frames.insert(p.frames.end(), std::make_move_iterator(user.begin()),
                     std::make_move_iterator(user.end()));
     std::lock_guard lock(mutex_);
     ++unwinds_[static_cast<std::size_t>(end)];
   } else {
     p.frames = sym.frames(e->tgid, frames_of(e->kstack, e->kstack_len),
-                          frames_of(e->ustack, e->ustack_len), profiling::StackOrigin::Call);
+                          frames_of(e->ustack, e->ustack_len), profiling::StackOrigin::Call,
+                          options_.lines);
   }
   std::lock_guard lock(mutex_);
   if (pending_.size() >= kMaxPending || pending_frames_ + p.frames.size() > kMaxPendingFrames) {

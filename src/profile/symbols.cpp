@@ -2,10 +2,13 @@
 
 #include <bpf/bpf.h>
 #include <cxxabi.h>
+#include <dwarf.h>
+#include <elfutils/libdw.h>
 #include <elfutils/libdwfl.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <gelf.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,19 +23,6 @@
 #include <utility>
 
 namespace ebpf_metricsd::profiling {
-
-std::string demangle(const std::string& name) {
-  if (name.rfind("_Z", 0) != 0) return name;
-  int status = 0;
-  char* out = abi::__cxa_demangle(name.c_str(), nullptr, nullptr, &status);
-  if (status != 0 || out == nullptr) {
-    std::free(out);
-    return name;
-  }
-  std::string s(out);
-  std::free(out);
-  return s;
-}
 
 namespace {
 
@@ -150,11 +140,11 @@ class ElfModule {
   // The file open as `fd` (taken), which the process maps as `path`. nullptr, with `why`
   // set, when it is refused (elf_file.h) or libdwfl cannot read it.
   static std::shared_ptr<ElfModule> open(int fd, const std::string& path, const ElfLimits& limits,
-                                         ElfRefusal& why) {
+                                         UserSymbols::Held& held, ElfRefusal& why) {
     std::shared_ptr<ElfFile> file = ElfFile::open(fd, limits, why);
     if (!file) return nullptr;
     why = ElfRefusal::NotElf;
-    auto m = std::shared_ptr<ElfModule>(new ElfModule(path, std::move(file)));
+    auto m = std::shared_ptr<ElfModule>(new ElfModule(path, std::move(file), held));
     m->dwfl_ = dwfl_begin(&dwfl_callbacks(true));
     if (!m->dwfl_) return nullptr;
     // At bias 0: the module sits at its link-time addresses, so a file offset maps to an
@@ -183,6 +173,8 @@ class ElfModule {
 
   ~ElfModule() {
     if (dwfl_) dwfl_end(dwfl_);
+    held_.dwarf_bytes -= dwarf_granted_;
+    held_.name_bytes -= name_bytes_;
   }
   ElfModule(const ElfModule&) = delete;
   ElfModule& operator=(const ElfModule&) = delete;
@@ -190,7 +182,13 @@ class ElfModule {
   const std::string& path() const { return path_; }
   const std::string& build_id() const { return file_->build_id(); }
   std::size_t names() const { return names_.size(); }
-  void clear_names() { names_.clear(); }
+  std::size_t name_bytes() const { return name_bytes_; }
+  const ElfFile& file() const { return *file_; }
+  void clear_names() {
+    names_.clear();
+    held_.name_bytes -= name_bytes_;
+    name_bytes_ = 0;
+  }
 
   // The file as the unwinder sees it where a process maps it at `start` from file offset
   // `offset`; false when no loaded segment holds that offset.
@@ -203,30 +201,81 @@ class ElfModule {
     return false;
   }
 
-  // The function at file offset `offset` ("" when no symbol covers it).
-  const std::string& name_at(std::uint64_t offset) {
+  // What is known of file offset `offset`: its function ("" when no symbol covers it) and,
+  // once asked for with lines, its source lines.
+  struct Named {
+    std::string name;
+    std::vector<SourceLine> lines;
+    bool lines_read = false;
+  };
+
+  // The function at file offset `offset`, with its lines when `lines` (and DWARF is here
+  // and fits in the budget).
+  const Named& at(std::uint64_t offset, bool lines) {
     auto [it, fresh] = names_.try_emplace(offset);
-    if (!fresh) return it->second;
+    Named& n = it->second;
+    GElf_Addr addr = 0;
+    bool loaded = false;
     for (const Load& l : loads_) {
       if (offset < l.offset || offset >= l.offset + l.size) continue;
-      const GElf_Addr addr = offset - l.offset + l.vaddr + bias_;
-      GElf_Off off = 0;
-      GElf_Sym sym;
-      const char* name = dwfl_module_addrinfo(mod_, addr, &off, &sym, nullptr, nullptr, nullptr);
-      if (name) {
-        // "clock_nanosleep@GLIBC_2.2.5": the symbol's version is not part of its name.
-        std::string n(name);
-        if (const auto at = n.find('@'); at != std::string::npos && at > 0) n.erase(at);
-        it->second = demangle(n);
-      }
+      addr = offset - l.offset + l.vaddr + bias_;
+      loaded = true;
       break;
     }
-    return it->second;
+    const std::size_t before = name_bytes_;
+    if (fresh) {
+      name_bytes_ += kEntryBytes;
+      if (loaded) {
+        GElf_Off off = 0;
+        GElf_Sym sym;
+        if (const char* name =
+                dwfl_module_addrinfo(mod_, addr, &off, &sym, nullptr, nullptr, nullptr)) {
+          // "clock_nanosleep@GLIBC_2.2.5": the symbol's version is not part of its name.
+          std::string s(name);
+          if (const auto v = s.find('@'); v != std::string::npos && v > 0) s.erase(v);
+          n.name = demangle(s);
+          name_bytes_ += n.name.size();
+        }
+      }
+    }
+    if (lines && !n.lines_read && loaded && !dwarf_broken_ && dwarf_granted()) {
+      n.lines_read = true;
+      if (auto found = source_lines(mod_, addr, n.name)) {
+        n.lines = std::move(*found);
+      } else {
+        dwarf_broken_ = true;
+        ++held_.dwarf_broken;
+      }
+      for (const SourceLine& l : n.lines)
+        name_bytes_ += sizeof l + l.function.size() + l.file.size();
+    }
+    held_.name_bytes += name_bytes_ - before;
+    return n;
   }
 
  private:
-  ElfModule(std::string path, std::shared_ptr<ElfFile> file)
-      : path_(std::move(path)), file_(std::move(file)) {}
+  ElfModule(std::string path, std::shared_ptr<ElfFile> file, UserSymbols::Held& held)
+      : path_(std::move(path)), file_(std::move(file)), held_(held) {}
+
+  // What one cached name costs beyond its strings: the hash node and its bookkeeping.
+  static constexpr std::size_t kEntryBytes = 96;
+
+  // Whether this file's DWARF may be read: the first time, its size (in the file, or in its
+  // debug file) is taken from the budget if it fits. A file with no DWARF takes nothing.
+  bool dwarf_granted() {
+    if (dwarf_granted_ > 0) return true;
+    std::uint64_t bytes = file_->dwarf_bytes();
+    if (const auto debug = file_->debug_file()) bytes += debug->dwarf_bytes();
+    if (bytes == 0) return false;
+    const std::uint64_t cost = 2 * bytes;
+    if (cost > held_.max_dwarf_bytes || held_.dwarf_bytes > held_.max_dwarf_bytes - cost) {
+      ++held_.lines_over_budget;
+      return false;
+    }
+    held_.dwarf_bytes += cost;
+    dwarf_granted_ = cost;
+    return true;
+  }
 
   struct Load {
     std::uint64_t offset, size, vaddr;
@@ -238,11 +287,23 @@ class ElfModule {
   Dwfl_Module* mod_ = nullptr;
   GElf_Addr bias_ = 0;
   std::vector<Load> loads_;
-  std::unordered_map<std::uint64_t, std::string> names_;
+  std::unordered_map<std::uint64_t, Named> names_;
+  std::size_t name_bytes_ = 0;
+  std::uint64_t dwarf_granted_ = 0;
+  bool dwarf_broken_ = false;  // a line table could not be read: no more lines from it
+  UserSymbols::Held& held_;    // what its names and DWARF count in, given back when closed
 };
 
-UserSymbols::UserSymbols(Limits limits) : limits_(limits) {}
+UserSymbols::UserSymbols(Limits limits) : limits_(limits) {
+  held_.max_dwarf_bytes = limits.max_dwarf_bytes;
+}
 UserSymbols::~UserSymbols() = default;
+
+std::uint64_t UserSymbols::table_bytes() const {
+  std::uint64_t n = 0;
+  for (const auto& m : modules_) n += m->file().table_bytes();
+  return n;
+}
 
 std::size_t UserSymbols::names() const {
   std::size_t n = 0;
@@ -267,6 +328,101 @@ std::uint64_t start_time(pid_t tgid) {
 
 }  // namespace
 
+namespace {
+
+// The pid of `tgid` in its own pid namespace (the NSpid line of /proc/PID/status), which the
+// perf map's name uses; `tgid` itself where there is none.
+pid_t namespace_pid(pid_t tgid) {
+  std::istringstream in(read_file("/proc/" + std::to_string(tgid) + "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("NSpid:", 0) != 0) continue;
+    const auto last = line.find_last_of(" \t");
+    const long n = std::strtol(line.c_str() + last + 1, nullptr, 10);
+    return n > 0 ? static_cast<pid_t>(n) : tgid;
+  }
+  return tgid;
+}
+
+}  // namespace
+
+// A perf map is a file its process's user writes, read as hostile input: only a regular file
+// (not followed through a symlink, opened non-blocking) owned by the process's owner or root,
+// at most max_jit_map_file; lines "START SIZE name" in hex, others skipped; names cut at 256
+// bytes.
+std::string UserSymbols::jit_name(pid_t tgid, Process& p, std::uint64_t address) {
+  const auto find = [&]() -> std::string {
+    auto at = std::upper_bound(p.jit.begin(), p.jit.end(), address,
+                               [](std::uint64_t a, const JitSymbol& j) { return a < j.start; });
+    // An entry that covers it, among the nearest below.
+    for (int back = 0; at != p.jit.begin() && back < 64; ++back) {
+      --at;
+      if (address < at->end) return at->name;
+    }
+    return "";
+  };
+  if (std::string name = find(); !name.empty()) return name;
+  const auto now = std::chrono::steady_clock::now();
+  if (p.jit_read && now - p.jit_read_at < std::chrono::seconds(1)) return "";
+  p.jit_read = true;
+  p.jit_read_at = now;
+  const std::string proc = "/proc/" + std::to_string(tgid);
+  const std::string path = proc + "/root/tmp/perf-" + std::to_string(namespace_pid(tgid)) + ".map";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) return "";
+  struct stat st {
+  }, owner{};
+  std::string text;
+  const bool ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+                  static_cast<std::uint64_t>(st.st_size) <= limits_.max_jit_map_file &&
+                  ::stat(proc.c_str(), &owner) == 0 &&
+                  (st.st_uid == owner.st_uid || st.st_uid == 0);
+  if (ok) {
+    text.resize(static_cast<std::size_t>(st.st_size));
+    std::size_t got = 0;
+    while (got < text.size()) {
+      const ssize_t n = pread(fd, text.data() + got, text.size() - got, static_cast<off_t>(got));
+      if (n <= 0) break;
+      got += static_cast<std::size_t>(n);
+    }
+    text.resize(got);
+  }
+  close(fd);
+  if (!ok) {
+    ++held_.jit_maps_refused;
+    return "";
+  }
+  std::vector<JitSymbol> jit;
+  std::size_t bytes = 0;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    char* end = nullptr;
+    const std::uint64_t start = std::strtoull(line.c_str(), &end, 16);
+    if (end == line.c_str() || *end != ' ') continue;
+    char* end2 = nullptr;
+    const std::uint64_t size = std::strtoull(end + 1, &end2, 16);
+    if (end2 == end + 1 || *end2 != ' ' || size == 0 || start + size < start) continue;
+    std::string name = line.substr(static_cast<std::size_t>(end2 + 1 - line.c_str()), 256);
+    if (name.empty()) continue;
+    bytes += sizeof(JitSymbol) + name.size();
+    jit.push_back({start, start + size, std::move(name)});
+  }
+  held_.jit_bytes -= p.jit_bytes;
+  p.jit.clear();
+  p.jit_bytes = 0;
+  if (held_.jit_bytes + bytes > limits_.max_jit_bytes) {
+    ++held_.jit_maps_refused;
+    return "";
+  }
+  std::stable_sort(jit.begin(), jit.end(),
+                   [](const JitSymbol& a, const JitSymbol& b) { return a.start < b.start; });
+  p.jit = std::move(jit);
+  p.jit_bytes = bytes;
+  held_.jit_bytes += bytes;
+  return find();
+}
+
 void UserSymbols::forget(pid_t tgid) {
   auto it = processes_.find(tgid);
   if (it == processes_.end()) return;
@@ -277,6 +433,7 @@ std::map<pid_t, UserSymbols::Process>::iterator UserSymbols::erase(
     std::map<pid_t, Process>::iterator it) {
   process_lru_.erase(it->second.lru);
   if (it->second.space) space_lru_.erase(it->second.space_lru);
+  held_.jit_bytes -= it->second.jit_bytes;
   return processes_.erase(it);
 }
 
@@ -456,7 +613,7 @@ std::shared_ptr<ElfModule> UserSymbols::open_module(pid_t tgid, const Mapping& m
   }
   const bool opened = fd >= 0;
   ElfRefusal why{};
-  std::shared_ptr<ElfModule> elf = ElfModule::open(fd, path, limits_.files, why);
+  std::shared_ptr<ElfModule> elf = ElfModule::open(fd, path, limits_.files, held_, why);
   if (!elf) {
     if (opened) {  // not a process gone before its file could be opened
       ++refused_[static_cast<std::size_t>(why)];
@@ -508,7 +665,7 @@ Unwound UserSymbols::unwind(pid_t tgid, pid_t tid, const UserStackCopy& copy,
   return p.space->unwind(tid, copy, max_depth);
 }
 
-Frame UserSymbols::resolve(pid_t tgid, std::uint64_t address, bool return_address) {
+Frame UserSymbols::resolve(pid_t tgid, std::uint64_t address, bool return_address, bool lines) {
   Frame f;
   f.address = address;
   auto it = processes_.find(tgid);
@@ -529,6 +686,15 @@ Frame UserSymbols::resolve(pid_t tgid, std::uint64_t address, bool return_addres
   const std::uint64_t offset = address - hit->start + hit->offset;
   f.address = offset;
   f.module = hit->path.empty() ? "[anon]" : hit->path;
+  if (hit->inode == 0) {
+    // Anonymous executable memory: JIT code, named by the process's perf map if it has one.
+    f.function = jit_name(tgid, it->second, address);
+    if (!f.function.empty()) {
+      f.module = "[jit]";
+      f.address = address;
+      return f;
+    }
+  }
   std::shared_ptr<ElfModule> elf = hit->elf.lock();
   if (!elf && hit->inode != 0) elf = open_module(tgid, *hit);
   if (elf) {
@@ -541,13 +707,20 @@ Frame UserSymbols::resolve(pid_t tgid, std::uint64_t address, bool return_addres
     }
     f.build_id = elf->build_id();
     const std::uint64_t at = return_address && offset > 0 ? offset - 1 : offset;
-    const std::string& name = elf->name_at(at);
-    if (!name.empty()) f.function = name;
-    if (names() > limits_.max_names) {
+    const ElfModule::Named& named = elf->at(at, lines);
+    f.function = named.name;
+    if (f.function.empty()) f.function = base_name(f.module) + "+" + hex(offset);
+    if (lines) {
+      f.lines = named.lines;
+      // The outermost line is the symbol's function, by the name the frame has.
+      if (!f.lines.empty()) f.lines.back().function = f.function;
+    }
+    if (held_.name_bytes > limits_.max_name_bytes) {
       for (const auto& m : modules_) m->clear_names();
     }
+    return f;
   }
-  if (f.function.empty()) f.function = base_name(f.module) + "+" + hex(offset);
+  f.function = base_name(f.module) + "+" + hex(offset);
   return f;
 }
 
@@ -605,7 +778,7 @@ std::vector<Frame> Symbolizer::kernel_frames(std::span<const std::uint64_t> ips,
 }
 
 std::vector<Frame> Symbolizer::user_frames(std::uint32_t pid_number,
-                                           std::span<const std::uint64_t> ips) {
+                                           std::span<const std::uint64_t> ips, bool lines) {
   std::vector<Frame> frames;
   if (ips.empty()) return frames;
   frames.reserve(ips.size());
@@ -615,12 +788,12 @@ std::vector<Frame> Symbolizer::user_frames(std::uint32_t pid_number,
   user_.capture(pid);
   if (!user_.knows(pid)) return {mappings_not_read()};
   for (std::size_t i = 0; i < ips.size(); ++i) {
-    Frame f = user_.resolve(pid, ips[i], i > 0);
+    Frame f = user_.resolve(pid, ips[i], i > 0, lines);
     if (f.module == "[unknown]" && i == 0) {
       // Where the thread was is mapped since the mappings were read (dlopen): read them
       // again. (An unknown caller is a walk gone astray, not a new mapping.)
       user_.refresh(pid);
-      f = user_.resolve(pid, ips[i], false);
+      f = user_.resolve(pid, ips[i], false, lines);
     }
     if (f.module == "[unknown]") break;
     frames.push_back(std::move(f));
@@ -630,7 +803,7 @@ std::vector<Frame> Symbolizer::user_frames(std::uint32_t pid_number,
 
 std::vector<Frame> Symbolizer::user_frames(std::uint32_t pid_number, std::uint32_t tid,
                                            const UserStackCopy& copy, std::size_t max_depth,
-                                           UnwindEnd& end) {
+                                           UnwindEnd& end, bool lines) {
   const auto pid = static_cast<pid_t>(pid_number);
   std::lock_guard lock(mutex_);
   install_captured();
@@ -655,7 +828,7 @@ std::vector<Frame> Symbolizer::user_frames(std::uint32_t pid_number, std::uint32
   frames.reserve(u.frames.size());
   for (std::size_t i = 0; i < u.frames.size(); ++i) {
     const UnwoundFrame& uf = u.frames[i];
-    Frame f = user_.resolve(pid, uf.pc, !uf.activation);
+    Frame f = user_.resolve(pid, uf.pc, !uf.activation, lines);
     if (f.module == "[unknown]") {
       end = UnwindEnd::NoModule;
       break;
@@ -667,10 +840,10 @@ std::vector<Frame> Symbolizer::user_frames(std::uint32_t pid_number, std::uint32
 
 std::vector<Frame> Symbolizer::frames(std::uint32_t pid,
                                       std::span<const std::uint64_t> kernel_stack,
-                                      std::span<const std::uint64_t> user_stack,
-                                      StackOrigin origin) {
+                                      std::span<const std::uint64_t> user_stack, StackOrigin origin,
+                                      bool lines) {
   std::vector<Frame> out = kernel_frames(kernel_stack, origin);
-  std::vector<Frame> user = user_frames(pid, user_stack);
+  std::vector<Frame> user = user_frames(pid, user_stack, lines);
   out.insert(out.end(), std::make_move_iterator(user.begin()), std::make_move_iterator(user.end()));
   return out;
 }
@@ -698,8 +871,8 @@ void Symbolizer::end_round() {
 
 Symbolizer::Sizes Symbolizer::sizes() {
   std::lock_guard lock(mutex_);
-  return {user_.modules(),   user_.processes(),      user_.names(),
-          kernel_.symbols(), user_.address_spaces(), user_.refused()};
+  return {user_.modules(),        user_.processes(), user_.names(), kernel_.symbols(),
+          user_.address_spaces(), user_.refused(),   user_.held(),  user_.table_bytes()};
 }
 
 }  // namespace ebpf_metricsd::profiling

@@ -60,6 +60,8 @@ struct ProfileOptions {
   bool unwind_cfi = true;
   // User stacks copied a second, over all CPUs; past it, frame pointers.
   std::uint32_t stack_copies_per_second = 500;
+  // User frames with their source lines and inlined functions, where DWARF is on the host.
+  bool lines = false;
 };
 
 ProfileOptions read_options(YamlMapReader& r) {
@@ -90,6 +92,7 @@ ProfileOptions read_options(YamlMapReader& r) {
   o.unwind_cfi = unwind == "cfi";
   o.stack_copies_per_second = static_cast<std::uint32_t>(
       r.get_int("stack_copies_per_second", o.stack_copies_per_second, 1, 100000));
+  o.lines = r.get_bool("lines", o.lines);
   return o;
 }
 
@@ -135,10 +138,19 @@ class ProfileTracer final : public Tracer {
                                "cached, kernel symbols, frames and samples kept.",
                                MetricType::Gauge,
                                {"cache"}})),
+        memory_(scope.declare({"ebpf_metricsd_profile_memory_bytes",
+                               "What the profile's symbolizer holds, by part, each within its "
+                               "budget: names and lines cached, DWARF read for lines (its "
+                               "sections, counted twice), the symbol and CFI tables of the open "
+                               "files, JIT perf maps, and the ring of copied stacks.",
+                               MetricType::Gauge,
+                               {"part"}})),
         refused_(scope.declare({"ebpf_metricsd_profile_files_refused_total",
                                 "Files processes map that the symbolizer refused to read, by "
                                 "why: not a regular file, too large, not an x86-64 ELF file, "
-                                "tables outside the file, too many symbols, unreadable.",
+                                "tables outside the file, too many symbols, unreadable; "
+                                "bad_line_table: its names are read, its source lines not; "
+                                "perf_map: a JIT's perf map not read.",
                                 MetricType::Counter,
                                 {"reason"}})),
         samples_(scope.declare({"ebpf_metricsd_profile_samples_total",
@@ -290,7 +302,8 @@ class ProfileTracer final : public Tracer {
                                                        : profiling::StackOrigin::Interrupt);
       profiling::UnwindEnd end = profiling::UnwindEnd::Complete;
       const std::uint64_t cpu0 = thread_cpu_ns();
-      std::vector<Frame> user = sym.user_frames(r.tgid, r.tid, copy, kMaxUserFrames, end);
+      std::vector<Frame> user =
+          sym.user_frames(r.tgid, r.tid, copy, kMaxUserFrames, end, options_.lines);
       const std::uint64_t cpu = thread_cpu_ns() - cpu0;
       frames.insert(frames.end(), std::make_move_iterator(user.begin()),
                     std::make_move_iterator(user.end()));
@@ -506,6 +519,19 @@ class ProfileTracer final : public Tracer {
     scope_.set(caches_, {"processes"}, static_cast<double>(sizes.processes));
     scope_.set(caches_, {"names"}, static_cast<double>(sizes.names));
     scope_.set(caches_, {"kernel_symbols"}, static_cast<double>(sizes.kernel_symbols));
+    scope_.set(memory_, {"names"}, static_cast<double>(sizes.held.name_bytes));
+    scope_.set(memory_, {"dwarf"}, static_cast<double>(sizes.held.dwarf_bytes));
+    scope_.set(memory_, {"elf_tables"}, static_cast<double>(sizes.table_bytes));
+    scope_.set(memory_, {"jit_maps"}, static_cast<double>(sizes.held.jit_bytes));
+    scope_.set(memory_, {"stack_ring"},
+               options_.unwind_cfi ? static_cast<double>(samples_ring_bytes()) : 0.0);
+    scope_.add_dropped("lines_over_budget", sizes.held.lines_over_budget - lines_over_budget_seen_);
+    lines_over_budget_seen_ = sizes.held.lines_over_budget;
+    // A file whose line tables could not be read keeps its names, without lines.
+    scope_.add(refused_, {"bad_line_table"}, sizes.held.dwarf_broken - dwarf_broken_seen_);
+    dwarf_broken_seen_ = sizes.held.dwarf_broken;
+    scope_.add(refused_, {"perf_map"}, sizes.held.jit_maps_refused - jit_refused_seen_);
+    jit_refused_seen_ = sizes.held.jit_maps_refused;
     for (profiling::ElfRefusal why : profiling::kElfRefusals) {
       const auto i = static_cast<std::size_t>(why);
       scope_.add(refused_, {std::string(profiling::elf_refusal_name(why))},
@@ -591,8 +617,10 @@ class ProfileTracer final : public Tracer {
     if (it == user_cache_.end()) {
       const RawStack* r = raw_stack(hash);
       if (!r) return nullptr;
-      it =
-          user_cache_.emplace(key, Cached{store_->symbolizer().user_frames(tgid, r->ips), 0}).first;
+      it = user_cache_
+               .emplace(key,
+                        Cached{store_->symbolizer().user_frames(tgid, r->ips, options_.lines), 0})
+               .first;
     }
     it->second.seen = generation_;
     return &it->second.frames;
@@ -622,7 +650,8 @@ class ProfileTracer final : public Tracer {
   MetricScope& scope_;
   ProfileOptions options_;
   DropAccounting drops_;
-  MetricScope::Metric caches_, refused_, samples_, unwinds_metric_, unwind_cpu_;
+  MetricScope::Metric caches_, memory_, refused_, samples_, unwinds_metric_, unwind_cpu_;
+  std::uint64_t lines_over_budget_seen_ = 0, dwarf_broken_seen_ = 0, jit_refused_seen_ = 0;
   profiling::ProfileStore* store_;
   profiling::UserSymbols::Refusals refused_seen_{};
   Skeleton skel_;

@@ -22,6 +22,7 @@
 
 using namespace ebpf_metricsd::test;
 using Catch::Matchers::Contains;
+using Catch::Matchers::EndsWith;
 using namespace std::chrono_literals;
 
 extern char** environ;
@@ -152,7 +153,55 @@ TEST_CASE("pprof over HTTPS with basic auth: go tool pprof reads the known workl
       R"(\n\s*[0-9.]+m?s\s+[0-9.]+%\s+[0-9.]+%\s+[0-9.]+m?s\s+[0-9.]+%\s+(\S+))");
   std::smatch m;
   REQUIRE(std::regex_search(top, m, first_row));
-  CHECK(m[1] == "hot_three");
+  CHECK(m[1] == "hot_three");  // its loop is inlined: without lines, hot_three's own
+}
+
+TEST_CASE(
+    "source lines: go tool pprof -lines names the workload's hot line, an inlined "
+    "function is a frame of its own",
+    "[profile][lines]") {
+  // The workload is built with -g: its hottest line is marked in its source, inside
+  // spin_three(), which is inlined into hot_three().
+  int hot_line = 0;
+  {
+    std::ifstream src(PROFILE_WORKLOAD_SOURCE);
+    std::string line;
+    for (int n = 1; std::getline(src, line); ++n) {
+      if (line.find("/* the hot line */") != std::string::npos) hot_line = n;
+    }
+  }
+  REQUIRE(hot_line > 0);
+  ProfileDaemon p("    lines: true\n");
+  Workload w;
+  const auto [status, body] = p.get("/debug/pprof/profile?seconds=3");
+  INFO(p.d->log());
+  REQUIRE(status == "200");
+  const std::string file = p.s.dir + "/lines.pb.gz";
+  std::ofstream(file) << body;
+  const std::string pprof = "HOME=" + p.s.dir +
+                            " go tool pprof -sample_index=cpu -symbolize=none"
+                            " -tagfocus=comm=profile_workloa ";
+  // The first row of -top -lines: the hottest line, in the inlined function.
+  const std::string top = run_capture(pprof + "-top -lines " + file + " 2>&1");
+  INFO(top);
+  const std::regex first_row(
+      R"(\n\s*[0-9.]+m?s\s+[0-9.]+%\s+[0-9.]+%\s+[0-9.]+m?s\s+[0-9.]+%\s+(\S+) (\S+):([0-9]+)( \(inline\))?)");
+  std::smatch m;
+  REQUIRE(std::regex_search(top, m, first_row));
+  CHECK(m[1] == "spin_three");
+  CHECK_THAT(m[2].str(), EndsWith("profile_workload.c"));
+  CHECK(m[3] == std::to_string(hot_line));
+  CHECK(m[4] == " (inline)");
+  // By function, spin_three is a frame of its own, inlined in hot_three, its only caller.
+  const std::string peek = run_capture(pprof + "-peek '^spin_three$' " + file + " 2>&1");
+  INFO(peek);
+  CHECK(
+      std::regex_search(peek, std::regex(R"(\|\s+hot_three \(inline\)\n[^\n]*\|\s+spin_three\n)")));
+  // -list shows the source with the time on that line (the file is where it was built).
+  const std::string list = run_capture(pprof + "-list '^spin_three$' " + file + " 2>&1");
+  INFO(list);
+  CHECK(std::regex_search(
+      list, std::regex("\n\\s+[0-9.]+m?s\\s+[0-9.]+m?s\\s+" + std::to_string(hot_line) + ":")));
 }
 
 TEST_CASE("profile requests: credentials, bad seconds, a bound on those waiting, scrapes go on",
@@ -481,7 +530,7 @@ TEST_CASE("the profile's memory budget: 200 distinct binaries starting and exiti
   const double peak = kib("VmHWM");
   const auto metrics = p.get("/metrics", true, "5").second;
   std::string caches;
-  const std::regex cache_line("\nebpf_metricsd_profile_cache_entries[^\n]*");
+  const std::regex cache_line("\nebpf_metricsd_profile_(cache_entries|memory_bytes)[^\n]*");
   for (std::sregex_iterator it(metrics.begin(), metrics.end(), cache_line);
        it != std::sregex_iterator(); ++it)
     caches += it->str();

@@ -1,8 +1,9 @@
 #pragma once
 // What the daemon does with a user's ELF file, on one buffer: checked as ElfFile (elf_file.h)
 // and, when taken, read through libdwfl as the symbolizer and the unwinder read it (symbols by
-// address across its load range, CFI for the same addresses, the build ID). Shared by the
-// libFuzzer target (elf_fuzz.cpp) and the unit suite, which replays the seed corpus.
+// address across its load range, their source lines from its DWARF, CFI for the same
+// addresses, the build ID). Shared by the libFuzzer target (elf_fuzz.cpp) and the unit
+// suite, which replays the seed corpus.
 #include <elf.h>
 #include <elfutils/libdw.h>
 #include <elfutils/libdwfl.h>
@@ -51,10 +52,21 @@ inline std::size_t exercise_elf(const std::uint8_t* data, std::size_t size) {
       Dwarf_CFI* cfi = dwfl_module_eh_cfi(mod, &bias);
       const std::uint64_t span = file->high() - file->low();
       const std::uint64_t step = span / 64 + 1;
+      bool lines = file->dwarf_bytes() > 0;
       for (std::uint64_t a = file->low(); a < file->high(); a += step) {
         GElf_Off off = 0;
         GElf_Sym sym;
-        if (dwfl_module_addrinfo(mod, a, &off, &sym, nullptr, nullptr, nullptr)) ++named;
+        if (const char* name =
+                dwfl_module_addrinfo(mod, a, &off, &sym, nullptr, nullptr, nullptr)) {
+          ++named;
+          // Lines only from DWARF the symbolizer reads (ElfFile::dwarf_bytes), and only until
+          // a line table cannot be read, as the symbolizer does.
+          if (lines) {
+            const auto found = profiling::source_lines(mod, a, name);
+            lines = found.has_value();
+            if (found) named += found->size();
+          }
+        }
         Dwarf_Frame* frame = nullptr;
         if (cfi && dwarf_cfi_addrframe(cfi, a - bias, &frame) == 0) {
           Dwarf_Op* ops = nullptr;

@@ -1,7 +1,8 @@
 // The known workload of the profile tests, built with frame pointers and without (as
 // Debian builds), calling the C library as real programs do:
 //  - the main thread runs rounds of hot_three() and hot_one(), the same loop for 3 and 1
-//    units of work in turn (on-CPU time 3:1 between them, at any machine speed), and of
+//    units of work in turn (on-CPU time 3:1 between them, at any machine speed; hot_three's
+//    is in spin_three(), inlined into it), and of
 //    sort_round(), a qsort() whose comparison function compare_slowly() spins: a leaf
 //    called back through the C library, which keeps no frame pointers. All under
 //    main -> run_rounds -> one_round. The loops call tick() now and then, so that they
@@ -63,7 +64,13 @@ __attribute__((noinline, noipa)) void tick(void) { __asm__ volatile(""); }
     sink = x;                                                \
   } while (0)
 
-__attribute__((noinline, noipa)) void hot_three(void) { SPIN(3 * UNIT); }
+// hot_three's loop, inlined into it: with source lines, a frame of its own (and the line
+// below, which tests find by its marker, the hottest line of the program).
+static inline __attribute__((always_inline)) void spin_three(void) {
+  SPIN(3 * UNIT); /* the hot line */
+}
+
+__attribute__((noinline, noipa)) void hot_three(void) { spin_three(); }
 
 __attribute__((noinline, noipa)) void hot_one(void) { SPIN(UNIT); }
 

@@ -2,6 +2,8 @@
 // this test binary's own ELF symbols), the store's windows and bounds, pprof and the flame
 // graph's data, and the routes' answers to bad parameters.
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -120,6 +122,116 @@ TEST_CASE("user symbols: this process's own functions, by file offset and build-
   CHECK(u.resolve(child, address, false).function == "emd_profile_unit_marker");
   u.forget_exited();
   CHECK(u.processes() == 1);
+}
+
+// A function whose line the test below looks for: the line of its body.
+extern "C" __attribute__((noinline, used)) int emd_profile_unit_lined(int x) {
+  return emd_profile_unit_marker(x) * 5; /* emd_profile_unit_lined's line */
+}
+
+TEST_CASE("user symbols: source lines from this binary's DWARF, within the DWARF budget") {
+  const auto address = reinterpret_cast<std::uint64_t>(&emd_profile_unit_lined);
+  int line = 0;
+  {
+    std::ifstream src(__FILE__);
+    std::string text;
+    for (int n = 1; std::getline(src, text); ++n) {
+      if (line == 0 && text.find("/* emd_profile_unit_lined's line */") != std::string::npos)
+        line = n;  // the first: the function's (this line holds the marker too)
+    }
+  }
+  REQUIRE(line > 0);
+  {
+    // This binary's DWARF is larger than the default budget takes.
+    UserSymbols::Limits large;
+    large.max_dwarf_bytes = std::uint64_t{1} << 30;
+    UserSymbols u(large);
+    u.capture(getpid());
+    // Without lines asked for, none, and no DWARF read.
+    CHECK(u.resolve(getpid(), address, false).lines.empty());
+    CHECK(u.held().dwarf_bytes == 0);
+    const Frame f = u.resolve(getpid(), address, false, true);
+    CHECK(f.function == "emd_profile_unit_lined");
+    REQUIRE_FALSE(f.lines.empty());
+    // Its own function last, by the frame's name, at a line of its body.
+    CHECK(f.lines.back().function == "emd_profile_unit_lined");
+    CHECK_THAT(f.lines.back().file, Catch::Matchers::EndsWith("profile_test.cpp"));
+    CHECK(f.lines.back().line >= static_cast<std::uint32_t>(line - 1));
+    CHECK(f.lines.back().line <= static_cast<std::uint32_t>(line));
+    CHECK(u.held().dwarf_bytes > 0);
+    CHECK(u.held().lines_over_budget == 0);
+    CHECK(u.held().name_bytes > 0);
+  }
+  {
+    // A budget smaller than this binary's DWARF: names, no lines, and the lookup counted.
+    UserSymbols::Limits small;
+    small.max_dwarf_bytes = 4096;
+    UserSymbols u(small);
+    u.capture(getpid());
+    const Frame f = u.resolve(getpid(), address, false, true);
+    CHECK(f.function == "emd_profile_unit_lined");
+    CHECK(f.lines.empty());
+    CHECK(u.held().dwarf_bytes == 0);
+    CHECK(u.held().lines_over_budget == 1);
+  }
+}
+
+TEST_CASE("JIT code: named from the process's perf map, read as hostile input") {
+  void* code =
+      mmap(nullptr, 4096, PROT_READ | PROT_WRITE | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(code != MAP_FAILED);
+  const auto base = reinterpret_cast<std::uint64_t>(code);
+  const std::string map = "/tmp/perf-" + std::to_string(getpid()) + ".map";
+  const auto write_map = [&] {
+    std::ofstream out(map);
+    out << "not an entry\n"
+        << std::hex << base << " 40 jit_first\n"
+        << base + 0x40 << " 40 LazyCompile:*hot app.js:12\n"
+        << "zz 10 bad\n"
+        << base + 0x80 << " 0 empty\n";
+  };
+  write_map();
+  {
+    UserSymbols u;
+    u.capture(getpid());
+    const Frame f = u.resolve(getpid(), base + 4, false);
+    CHECK(f.function == "jit_first");
+    CHECK(f.module == "[jit]");
+    CHECK(u.resolve(getpid(), base + 0x44, false).function == "LazyCompile:*hot app.js:12");
+    // No entry covers it (the empty one covers nothing): the anonymous memory's offset.
+    const Frame none = u.resolve(getpid(), base + 0x80, false);
+    CHECK(none.module == "[anon]");
+    CHECK(none.function.rfind("[anon]+0x", 0) == 0);
+    CHECK(u.held().jit_bytes > 0);
+    CHECK(u.held().jit_maps_refused == 0);
+  }
+  {
+    // A map larger than the cap, a FIFO (never waited on) and a symlink (never followed) are
+    // not read; the first two are counted.
+    UserSymbols::Limits small;
+    small.max_jit_map_file = 16;
+    UserSymbols u(small);
+    u.capture(getpid());
+    CHECK(u.resolve(getpid(), base + 4, false).module == "[anon]");
+    CHECK(u.held().jit_maps_refused == 1);
+    std::filesystem::remove(map);
+    REQUIRE(mkfifo(map.c_str(), 0600) == 0);
+    UserSymbols fifo;
+    fifo.capture(getpid());
+    CHECK(fifo.resolve(getpid(), base + 4, false).module == "[anon]");
+    CHECK(fifo.held().jit_maps_refused == 1);
+    std::filesystem::remove(map);
+    const std::string real = map + ".real";
+    write_map();
+    std::filesystem::rename(map, real);
+    std::filesystem::create_symlink(real, map);
+    UserSymbols link;
+    link.capture(getpid());
+    CHECK(link.resolve(getpid(), base + 4, false).module == "[anon]");
+    std::filesystem::remove(real);
+  }
+  std::filesystem::remove(map);
+  munmap(code, 4096);
 }
 
 // A caller of the marker, whose return address a stack holds.
@@ -266,6 +378,46 @@ TEST_CASE("pprof: string table, ids, sample types and labels as the format wants
   CHECK(on_found);
   // Sample type names without "-" (Pyroscope refuses them).
   for (const auto& t : p.sample_type()) CHECK(str(t.type()).find('-') == std::string::npos);
+}
+
+TEST_CASE("source lines: a pprof Line per inlined function, a flame graph node each") {
+  ProfileStore store;
+  store.set_frequency(19);
+  const auto t0 = Clock::now();
+  Frame lined = frame("hot_three");
+  lined.lines = {{"spin_three", "/src/w.c", 70}, {"hot_three", "/src/w.c", 73}};
+  store.add_batch(t0 + std::chrono::seconds(1), {sample(0, SampleKind::OnCpu, 300)},
+                  {{lined, frame("main")}});
+  const ProfileWindow w = store.window(t0, t0 + std::chrono::seconds(1));
+  perftools::profiles::Profile p;
+  REQUIRE(p.ParseFromString(pprof_profile(w)));
+  const auto str = [&](std::int64_t i) { return p.string_table(static_cast<int>(i)); };
+  std::map<std::uint64_t, const perftools::profiles::Function*> functions;
+  for (const auto& f : p.function()) functions[f.id()] = &f;
+  REQUIRE(p.location_size() == 2);
+  const auto& loc = p.location(0);
+  REQUIRE(loc.line_size() == 2);  // innermost first, as pprof orders them
+  CHECK(str(functions.at(loc.line(0).function_id())->name()) == "spin_three");
+  CHECK(str(functions.at(loc.line(0).function_id())->filename()) == "/src/w.c");
+  CHECK(loc.line(0).line() == 70);
+  CHECK(str(functions.at(loc.line(1).function_id())->name()) == "hot_three");
+  CHECK(loc.line(1).line() == 73);
+  // A frame without lines: its function alone, no line number.
+  REQUIRE(p.location(1).line_size() == 1);
+  CHECK(p.location(1).line(0).line() == 0);
+  const auto& m = p.mapping(static_cast<int>(loc.mapping_id() - 1));
+  CHECK(m.has_line_numbers());
+  CHECK(m.has_inline_frames());
+  // The flame graph: main, hot_three, then spin_three as a node of its own; with lines,
+  // named function:line.
+  const auto j = nlohmann::json::parse(flame_graph_json(w, FlameGrouping::None, 100));
+  CHECK(j["root"]["c"][0]["n"] == "main");
+  CHECK(j["root"]["c"][0]["c"][0]["n"] == "hot_three");
+  CHECK(j["root"]["c"][0]["c"][0]["c"][0]["n"] == "spin_three");
+  const auto l = nlohmann::json::parse(flame_graph_json(w, FlameGrouping::None, 100, {}, true));
+  CHECK(l["root"]["c"][0]["n"] == "main");
+  CHECK(l["root"]["c"][0]["c"][0]["n"] == "hot_three:73");
+  CHECK(l["root"]["c"][0]["c"][0]["c"][0]["n"] == "spin_three:70");
 }
 
 TEST_CASE("flame graph data: a tree root first, on and off CPU apart, bounded") {

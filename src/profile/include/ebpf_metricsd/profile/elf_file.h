@@ -19,8 +19,10 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace ebpf_metricsd::profiling {
 
@@ -67,6 +69,12 @@ class ElfFile {
   // down to its alignment, as libdwfl rounds it, and the end of the highest segment.
   std::uint64_t low() const { return low_; }
   std::uint64_t high() const { return high_; }
+  // The size of its DWARF sections (.debug_*), inflated; 0 when it has none, or none to be
+  // read for lines (a string section without its final NUL, or compressed outside the
+  // debug tree).
+  std::uint64_t dwarf_bytes() const { return dwarf_bytes_; }
+  // The size of the tables symbols and unwinding read: symbol and string tables, CFI.
+  std::uint64_t table_bytes() const { return table_bytes_; }
 
   // Reports the file to `dwfl` (between dwfl_report_begin and dwfl_report_end) as module
   // `name`, its addresses moved by `bias`, for a Dwfl begun with dwfl_callbacks(): libdwfl
@@ -81,12 +89,33 @@ class ElfFile {
   ElfFile() = default;
   int fd_ = -1;
   Elf* elf_ = nullptr;
-  std::uint64_t size_ = 0, low_ = 0, high_ = 0;
+  std::uint64_t size_ = 0, low_ = 0, high_ = 0, dwarf_bytes_ = 0, table_bytes_ = 0;
   std::string build_id_;
   ElfLimits limits_;
   mutable std::once_flag debug_once_;
   mutable std::shared_ptr<ElfFile> debug_;
 };
+
+// "_ZN3foo3barEv" -> "foo::bar()"; other names unchanged.
+std::string demangle(const std::string& name);
+
+// A source line of a user frame, from the DWARF of its file (or of the file's debug file).
+struct SourceLine {
+  std::string function;  // demangled
+  std::string file;      // the source file as DWARF names it
+  std::uint32_t line = 0;
+  // NOLINTNEXTLINE(modernize-use-nullptr): clang-tidy 14 misreads a defaulted operator<=>.
+  auto operator<=>(const SourceLine&) const = default;
+};
+
+// The source lines of address `addr` of `mod` (a module of a Dwfl begun with
+// dwfl_callbacks(true)): the functions inlined there, innermost first, each with the line it
+// is at, then `function` (the symbol's name) with the line where the outermost of them was
+// inlined (or of the address). Empty where its DWARF knows nothing of the address; nullopt
+// where the line table it would be in cannot be read (then read no more of the module's
+// DWARF). At most 64 inlined levels are looked at.
+std::optional<std::vector<SourceLine>> source_lines(Dwfl_Module* mod, std::uint64_t addr,
+                                                    const std::string& function);
 
 // The callbacks of a Dwfl whose modules are reported by ElfFile::report: a module's file is
 // its ElfFile; with `debug_files`, its separate debug file is ElfFile::debug_file() (never a

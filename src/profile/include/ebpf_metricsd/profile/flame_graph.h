@@ -22,8 +22,11 @@ std::optional<FlameGrouping> parse_flame_grouping(std::string_view text);
 // counts them.
 // `slow_events`: the window holds slow events (their latency as off-CPU time), this many;
 // the JSON then says "slow":N.
+// A frame with source lines is a node per function inlined there (below the function it was
+// inlined into); `lines`: nodes are named "function:line" where the line is known.
 std::string flame_graph_json(const ProfileWindow& window, FlameGrouping grouping,
-                             std::size_t max_nodes, std::optional<std::size_t> slow_events = {});
+                             std::size_t max_nodes, std::optional<std::size_t> slow_events = {},
+                             bool lines = false);
 
 // The page itself.
 std::string_view flame_graph_page();

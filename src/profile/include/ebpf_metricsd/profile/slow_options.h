@@ -13,10 +13,12 @@ struct SlowOptions {
   // Events sent with a copy of the user stack, unwound with CFI (`unwind: cfi`), or walked
   // by frame pointer (`unwind: frame_pointers`).
   bool unwind_cfi = false;
+  // User frames with their source lines where DWARF is on the host (`lines: true`).
+  bool lines = false;
   bool on() const { return threshold_ns > 0; }
-  // `slow: {threshold: 10ms, max_per_second: 100, unwind: cfi}` (threshold 1us .. 1h, at
-  // most 1000 a second), absent: off. `copies`: the tracer's events end in their own thread
-  // on its way back to user space, where the stack can be copied: `unwind` is read (default
+  // `slow: {threshold: 10ms, max_per_second: 100, unwind: cfi, lines: false}` (threshold
+  // 1us .. 1h, at most 1000 a second), absent: off. `copies`: the tracer's events end in their own
+  // thread on its way back to user space, where the stack can be copied: `unwind` is read (default
   // cfi); elsewhere the key is refused.
   static SlowOptions read(YamlMapReader& options, bool copies = false);
   // The ring buffer: two seconds of events at the limit, a power of two of pages.

@@ -33,6 +33,11 @@ struct Frame {
   // kernel frames: the address.
   std::uint64_t address = 0;
   bool kernel = false;
+  // Where DWARF is on the host and lines were asked for: the functions inlined at the
+  // address, innermost first, each with its line there, then `function` itself with the
+  // line of the address (or of the call the innermost inlined function came from). Empty
+  // without DWARF.
+  std::vector<SourceLine> lines;
   // NOLINTNEXTLINE(modernize-use-nullptr): clang-tidy 14 misreads a defaulted operator<=>.
   auto operator<=>(const Frame&) const = default;
 };
@@ -67,11 +72,19 @@ class ElfModule;
 class UserSymbols {
  public:
   struct Limits {
-    std::size_t max_modules = 256;        // ELF files open at once
-    std::size_t max_processes = 8192;     // processes whose mappings are kept
-    std::size_t max_names = 1u << 20;     // names cached over all modules
-    std::size_t max_address_spaces = 16;  // processes whose unwind state is kept
-    ElfLimits files;                      // what a file may be (elf_file.h)
+    std::size_t max_modules = 256;           // ELF files open at once
+    std::size_t max_processes = 8192;        // processes whose mappings are kept
+    std::size_t max_name_bytes = 16u << 20;  // names and lines cached over all modules
+    std::size_t max_address_spaces = 16;     // processes whose unwind state is kept
+    // Perf maps of JIT code (/tmp/perf-PID.map) read: at most this large a file, and this
+    // much held over all processes (a map that does not fit is not read).
+    std::size_t max_jit_map_file = 16u << 20;
+    std::size_t max_jit_bytes = 32u << 20;
+    // DWARF read for source lines, over all open files: the size of their .debug_*
+    // sections, counted twice (what libdw builds from them). A file whose DWARF does not fit
+    // in what is left has no lines until others close.
+    std::uint64_t max_dwarf_bytes = std::uint64_t{16} << 20;
+    ElfLimits files;  // what a file may be (elf_file.h)
   };
   using Refusals = std::array<std::uint64_t, kElfRefusals.size()>;
   explicit UserSymbols(Limits limits);
@@ -98,7 +111,8 @@ class UserSymbols {
   // (10 ms doubling to 10 s) while reading again finds nothing new: an address in no file
   // (JIT code) would ask at every sample.
   void refresh(pid_t tgid);
-  Frame resolve(pid_t tgid, std::uint64_t address, bool return_address);
+  // `lines`: with the source lines of the address (Frame::lines) where DWARF has them.
+  Frame resolve(pid_t tgid, std::uint64_t address, bool return_address, bool lines = false);
   // Unwinds a copy of thread `tid`'s user stack with the CFI of the files process `tgid`
   // maps (captured), at most `max_depth` frames.
   Unwound unwind(pid_t tgid, pid_t tid, const UserStackCopy& copy, std::size_t max_depth);
@@ -113,11 +127,30 @@ class UserSymbols {
   bool knows(pid_t tgid) const { return processes_.count(tgid) > 0; }
   std::size_t address_spaces() const { return space_lru_.size(); }
   std::size_t names() const;
+  // What the open files hold: names and lines cached (as max_name_bytes counts them), DWARF
+  // read for lines (as max_dwarf_bytes counts it), how many lookups found no lines because
+  // a file's DWARF did not fit, and how many files' line tables could not be read.
+  struct Held {
+    std::size_t name_bytes = 0;
+    std::size_t jit_bytes = 0;  // perf map entries held
+    // Perf maps not read: not a regular file, too large, another owner, over the budget.
+    std::uint64_t jit_maps_refused = 0;
+    std::uint64_t dwarf_bytes = 0, max_dwarf_bytes = 0, lines_over_budget = 0;
+    std::uint64_t dwarf_broken = 0;  // files whose line tables could not be read
+  };
+  const Held& held() const { return held_; }
+  // The symbol, string and CFI tables of the open files, in all (what they read of them at
+  // most).
+  std::uint64_t table_bytes() const;
   // Files refused so far, by ElfRefusal; a refused file is not tried again while it is
   // remembered (up to 4 * max_modules of them).
   const Refusals& refused() const { return refused_; }
 
  private:
+  struct JitSymbol {
+    std::uint64_t start, end;
+    std::string name;
+  };
   struct Mapping {
     std::uint64_t start, end, offset;
     std::string path;  // as /proc/PID/maps shows it
@@ -135,13 +168,24 @@ class UserSymbols {
     std::list<pid_t>::iterator lru;
     std::unique_ptr<AddressSpace> space;  // made on its first unwind
     std::list<pid_t>::iterator space_lru;
+    // JIT code named by the process's perf map (/tmp/perf-PID.map, as the process sees /tmp):
+    // read when an address in its anonymous executable memory is first looked up, and again,
+    // at most once a second, when such an address is in no entry. Sorted by start.
+    std::vector<JitSymbol> jit;
+    std::size_t jit_bytes = 0;
+    std::chrono::steady_clock::time_point jit_read_at{};
+    bool jit_read = false;
   };
   void forget(pid_t tgid);
+  // The name perf map entries give `address` in process `p` ("" for none).
+  std::string jit_name(pid_t tgid, Process& p, std::uint64_t address);
   std::map<pid_t, Process>::iterator erase(std::map<pid_t, Process>::iterator it);
   // The module of the file mapped by m: the one open already, else from `fd` (taken; -1:
   // opened from /proc/PID while the process runs).
   std::shared_ptr<ElfModule> open_module(pid_t tgid, const Mapping& m, int fd = -1);
   Limits limits_;
+  // Before the modules: each gives back what it took when it closes.
+  Held held_;
   std::map<pid_t, Process> processes_;
   std::list<pid_t> process_lru_;  // most recently used first
   std::list<pid_t> space_lru_;    // processes with an AddressSpace, most recently used first
@@ -182,13 +226,16 @@ class Symbolizer {
   // The frames of a stack taken in process `pid`: kernel frames innermost first, then user
   // frames innermost first. Call soon after it was taken: the process may exit.
   std::vector<Frame> frames(std::uint32_t pid, std::span<const std::uint64_t> kernel_stack,
-                            std::span<const std::uint64_t> user_stack, StackOrigin origin);
+                            std::span<const std::uint64_t> user_stack, StackOrigin origin,
+                            bool lines = false);
   std::vector<Frame> kernel_frames(std::span<const std::uint64_t> ips, StackOrigin origin);
-  std::vector<Frame> user_frames(std::uint32_t pid, std::span<const std::uint64_t> ips);
+  // `lines`: user frames carry their source lines where DWARF has them (Frame::lines).
+  std::vector<Frame> user_frames(std::uint32_t pid, std::span<const std::uint64_t> ips,
+                                 bool lines = false);
   // The user frames of a copy of thread `tid`'s stack, unwound with CFI (at most
   // `max_depth`), by the same rules; `end` says why the unwind ended.
   std::vector<Frame> user_frames(std::uint32_t pid, std::uint32_t tid, const UserStackCopy& copy,
-                                 std::size_t max_depth, UnwindEnd& end);
+                                 std::size_t max_depth, UnwindEnd& end, bool lines = false);
   // Reads the mappings of a process seen for the first time (or, `execed`, since it exec'd)
   // while it lives, so that its stacks can be symbolized after it exits: at once, without
   // waiting for the symbolizer (installed at its next use).
@@ -201,6 +248,8 @@ class Symbolizer {
   struct Sizes {
     std::size_t elf_files, processes, names, kernel_symbols, address_spaces;
     UserSymbols::Refusals refused;  // files refused so far, by ElfRefusal
+    UserSymbols::Held held;
+    std::uint64_t table_bytes;
   };
   Sizes sizes();
 
@@ -216,8 +265,5 @@ class Symbolizer {
   std::vector<std::pair<std::shared_ptr<UserSymbols::Snapshot>, bool>> captured_;
   std::chrono::steady_clock::time_point kernel_read_{};
 };
-
-// "_ZN3foo3barEv" -> "foo::bar()"; other names unchanged.
-std::string demangle(const std::string& name);
 
 }  // namespace ebpf_metricsd::profiling
