@@ -81,8 +81,8 @@ class UserSymbols {
     std::size_t max_jit_map_file = 16u << 20;
     std::size_t max_jit_bytes = 32u << 20;
     // DWARF read for source lines, over all open files: the size of their .debug_*
-    // sections, counted twice (what libdw builds from them). A file whose DWARF does not fit
-    // in what is left has no lines until others close.
+    // sections, counted twice, and 32 KiB a file (what libdw builds from them). A file whose
+    // DWARF does not fit in what is left has no lines until others close.
     std::uint64_t max_dwarf_bytes = std::uint64_t{16} << 20;
     ElfLimits files;  // what a file may be (elf_file.h)
   };
