@@ -550,29 +550,43 @@ std::vector<std::vector<std::string>> perf_main_thread_stacks(const std::string&
   return out;
 }
 
+// A command run under `perf record -F 997 --call-graph dwarf` while the profile tracer
+// samples at the same rate: the tracer's window of it, perf's script of its samples
+// (comm,pid,tid,ip,sym,dso, no inlined frames) and what perf record printed.
+struct PerfBeside {
+  ProfileWindow window;
+  std::string script, recorded;
+};
+PerfBeside perf_beside(const std::string& command) {
+  MetricStore metrics;
+  profiling::ProfileStore store;
+  auto tracer = test::start_tracer(
+      metrics, "profile", "    frequency: 997\n    stack_copies_per_second: 20000\n", &store);
+  const std::string data = "/tmp/emd-perf-" + std::to_string(getpid()) + ".data";
+  PerfBeside out;
+  REQUIRE(store.cut());
+  const auto from = profiling::Clock::now();
+  out.recorded = test::run_capture("perf record -F 997 --call-graph dwarf -o " + data + " -- " +
+                                   command + " 2>&1");
+  REQUIRE(store.cut());
+  out.window = store.window(from, profiling::Clock::now());
+  out.script = test::run_capture("perf script -i " + data +
+                                 " -F comm,pid,tid,ip,sym,dso --no-inline 2>/dev/null");
+  std::remove(data.c_str());
+  return out;
+}
+
 }  // namespace
 
 // perf copies the user stack and unwinds it with libdw afterwards (--call-graph dwarf): the
 // oracle of the CFI unwinder, on the workload built without frame pointers, at once.
 TEST_CASE("profile: perf --call-graph dwarf on the same workload agrees on whole stacks",
           "[profile][external]") {
-  MetricStore metrics;
-  profiling::ProfileStore store;
-  auto tracer = test::start_tracer(
-      metrics, "profile", "    frequency: 997\n    stack_copies_per_second: 20000\n", &store);
-  const std::string data = "/tmp/emd-perf-" + std::to_string(getpid()) + ".data";
-  REQUIRE(store.cut());
-  const auto from = profiling::Clock::now();
   // perf runs the workload itself: its samples are of that process alone.
-  const std::string recorded =
-      test::run_capture("perf record -F 997 --call-graph dwarf -o " + data + " -- " +
-                        std::string(PROFILE_WORKLOAD_NOFP) + " 2000 5 2>&1");
-  REQUIRE(store.cut());
-  const ProfileWindow w = store.window(from, profiling::Clock::now());
-  const std::string script = test::run_capture(
-      "perf script -i " + data + " -F comm,pid,tid,ip,sym,dso --no-inline 2>/dev/null");
-  std::remove(data.c_str());
-  INFO("perf record: " << recorded);
+  const PerfBeside run = perf_beside(std::string(PROFILE_WORKLOAD_NOFP) + " 2000 5");
+  const ProfileWindow& w = run.window;
+  const std::string& script = run.script;
+  INFO("perf record: " << run.recorded);
 
   // The main thread's on-CPU stacks with one of the workload's leaves, leaf to main.
   const std::set<std::string> leaves = {"hot_three", "hot_one", "compare_slowly"};
@@ -615,26 +629,15 @@ TEST_CASE("profile: /usr/bin/python3.11 reaches main as perf --call-graph dwarf 
     WARN(python << " is not installed: skipped");
     return;
   }
-  MetricStore metrics;
-  profiling::ProfileStore store;
-  auto tracer = test::start_tracer(
-      metrics, "profile", "    frequency: 997\n    stack_copies_per_second: 20000\n", &store);
-  const std::string data = "/tmp/emd-perf-python-" + std::to_string(getpid()) + ".data";
-  REQUIRE(store.cut());
-  const auto from = profiling::Clock::now();
   // About 2 s of CPU in nested Python calls.
-  const std::string recorded =
-      test::run_capture("perf record -F 997 --call-graph dwarf -o " + data + " -- " + python +
-                        " -c 'import time\n"
-                        "def leaf(n):\n    return sum(i * i for i in range(n))\n"
-                        "def middle(t):\n    while time.process_time() < t:\n        leaf(1000)\n"
-                        "middle(2.0)' 2>&1");
-  REQUIRE(store.cut());
-  const ProfileWindow w = store.window(from, profiling::Clock::now());
-  const std::string script = test::run_capture(
-      "perf script -i " + data + " -F comm,pid,tid,ip,sym,dso --no-inline 2>/dev/null");
-  std::remove(data.c_str());
-  INFO("perf record: " << recorded);
+  const PerfBeside run = perf_beside(python +
+                                     " -c 'import time\n"
+                                     "def leaf(n):\n    return sum(i * i for i in range(n))\n"
+                                     "def middle(t):\n    while time.process_time() < t:\n"
+                                     "        leaf(1000)\n"
+                                     "middle(2.0)'");
+  const ProfileWindow& w = run.window;
+  INFO("perf record: " << run.recorded);
   // Debian's python3.11 main() ends in a jump to Py_BytesMain (a tail call): no stack holds
   // main itself, Py_BytesMain stands in its place.
   const auto reaches_main = [](const std::vector<std::string>& names) {
@@ -643,7 +646,7 @@ TEST_CASE("profile: /usr/bin/python3.11 reaches main as perf --call-graph dwarf 
            }) != names.end();
   };
   std::uint64_t theirs = 0, theirs_main = 0;
-  for (const auto& names : perf_main_thread_stacks(script)) {
+  for (const auto& names : perf_main_thread_stacks(run.script)) {
     if (names.empty()) continue;
     ++theirs;
     theirs_main += reaches_main(names);
