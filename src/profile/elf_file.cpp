@@ -145,9 +145,11 @@ bool check_tables(int fd, Elf* elf, std::uint64_t file_size, const ElfLimits& li
 // its NUL, past the section's end where it has none (found by the fuzz target), so each must
 // end with one; a compressed one cannot be looked at before it is inflated, so it is taken
 // only from a file of the root-owned debug tree (`debug`).
-void section_sizes(int fd, Elf* elf, bool debug, std::uint64_t& dwarf, std::uint64_t& tables) {
+void section_sizes(int fd, Elf* elf, bool debug, std::uint64_t& dwarf, std::uint64_t& tables,
+                   bool& has_dwarf) {
   std::size_t shstrndx = 0;
   dwarf = tables = 0;
+  has_dwarf = false;
   if (elf_getshdrstrndx(elf, &shstrndx) != 0) return;
   bool usable = true;
   Elf_Scn* scn = nullptr;
@@ -158,6 +160,9 @@ void section_sizes(int fd, Elf* elf, bool debug, std::uint64_t& dwarf, std::uint
     if (!name) continue;
     const bool gnu_compressed = std::strncmp(name, ".zdebug_", 8) == 0;
     const char* dwarf_name = gnu_compressed ? name + 2 : name + 1;  // "debug_..."
+    if ((std::strncmp(name, ".debug_", 7) == 0 || gnu_compressed) &&
+        (std::strcmp(dwarf_name, "debug_info") == 0 || std::strcmp(dwarf_name, "debug_line") == 0))
+      has_dwarf = true;
     if ((std::strncmp(name, ".debug_", 7) == 0 || gnu_compressed) &&
         (std::strcmp(dwarf_name, "debug_str") == 0 ||
          std::strcmp(dwarf_name, "debug_line_str") == 0)) {
@@ -230,7 +235,7 @@ std::shared_ptr<ElfFile> ElfFile::open(int fd, const ElfLimits& limits, ElfRefus
   if (!check_tables(fd, f->elf_, f->size_, limits, debug, why, f->low_, f->high_)) {
     return nullptr;
   }
-  section_sizes(fd, f->elf_, debug, f->dwarf_bytes_, f->table_bytes_);
+  section_sizes(fd, f->elf_, debug, f->dwarf_bytes_, f->table_bytes_, f->has_dwarf_);
   const void* bits = nullptr;
   const ssize_t len = dwelf_elf_gnu_build_id(f->elf_, &bits);
   for (ssize_t i = 0; i < len && i < 64; ++i) {
@@ -284,8 +289,12 @@ int checked_elf(Dwfl_Module*, void** userdata, const char*, Dwarf_Addr, char**, 
 int checked_debug_file(Dwfl_Module*, void** userdata, const char*, Dwarf_Addr, const char*,
                        const char*, GElf_Word, char**) {
   const auto* file = static_cast<const ElfFile*>(*userdata);
-  const auto debug = file->debug_file();
   errno = 0;
+  // libdwfl asks this of a module once for its debug file, then (where that has a
+  // .gnu_debugaltlink, as dwz makes) again for the alternate file: not looked for, so
+  // that it never takes the debug file itself for one.
+  if (file->debug_file_given_.exchange(true)) return -1;
+  const auto debug = file->debug_file();
   // libdwfl maps it: a file of the root-owned debug tree, which no user can truncate.
   return debug ? fcntl(debug->fd(), F_DUPFD_CLOEXEC, 0) : -1;
 }
@@ -296,8 +305,8 @@ int no_debug_file(Dwfl_Module*, void**, const char*, Dwarf_Addr, const char*, co
   return -1;
 }
 
-// Inlined scopes looked at for one address, at most: DWARF from a user's file can claim any
-// nesting.
+// Inlined scopes followed for one address, at most (dwarf_getscopes itself gives them
+// all): DWARF from a user's file can claim any nesting.
 constexpr int kMaxScopes = 64;
 
 // An inlined function's name: its linkage name demangled, else its name.

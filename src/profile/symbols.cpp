@@ -8,11 +8,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <gelf.h>
+#include <linux/openat2.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -266,12 +269,21 @@ class ElfModule {
   // debug file) is taken from the budget if it fits. A file with no DWARF takes nothing.
   bool dwarf_granted() {
     if (dwarf_granted_ > 0) return true;
-    std::uint64_t bytes = file_->dwarf_bytes();
-    if (const auto debug = file_->debug_file()) bytes += debug->dwarf_bytes();
+    if (over_budget_) return false;
+    // libdwfl reads the file's own DWARF where it has any (then 0 when it is not to be read,
+    // elf_file.h), else its debug file's.
+    std::uint64_t bytes = 0;
+    if (file_->has_dwarf()) {
+      bytes = file_->dwarf_bytes();
+    } else if (const auto debug = file_->debug_file()) {
+      bytes = debug->dwarf_bytes();
+    }
     if (bytes == 0) return false;
     // What libdw builds beside the sections: 45 KiB a file was measured for 13 KiB of DWARF.
     const std::uint64_t cost = 2 * bytes + kDwarfFileBytes;
     if (cost > held_.max_dwarf_bytes || held_.dwarf_bytes > held_.max_dwarf_bytes - cost) {
+      // Counted once a file; asked again only when it is opened again.
+      over_budget_ = true;
       ++held_.lines_over_budget;
       return false;
     }
@@ -294,6 +306,7 @@ class ElfModule {
   std::size_t name_bytes_ = 0;
   std::uint64_t dwarf_granted_ = 0;
   bool dwarf_broken_ = false;  // a line table could not be read: no more lines from it
+  bool over_budget_ = false;   // its DWARF did not fit
   UserSymbols::Held& held_;    // what its names and DWARF count in, given back when closed
 };
 
@@ -369,17 +382,32 @@ std::string UserSymbols::jit_name(pid_t tgid, Process& p, std::uint64_t address)
   if (p.jit_read && now - p.jit_read_at < std::chrono::seconds(1)) return "";
   p.jit_read = true;
   p.jit_read_at = now;
+  // Opened below the process's root as if it were /, never through a symlink (openat2):
+  // a process can make its /tmp anything, in a mount namespace of its own.
   const std::string proc = "/proc/" + std::to_string(tgid);
-  const std::string path = proc + "/root/tmp/perf-" + std::to_string(namespace_pid(tgid)) + ".map";
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY);
+  const int root = ::open((proc + "/root").c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (root < 0) return "";
+  const std::string path = "tmp/perf-" + std::to_string(namespace_pid(tgid)) + ".map";
+  open_how how{};
+  how.flags = O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY;
+  how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+  const int fd = static_cast<int>(syscall(SYS_openat2, root, path.c_str(), &how, sizeof how));
+  close(root);
   if (fd < 0) return "";
   struct stat st {
   }, owner{};
+  const bool regular = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+  // A map refused before is not read again until it changes.
+  const JitStamp stamp{static_cast<std::uint64_t>(st.st_size),
+                       static_cast<std::uint64_t>(st.st_mtim.tv_sec) * 1000000000u +
+                           static_cast<std::uint64_t>(st.st_mtim.tv_nsec)};
+  if (regular && p.jit_refused == stamp) {
+    close(fd);
+    return "";
+  }
+  const bool ok = regular && static_cast<std::uint64_t>(st.st_size) <= limits_.max_jit_map_file &&
+                  ::stat(proc.c_str(), &owner) == 0 && st.st_uid == owner.st_uid;
   std::string text;
-  const bool ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
-                  static_cast<std::uint64_t>(st.st_size) <= limits_.max_jit_map_file &&
-                  ::stat(proc.c_str(), &owner) == 0 &&
-                  (st.st_uid == owner.st_uid || st.st_uid == 0);
   if (ok) {
     text.resize(static_cast<std::size_t>(st.st_size));
     std::size_t got = 0;
@@ -391,32 +419,40 @@ std::string UserSymbols::jit_name(pid_t tgid, Process& p, std::uint64_t address)
     text.resize(got);
   }
   close(fd);
-  if (!ok) {
-    ++held_.jit_maps_refused;
-    return "";
-  }
-  std::vector<JitSymbol> jit;
-  std::size_t bytes = 0;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    char* end = nullptr;
-    const std::uint64_t start = std::strtoull(line.c_str(), &end, 16);
-    if (end == line.c_str() || *end != ' ') continue;
-    char* end2 = nullptr;
-    const std::uint64_t size = std::strtoull(end + 1, &end2, 16);
-    if (end2 == end + 1 || *end2 != ' ' || size == 0 || start + size < start) continue;
-    std::string name = line.substr(static_cast<std::size_t>(end2 + 1 - line.c_str()), 256);
-    if (name.empty()) continue;
-    bytes += sizeof(JitSymbol) + name.size();
-    jit.push_back({start, start + size, std::move(name)});
-  }
   held_.jit_bytes -= p.jit_bytes;
   p.jit.clear();
   p.jit_bytes = 0;
-  if (held_.jit_bytes + bytes > limits_.max_jit_bytes) {
+  const auto refuse = [&] {
+    if (regular) p.jit_refused = stamp;
     ++held_.jit_maps_refused;
-    return "";
+    return std::string();
+  };
+  if (!ok) return refuse();
+  // Lines "START SIZE name", hex; others skipped. Parsing stops where the entries would not
+  // fit in what the budget has left.
+  const std::size_t room =
+      limits_.max_jit_bytes > held_.jit_bytes ? limits_.max_jit_bytes - held_.jit_bytes : 0;
+  std::vector<JitSymbol> jit;
+  std::size_t bytes = 0;
+  std::string_view rest(text);
+  while (!rest.empty()) {
+    const std::size_t nl = rest.find('\n');
+    const std::string_view line = rest.substr(0, nl);
+    rest = nl == std::string_view::npos ? std::string_view() : rest.substr(nl + 1);
+    std::uint64_t start = 0, size = 0;
+    const char* at = line.data();
+    const char* end = line.data() + line.size();
+    auto r1 = std::from_chars(at, end, start, 16);
+    if (r1.ec != std::errc() || r1.ptr == end || *r1.ptr != ' ') continue;
+    auto r2 = std::from_chars(r1.ptr + 1, end, size, 16);
+    if (r2.ec != std::errc() || r2.ptr == end || *r2.ptr != ' ') continue;
+    if (size == 0 || start + size < start) continue;
+    const std::string_view name =
+        line.substr(static_cast<std::size_t>(r2.ptr + 1 - line.data()), 256);
+    if (name.empty()) continue;
+    bytes += sizeof(JitSymbol) + name.size();
+    if (bytes > room) return refuse();
+    jit.push_back({start, start + size, std::string(name)});
   }
   std::stable_sort(jit.begin(), jit.end(),
                    [](const JitSymbol& a, const JitSymbol& b) { return a.start < b.start; });
@@ -572,6 +608,15 @@ void UserSymbols::install(Snapshot& snap, bool again) {
     // what was captured while it lived; one whose pid was reused, or that mapped more, has
     // its new mappings.
     if (p.mappings.empty() && started == known->second.start_time) return;
+    if (started == known->second.start_time) {
+      // The same process: what its perf map said stays (and stays counted).
+      Process& old = known->second;
+      p.jit = std::move(old.jit);
+      p.jit_bytes = std::exchange(old.jit_bytes, 0);
+      p.jit_read = old.jit_read;
+      p.jit_read_at = old.jit_read_at;
+      p.jit_refused = old.jit_refused;
+    }
     forget(tgid);
   }
   process_lru_.push_front(tgid);
@@ -689,8 +734,10 @@ Frame UserSymbols::resolve(pid_t tgid, std::uint64_t address, bool return_addres
   const std::uint64_t offset = address - hit->start + hit->offset;
   f.address = offset;
   f.module = hit->path.empty() ? "[anon]" : hit->path;
-  if (hit->inode == 0) {
-    // Anonymous executable memory: JIT code, named by the process's perf map if it has one.
+  if (hit->path.empty() || hit->path.rfind("[anon:", 0) == 0 ||
+      hit->path.rfind("/memfd:", 0) == 0) {
+    // Anonymous executable memory (or a memfd, which runtimes map twice): JIT code, named by
+    // the process's perf map if it has one.
     f.function = jit_name(tgid, it->second, address);
     if (!f.function.empty()) {
       f.module = "[jit]";

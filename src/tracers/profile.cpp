@@ -149,10 +149,16 @@ class ProfileTracer final : public Tracer {
                                 "Files processes map that the symbolizer refused to read, by "
                                 "why: not a regular file, too large, not an x86-64 ELF file, "
                                 "tables outside the file, too many symbols, unreadable; "
-                                "bad_line_table: its names are read, its source lines not; "
                                 "perf_map: a JIT's perf map not read.",
                                 MetricType::Counter,
                                 {"reason"}})),
+        no_lines_(scope.declare({"ebpf_metricsd_profile_files_without_lines_total",
+                                 "Files with DWARF whose source lines were not read (with "
+                                 "lines: true), by why: over_budget (its DWARF did not fit in "
+                                 "the DWARF budget), bad_line_table (libdw could not read a "
+                                 "line table of it). Their frames keep their names.",
+                                 MetricType::Counter,
+                                 {"reason"}})),
         samples_(scope.declare({"ebpf_metricsd_profile_samples_total",
                                 "On-CPU samples and off-CPU waits the profile recorded.",
                                 MetricType::Counter,
@@ -191,8 +197,8 @@ class ProfileTracer final : public Tracer {
       s->rodata->unwind_cfi = options_.unwind_cfi;
       s->rodata->waits_at_sys_exit = waits_at_sys_exit();
       configure_user_stacks(s, options_.stack_copies_per_second);
-      // A quarter of a second of copies at the limit: the reader empties it as records
-      // arrive.
+      // About a quarter of a second of copies at the limit (samples_ring_bytes): the
+      // reader empties it as records arrive.
       bpf_map__set_max_entries(s->maps.samples, options_.unwind_cfi ? samples_ring_bytes() : 4096);
       bpf_map__set_max_entries(s->maps.emd_stacks, kept_stacks());
       bpf_map__set_max_entries(s->maps.counts_a, options_.max_aggregates);
@@ -269,11 +275,16 @@ class ProfileTracer final : public Tracer {
   // returns (sys_exit), for the CFI unwinder.
   bool waits_at_sys_exit() const { return options_.unwind_cfi && options_.off_cpu; }
 
+  // About a quarter of a second of copies at the limit, a power of two (the nearer below
+  // where that is within a few records of it: the daemon maps the ring twice, so each byte of
+  // it costs three in memory, two of them in its RSS).
   std::uint32_t samples_ring_bytes() const {
     const std::uint64_t want =
         std::uint64_t{options_.stack_copies_per_second} * sizeof(profile_record) / 4;
-    return static_cast<std::uint32_t>(
-        std::clamp<std::uint64_t>(std::bit_ceil(want), 1u << 20, 16u << 20));
+    const std::uint64_t below = std::bit_floor(std::max<std::uint64_t>(want, 1));
+    const std::uint64_t bytes =
+        want - below <= 8 * sizeof(profile_record) ? below : std::bit_ceil(want);
+    return static_cast<std::uint32_t>(std::clamp<std::uint64_t>(bytes, 1u << 20, 16u << 20));
   }
 
   // A sample or wait with a copy of its user stack: unwound now (the copy is not kept),
@@ -525,10 +536,9 @@ class ProfileTracer final : public Tracer {
     scope_.set(memory_, {"jit_maps"}, static_cast<double>(sizes.held.jit_bytes));
     scope_.set(memory_, {"stack_ring"},
                options_.unwind_cfi ? static_cast<double>(samples_ring_bytes()) : 0.0);
-    scope_.add_dropped("lines_over_budget", sizes.held.lines_over_budget - lines_over_budget_seen_);
+    scope_.add(no_lines_, {"over_budget"}, sizes.held.lines_over_budget - lines_over_budget_seen_);
     lines_over_budget_seen_ = sizes.held.lines_over_budget;
-    // A file whose line tables could not be read keeps its names, without lines.
-    scope_.add(refused_, {"bad_line_table"}, sizes.held.dwarf_broken - dwarf_broken_seen_);
+    scope_.add(no_lines_, {"bad_line_table"}, sizes.held.dwarf_broken - dwarf_broken_seen_);
     dwarf_broken_seen_ = sizes.held.dwarf_broken;
     scope_.add(refused_, {"perf_map"}, sizes.held.jit_maps_refused - jit_refused_seen_);
     jit_refused_seen_ = sizes.held.jit_maps_refused;
@@ -650,7 +660,7 @@ class ProfileTracer final : public Tracer {
   MetricScope& scope_;
   ProfileOptions options_;
   DropAccounting drops_;
-  MetricScope::Metric caches_, memory_, refused_, samples_, unwinds_metric_, unwind_cpu_;
+  MetricScope::Metric caches_, memory_, refused_, no_lines_, samples_, unwinds_metric_, unwind_cpu_;
   std::uint64_t lines_over_budget_seen_ = 0, dwarf_broken_seen_ = 0, jit_refused_seen_ = 0;
   profiling::ProfileStore* store_;
   profiling::UserSymbols::Refusals refused_seen_{};

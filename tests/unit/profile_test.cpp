@@ -184,11 +184,15 @@ TEST_CASE("JIT code: named from the process's perf map, read as hostile input") 
   const std::string map = "/tmp/perf-" + std::to_string(getpid()) + ".map";
   const auto write_map = [&] {
     std::ofstream out(map);
+    // Out of order; an entry written again later for the same code wins; a range past the
+    // top of the address space and an empty one are skipped; a long name is cut.
     out << "not an entry\n"
-        << std::hex << base << " 40 jit_first\n"
-        << base + 0x40 << " 40 LazyCompile:*hot app.js:12\n"
-        << "zz 10 bad\n"
-        << base + 0x80 << " 0 empty\n";
+        << std::hex << base + 0x40 << " 40 LazyCompile:*hot app.js:12\n"
+        << base << " 40 jit_old\n"
+        << base << " 40 jit_first\n"
+        << "zz 10 bad\nffffffffffffffff 10 overflow\n"
+        << base + 0x80 << " 0 empty\n"
+        << base + 0xc0 << " 40 " << std::string(300, 'n') << "\n";
   };
   write_map();
   {
@@ -202,6 +206,7 @@ TEST_CASE("JIT code: named from the process's perf map, read as hostile input") 
     const Frame none = u.resolve(getpid(), base + 0x80, false);
     CHECK(none.module == "[anon]");
     CHECK(none.function.rfind("[anon]+0x", 0) == 0);
+    CHECK(u.resolve(getpid(), base + 0xc4, false).function == std::string(256, 'n'));
     CHECK(u.held().jit_bytes > 0);
     CHECK(u.held().jit_maps_refused == 0);
   }

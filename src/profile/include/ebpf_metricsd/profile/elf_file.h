@@ -16,6 +16,7 @@
 #include <libelf.h>
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -73,6 +74,9 @@ class ElfFile {
   // read for lines (a string section without its final NUL, or compressed outside the
   // debug tree).
   std::uint64_t dwarf_bytes() const { return dwarf_bytes_; }
+  // Whether it holds DWARF of its own (.debug_info or .debug_line), usable or not: libdwfl
+  // reads a file's own DWARF before any debug file's.
+  bool has_dwarf() const { return has_dwarf_; }
   // The size of the tables symbols and unwinding read: symbol and string tables, CFI.
   std::uint64_t table_bytes() const { return table_bytes_; }
 
@@ -84,6 +88,8 @@ class ElfFile {
   // The separate debug file of this file (find_debug_file), looked for once and kept with
   // it; nullptr when there is none.
   std::shared_ptr<ElfFile> debug_file() const;
+  // Set when libdwfl has been given the debug file (dwfl_callbacks).
+  mutable std::atomic<bool> debug_file_given_{false};
 
  private:
   ElfFile() = default;
@@ -92,6 +98,7 @@ class ElfFile {
   std::uint64_t size_ = 0, low_ = 0, high_ = 0, dwarf_bytes_ = 0, table_bytes_ = 0;
   std::string build_id_;
   ElfLimits limits_;
+  bool has_dwarf_ = false;
   mutable std::once_flag debug_once_;
   mutable std::shared_ptr<ElfFile> debug_;
 };

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -151,6 +152,10 @@ class UserSymbols {
     std::uint64_t start, end;
     std::string name;
   };
+  struct JitStamp {  // a perf map's size and modification time
+    std::uint64_t size = 0, mtime_ns = 0;
+    bool operator==(const JitStamp&) const = default;
+  };
   struct Mapping {
     std::uint64_t start, end, offset;
     std::string path;  // as /proc/PID/maps shows it
@@ -175,6 +180,7 @@ class UserSymbols {
     std::size_t jit_bytes = 0;
     std::chrono::steady_clock::time_point jit_read_at{};
     bool jit_read = false;
+    std::optional<JitStamp> jit_refused;  // the map as it was when refused
   };
   void forget(pid_t tgid);
   // The name perf map entries give `address` in process `p` ("" for none).
