@@ -164,6 +164,7 @@ struct Share {
 
 struct Observed {
   std::string stacks;        // the workload's heaviest stacks, for messages
+  std::string other_waits;   // off-CPU stacks of the workload in neither wait function
   std::uint64_t on_cpu = 0;  // on-CPU samples
   // On-CPU samples with that leaf (the innermost user frame), and of them those whose
   // stack reaches main.
@@ -213,8 +214,13 @@ Observed observe(const ProfileWindow& w, pid_t pid) {
       }
     } else if (has_function(w, s.stack, "wait_for_signal", false)) {
       o.cond_waits.add(s, reaches(w, s.stack, "waiter"));
+    } else {
+      // Any other off-CPU stack of the workload: where a wait not found above went.
+      o.other_waits += "\n    " + std::to_string(s.count) + " tid " + std::to_string(s.tid) +
+                       " syscall " + std::to_string(s.syscall) + ":" + names.substr(0, 300);
     }
   }
+  if (!o.other_waits.empty()) o.stacks += "\n  other off-CPU stacks:" + o.other_waits;
   int n = 0;
   for (const auto& [count, text] : heaviest) {
     if (n++ == 8) break;
@@ -298,10 +304,10 @@ TEST_CASE("profile: a known workload's CPU shares, blocked time and stacks", "[p
       by[reason] = test::counter_value(metrics, "ebpf_metricsd_dropped_events_total",
                                        {{"tracer", "profile"}, {"reason", reason}});
     }
-    by["unwinds"] = 0;
+    // Unwinds by how they ended: one that stopped short of wait_on_pipe shows here.
     for (const char* result :
          {"complete", "no_cfi", "no_module", "stack_copy_end", "depth", "loop"}) {
-      by["unwinds"] +=
+      by[std::string("unwind_") + result] =
           test::counter_value(metrics, "ebpf_metricsd_profile_unwinds_total", {{"result", result}});
     }
     by["unwind_cpu_seconds"] =
