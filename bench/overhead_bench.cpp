@@ -296,6 +296,8 @@ int run_benchmarks(int argc, char** argv) {
   MetricStore labelled_store;
   // With `slow` (events below its threshold: what every event pays): a store of its own.
   MetricStore slow_store;
+  // With `slow` walked by frame pointer (no sys_exit hook): a store of its own.
+  MetricStore slow_fp_store;
   // The two scheduler tracers at once.
   MetricStore both_store;
   const auto labelled = [&](const std::string& name) -> Mode {
@@ -315,6 +317,11 @@ int run_benchmarks(int argc, char** argv) {
         labelled("syscall_latency"),
         {"syscall_latency slow: 10ms (below it)",
          tracer("syscall_latency", slow_store, "    slow: {threshold: 10ms}\n"),
+         {}},
+        // What every system call on the host pays for the sys_exit hook that sends block_io's
+        // (and tcp_connect_latency's) held events, with nothing held.
+        {"block_io slow: 1h (its sys_exit hook, nothing held)",
+         tracer("block_io", slow_store, "    slow: {threshold: 1h}\n"),
          {}}}},
       {"runqueue_latency: pipe ping-pong",
        "round trip",
@@ -359,7 +366,11 @@ int run_benchmarks(int argc, char** argv) {
         {"floor inet_sock_set_state", floor_of({"floor_inet_sock_set_state"}), {}},
         {"tcp_connect_latency", tracer("tcp_connect_latency", store), {}},
         labelled("tcp_connect_latency"),
-        {"tcp_connect_latency slow: 1h (below it; stack taken at connect)",
+        {"tcp_connect_latency slow: 1h, frame_pointers (below it; stack taken at connect)",
+         tracer("tcp_connect_latency", slow_fp_store,
+                "    slow: {threshold: 1h, unwind: frame_pointers}\n"),
+         {}},
+        {"tcp_connect_latency slow: 1h, cfi (and the call marked, sys_exit hook)",
          tracer("tcp_connect_latency", slow_store, "    slow: {threshold: 1h}\n"),
          {}}}},
       {"net_xmit_latency: UDP datagram over a veth pair",
@@ -378,7 +389,10 @@ int run_benchmarks(int argc, char** argv) {
          {}},
         {"block_io", tracer("block_io", store), {}},
         labelled("block_io"),
-        {"block_io slow: 1h (below it; stacks taken at issue)",
+        {"block_io slow: 1h, frame_pointers (below it; stacks taken at issue)",
+         tracer("block_io", slow_fp_store, "    slow: {threshold: 1h, unwind: frame_pointers}\n"),
+         {}},
+        {"block_io slow: 1h, cfi (and the call marked, sys_exit hook)",
          tracer("block_io", slow_store, "    slow: {threshold: 1h}\n"),
          {}}},
        /*min_rounds=*/61},

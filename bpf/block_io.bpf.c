@@ -11,9 +11,11 @@
  * whose queue lost the slot to another, or whose tag is out of range, falls
  * back to a hash keyed by the request.
  *
- * With `slow` (common/slow.bpf.h), each issue also keeps the issuing task's
- * stacks by request, and a request that completes at or above the threshold
- * is sent to user space with them.
+ * With `slow` (common/slow_return.bpf.h), each issue also keeps the issuing
+ * task's stacks by request, and a request that completes at or above the
+ * threshold is sent to user space: when its issuer returns from the system
+ * call it waits in (a synchronous read), with a copy of the user stack it
+ * returns to; else at once, with the stacks kept from the issue.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_core_read.h>
@@ -24,7 +26,7 @@
 #include "common/cgroup.bpf.h"
 #include "common/maps.bpf.h"
 #include "common/read.bpf.h"
-#include "common/slow.bpf.h"
+#include "common/slow_return.bpf.h"
 
 #define REQ_OP_MASK 0xff
 
@@ -301,5 +303,7 @@ EMD_TP_PROGS(block_rq_issue, block_rq_issue, ISSUE, struct request *rq)
 EMD_TP_PROGS(block_rq_issue, block_rq_issue_q, ISSUE, void *q, struct request *rq)
 EMD_TP_PROGS(block_rq_complete, block_rq_complete, COMPLETE, struct request *rq,
 	     int error, unsigned int nr_bytes)
+
+EMD_SLOW_RETURN_PROGS(slow, &drops, BLOCKIO_DROP_SLOW_RING_FULL)
 
 char LICENSE[] SEC("license") = "GPL";

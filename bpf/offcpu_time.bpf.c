@@ -74,7 +74,7 @@ static __always_inline void send_slow_wait(struct task_struct *next,
 	e->tgid = EMD_READ(raw, next, tgid);
 	e->tid = EMD_READ(raw, next, pid);
 	e->slot = emd_seconds_slot(waited);
-	e->pad = 0;
+	e->taken = EMD_SLOW_TAKEN_AT_START;
 	BPF_CORE_READ_STR_INTO(&e->comm, next, comm);
 	/* The label text is the comm: the `comm` label of the series, if on. */
 	__builtin_memcpy(e->label, e->comm, sizeof(e->comm));

@@ -7,9 +7,11 @@
  * socket-local storage would allocate and free storage for every socket,
  * which measured three times the cost.
  *
- * With `slow` (common/slow.bpf.h), the connecting task's stack is kept by
- * socket at SYN_SENT, and a connect established at or above the threshold is
- * sent with it.
+ * With `slow` (common/slow_return.bpf.h), the connecting task's stack is kept
+ * by socket at SYN_SENT, and a connect established at or above the threshold
+ * is sent to user space: when a blocking connect() returns, with a copy of
+ * the user stack it returns to; else (non-blocking) at once, with the stack
+ * kept from SYN_SENT.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_core_read.h>
@@ -19,7 +21,7 @@
 #include "common/cgroup.bpf.h"
 #include "common/maps.bpf.h"
 #include "common/read.bpf.h"
-#include "common/slow.bpf.h"
+#include "common/slow_return.bpf.h"
 #include "tcp_connect_latency.h"
 
 #define AF_INET 2
@@ -137,5 +139,7 @@ static __always_inline int on_set_state(void *ctx, struct sock *sk,
 
 EMD_TP_PROGS(inet_sock_set_state, inet_sock_set_state, SET_STATE,
 	     struct sock *sk, int oldstate, int newstate)
+
+EMD_SLOW_RETURN_PROGS(slow, &drops, TCPCONN_DROP_SLOW_RING_FULL)
 
 char LICENSE[] SEC("license") = "GPL";

@@ -32,6 +32,9 @@
 
 const volatile __u64 emd_slow_threshold_ns = 0;
 const volatile __u32 emd_slow_per_second = 100;
+/* Slow events sent with a copy of the user stack where they are waited for
+ * inside a system call (common/slow_copy.bpf.h, common/slow_return.bpf.h). */
+const volatile __u8 emd_slow_unwind_cfi = 0;
 /* The daemon's own process: its waits are not what anyone asks about. */
 const volatile __u32 emd_slow_self_tgid = 0;
 
@@ -63,20 +66,26 @@ static __always_inline bool emd_slow_admit(__u64 now, void *drops_map,
 	return false;
 }
 
-/* A record for an admitted slow event, or NULL (refused or no room: counted).
- */
+/* A record for an admitted slow event, or NULL (no room: counted). */
 static __always_inline struct emd_slow_event *
-emd_slow_reserve(__u64 now, void *drops_map, __u32 rate_reason,
-		 __u32 full_reason)
+emd_slow_reserve_admitted(void *drops_map, __u32 full_reason)
 {
 	struct emd_slow_event *e;
 
-	if (!emd_slow_admit(now, drops_map, rate_reason))
-		return NULL;
 	e = bpf_ringbuf_reserve(&slow_events, sizeof(*e), 0);
 	if (!e)
 		emd_count_drop(drops_map, full_reason);
 	return e;
+}
+
+/* A record for a slow event, or NULL (refused or no room: counted). */
+static __always_inline struct emd_slow_event *
+emd_slow_reserve(__u64 now, void *drops_map, __u32 rate_reason,
+		 __u32 full_reason)
+{
+	if (!emd_slow_admit(now, drops_map, rate_reason))
+		return NULL;
+	return emd_slow_reserve_admitted(drops_map, full_reason);
 }
 
 /* Whether an event of latency_ns is slow (and not the daemon's own). */
@@ -104,21 +113,23 @@ emd_slow_origin_here(void *ctx, struct emd_slow_origin *o, bool user)
 	bpf_get_current_comm(&o->comm, sizeof(o->comm));
 	o->kstack = user ? 0 : emd_stack_take(ctx, 0, 0);
 	o->ustack = user ? emd_stack_take(ctx, 1, BPF_F_USER_STACK) : 0;
+	o->site.nr = -1;
 }
 
 /*
- * Records a slow event started by `o` (which must be emd_slow()): `label` is
- * the tracer's label text (up to 32 bytes), cgroup the one of its series.
+ * Sends a slow event started by `o`, already admitted (emd_slow_admit), with
+ * the stacks kept from its start: `label` is the tracer's label text (up to
+ * 32 bytes), cgroup the one of its series.
  */
 static __always_inline void
-emd_slow_record_origin(__u64 now, __u64 latency_ns, __u32 slot, __u64 key,
-		       const char *label, __u64 cgroup,
-		       const struct emd_slow_origin *o, void *drops_map,
-		       __u32 rate_reason, __u32 full_reason)
+emd_slow_send_origin(__u64 now, __u64 latency_ns, __u32 slot, __u64 key,
+		     const char *label, __u64 cgroup,
+		     const struct emd_slow_origin *o, void *drops_map,
+		     __u32 full_reason)
 {
 	struct emd_slow_event *e;
 
-	e = emd_slow_reserve(now, drops_map, rate_reason, full_reason);
+	e = emd_slow_reserve_admitted(drops_map, full_reason);
 	if (!e)
 		return;
 	e->ts = now;
@@ -128,7 +139,7 @@ emd_slow_record_origin(__u64 now, __u64 latency_ns, __u32 slot, __u64 key,
 	e->tgid = o->tgid;
 	e->tid = o->tid;
 	e->slot = slot;
-	e->pad = 0;
+	e->taken = EMD_SLOW_TAKEN_AT_START;
 	__builtin_memcpy(e->comm, o->comm, sizeof(e->comm));
 	bpf_probe_read_kernel_str(e->label, sizeof(e->label), label);
 	e->kstack_len =
@@ -158,7 +169,7 @@ static __always_inline void emd_slow_fill(void *ctx, struct emd_slow_event *e,
 	e->tgid = id >> 32;
 	e->tid = (__u32)id;
 	e->slot = slot;
-	e->pad = 0;
+	e->taken = EMD_SLOW_TAKEN_AT_RETURN;
 	bpf_get_current_comm(&e->comm, sizeof(e->comm));
 	e->label[0] = 0;
 	e->kstack_len =
@@ -187,53 +198,6 @@ static __always_inline void emd_slow_record(void *ctx, __u64 now,
 		return;
 	emd_slow_fill(ctx, e, now, latency_ns, slot, key, kernel_stack);
 	bpf_ringbuf_submit(e, 0);
-}
-
-/*
- * The start of an event that ends elsewhere, in the task that starts it: keeps
- * that task as its origin under `key` (drop reason `full_reason` when there is
- * no room).
- */
-static __always_inline void emd_slow_start(void *ctx, __u64 key,
-					   void *drops_map, __u32 full_reason)
-{
-	struct task_struct *t = (void *)bpf_get_current_task();
-	struct emd_slow_origin o = {};
-
-	if (!emd_slow_threshold_ns)
-		return;
-	emd_slow_origin_here(ctx, &o, !(BPF_CORE_READ(t, flags) & PF_KTHREAD));
-	if (bpf_map_update_elem(&slow_origins, &key, &o, BPF_ANY))
-		emd_count_drop(drops_map, full_reason);
-}
-
-/*
- * The end of the event started under `key`, after latency_ns: sent with its
- * origin when it was `counted` in histogram slot of latency_ns and is slow
- * (labelled by event_key and `label`; with `cgroup: true` in the series of
- * `series_cgroup`, else of the origin's cgroup); the origin is forgotten
- * either way.
- */
-static __always_inline void emd_slow_end(__u64 key, __u64 latency_ns,
-					 bool counted, __u64 event_key,
-					 const char *label, __u64 series_cgroup,
-					 void *drops_map, __u32 rate_reason,
-					 __u32 full_reason)
-{
-	struct emd_slow_origin *o;
-
-	if (!emd_slow_threshold_ns)
-		return;
-	o = bpf_map_lookup_elem(&slow_origins, &key);
-	if (!o)
-		return;
-	if (counted && emd_slow(latency_ns, o->tgid))
-		emd_slow_record_origin(
-		    bpf_ktime_get_ns(), latency_ns,
-		    emd_seconds_slot(latency_ns), event_key, label,
-		    emd_by_cgroup ? series_cgroup : o->cgroup, o, drops_map,
-		    rate_reason, full_reason);
-	bpf_map_delete_elem(&slow_origins, &key);
 }
 
 #endif

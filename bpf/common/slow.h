@@ -25,12 +25,24 @@ struct emd_slow_event {
 	__s32 kstack_len; /* bytes of kstack, or EMD_SLOW_STACK_LOST */
 	__s32 ustack_len; /* bytes of ustack (0: a kernel thread), or
 			     EMD_SLOW_STACK_LOST */
-	__u32 pad;
+	__u32 taken;	  /* when the user stack was taken: EMD_SLOW_TAKEN_* */
 	char comm[16];
 	char label[32]; /* the tracer's label text (a disk name...), or "" */
 	__u64 kstack[EMD_SLOW_MAX_DEPTH];
 	__u64 ustack[EMD_SLOW_MAX_DEPTH];
 };
+
+/* emd_slow_event.taken: where its user stack comes from. */
+/* Where the thread that waited for the event returned to from the system
+ * call it waited in: syscall_latency's, a synchronous read, a blocking
+ * connect() (a copy unwound with CFI, or a frame-pointer walk). */
+#define EMD_SLOW_TAKEN_AT_RETURN 0
+/* Where the thread that started the event was when it started it, walked by
+ * frame pointer: where an offcpu_time wait blocked; the issuer of a request or
+ * connect that nobody waited for inside that call (io_uring, AIO, writeback
+ * by a flusher thread, a non-blocking connect()), or whose return could not
+ * be used (enum emd_slow_return_drop_reason). */
+#define EMD_SLOW_TAKEN_AT_START 1
 
 /* A slow event with a copy of the user stack (common/slow_copy.bpf.h): the
  * record is cut after the stack bytes copied, so it is longer than an
@@ -49,6 +61,21 @@ struct emd_slow_origin {
 	__u32 tgid;
 	__u32 tid;
 	char comm[16];
+	/* the system call the task was in, marked to wait for the event's end
+	 * (common/slow_return.bpf.h); nr -1: none */
+	struct emd_syscall_site site;
+};
+
+/* Why a slow event that its starter waited for in a system call was not sent
+ * with the stack the starter returned to (common/slow_return.bpf.h), but with
+ * the one kept from its start: the per-CPU array emd_slow_return_drops. */
+enum emd_slow_return_drop_reason {
+	/* the starter returned elsewhere than it started the event (its call
+	 * returned before the event ended, in a race with the end) */
+	EMD_SLOW_RETURN_MISMATCH = 0,
+	EMD_SLOW_RETURN_EXITED = 1, /* the starter exited inside the call */
+	EMD_SLOW_RETURN_FULL = 2,   /* no room to mark or hold it */
+	EMD_SLOW_RETURN__COUNT,
 };
 
 #endif

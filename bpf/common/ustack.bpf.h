@@ -140,6 +140,39 @@ static __always_inline bool emd_ustack_regs(struct emd_ustack *u,
 	return emd_ustack_regs_of(u, &r);
 }
 
+/*
+ * The system call the current task is in, with where it returns to, from
+ * its saved user registers: a syscall entry saved the call's number in
+ * orig_ax and left ip after the `syscall` instruction (0f 05). An exception
+ * (a page fault) saves its error code there and the faulting ip; an interrupt
+ * a negative vector. False when it is not in a system call, or stopped by a
+ * signal or a tracer (TASK_STOPPED, TASK_TRACED: a stop, not the call's wait).
+ */
+#define EMD_TASK_STOPPED_OR_TRACED 0x0000000c
+#define EMD_MAX_SYSCALL 1024
+static __always_inline bool emd_syscall_site_here(struct emd_syscall_site *at,
+						  unsigned int state)
+{
+	const struct pt_regs *saved;
+	struct emd_user_regs r;
+	__u16 insn = 0;
+
+	if (state & EMD_TASK_STOPPED_OR_TRACED)
+		return false;
+	saved = emd_task_user_regs();
+	if (!saved || bpf_probe_read_kernel(&r, sizeof(r), saved))
+		return false;
+	if ((r.cs & 3) != 3 || r.orig_ax >= EMD_MAX_SYSCALL)
+		return false;
+	if (bpf_probe_read_user(&insn, sizeof(insn), (void *)(r.ip - 2)) ||
+	    insn != 0x050f)
+		return false;
+	at->ip = r.ip;
+	at->sp = r.sp;
+	at->nr = (__s32)r.orig_ax;
+	return true;
+}
+
 /* Copies the stack from the page of the stack pointer up, page by page, until
  * a page is not resident (bpf_probe_read_user never faults one in); the bytes
  * copied, 0 (counted) when none. */

@@ -26,6 +26,15 @@ struct emd_ustack {
 	__u8 data[EMD_USTACK_BYTES];
 };
 
+/* Where a thread is inside a system call: the user instruction and stack
+ * pointers it will return to, and the call. */
+struct emd_syscall_site {
+	__u64 ip;
+	__u64 sp;
+	__s32 nr; /* -1: not in a system call */
+	__u32 pad;
+};
+
 /* Why no user stack was copied, or not whole: the per-CPU array
  * emd_ustack_drops. */
 enum emd_ustack_drop_reason {

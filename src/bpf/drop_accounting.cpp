@@ -5,6 +5,7 @@
 #include <linux/types.h>
 
 // clang-format off
+#include "common/slow.h"
 #include "common/stacks.h"
 #include "common/ustack.h"
 // clang-format on
@@ -25,6 +26,9 @@ const std::vector<SharedDrops>& shared_drops() {
       {"emd_ustack_drops",
        drop_reasons<EMD_USTACK_DROP__COUNT>({"ustack_no_regs", "ustack_unreadable", "ustack_budget",
                                              "ustack_ring_full", "ustack_worker"})},
+      {"emd_slow_return_drops",
+       drop_reasons<EMD_SLOW_RETURN__COUNT>(
+           {"slow_return_mismatch", "slow_return_exited", "slow_return_full"})},
   };
   return tables;
 }

@@ -181,6 +181,7 @@ std::string pprof_slow(const SlowWindow& w) {
     label(out, s, "metric", e.metric);
     for (const auto& [name, value] : e.series) label(out, s, name.c_str(), value);
     label(out, s, "stack_id", stack_id_text(e.stack_id));
+    label(out, s, "stack", e.stack_at_start ? "at_start" : "at_return");
     number(out, s, "pid", e.pid);
     number(out, s, "tid", e.tid);
     label(out, s, "comm", e.comm);

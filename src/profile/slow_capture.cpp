@@ -68,7 +68,8 @@ SlowOptions SlowOptions::read(YamlMapReader& options, bool copies) {
   } else if (slow.has("unwind")) {
     slow.fail("unwind",
               "this tracer's slow events are walked by frame pointer: they do not end in the "
-              "thread that caused them (unwind is syscall_latency's)");
+              "thread that caused them (unwind is for syscall_latency, block_io and "
+              "tcp_connect_latency)");
   }
   slow.finish();
   return o;
@@ -86,6 +87,7 @@ std::uint32_t SlowOptions::ring_bytes() const {
 struct SlowCapture::Pending {
   std::uint64_t ts, latency_ns, cgroup, key;
   std::uint32_t tgid, tid, slot;
+  bool at_start;
   std::string comm, label;
   std::vector<profiling::Frame> frames;
 };
@@ -162,6 +164,7 @@ void SlowCapture::on_event(std::span<const std::byte> record) {
             e->tgid,
             e->tid,
             e->slot,
+            e->taken == EMD_SLOW_TAKEN_AT_START,
             std::string(e->comm, strnlen(e->comm, sizeof e->comm)),
             std::string(e->label, strnlen(e->label, sizeof e->label)),
             {}};
@@ -231,6 +234,7 @@ void SlowCapture::drain(
     e.pid = p.tgid;
     e.tid = p.tid;
     e.comm = p.comm;
+    e.stack_at_start = p.at_start;
     const double when = realtime_of(p.ts);
     e.when = std::chrono::system_clock::time_point(
         std::chrono::duration_cast<std::chrono::system_clock::duration>(

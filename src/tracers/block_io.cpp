@@ -15,6 +15,7 @@
 #include "ebpf_metricsd/profile/slow_capture.h"
 #include "ebpf_metricsd/tracers/registry.h"
 #include "ebpf_metricsd/tracers/tracer_options.h"
+#include "user_stack.h"
 
 // clang-format off
 #include <linux/types.h>
@@ -71,23 +72,29 @@ class BlockIoTracer final : public Tracer {
               context.profiles) {}
 
   void start(HookProber& prober, HookPreference preference) override {
-    static const std::array<std::string, 2> tps = {"block_rq_issue", "block_rq_complete"};
+    static const std::array<std::string, 4> tps = {"block_rq_issue", "block_rq_complete",
+                                                   "sys_exit", "sched_process_exit"};
     // block_rq_issue(rq) since 5.11, block_rq_issue(q, rq) before: ask the kernel's BTF.
     const auto args = tracepoint_arg_count("block_rq_issue");
     const bool with_queue = args && *args == 2;
-    skel_ = Object::load_probed(scope_.tracer(), drops_, prober, tps, preference,
-                                [this, with_queue](block_io* s, HookKind) {
-                                  s->rodata->emd_by_cgroup = labels_.on();
-                                  bpf_map__set_max_entries(s->maps.series_by_cgroup,
-                                                           labels_.options().kernel_map_entries());
-                                  slow_.configure(s, BLOCKIO_MAX_IN_FLIGHT);
-                                  auto& p = s->progs;
-                                  return std::vector<HookTwin>{
-                                      {p.block_rq_issue_btf, p.block_rq_issue_raw, !with_queue},
-                                      {p.block_rq_issue_q_btf, p.block_rq_issue_q_raw, with_queue},
-                                      {p.block_rq_complete_btf, p.block_rq_complete_raw},
-                                  };
-                                });
+    skel_ = Object::load_probed(
+        scope_.tracer(), drops_, prober, tps, preference,
+        [this, with_queue](block_io* s, HookKind) {
+          s->rodata->emd_by_cgroup = labels_.on();
+          bpf_map__set_max_entries(s->maps.series_by_cgroup,
+                                   labels_.options().kernel_map_entries());
+          slow_.configure(s, BLOCKIO_MAX_IN_FLIGHT);
+          auto& p = s->progs;
+          // Held events' senders first: a mark is never left unread.
+          std::vector<HookTwin> hooks = slow_return_hooks(s, slow_.options());
+          hooks.insert(hooks.end(),
+                       {
+                           {p.block_rq_issue_btf, p.block_rq_issue_raw, !with_queue},
+                           {p.block_rq_issue_q_btf, p.block_rq_issue_q_raw, with_queue},
+                           {p.block_rq_complete_btf, p.block_rq_complete_raw},
+                       });
+          return hooks;
+        });
     slow_.start(skel_->maps.slow_events);
   }
 

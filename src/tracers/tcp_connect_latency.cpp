@@ -11,6 +11,7 @@
 #include "ebpf_metricsd/profile/slow_capture.h"
 #include "ebpf_metricsd/tracers/registry.h"
 #include "ebpf_metricsd/tracers/tracer_options.h"
+#include "user_stack.h"
 
 // clang-format off
 #include <linux/types.h>
@@ -54,15 +55,18 @@ class TcpConnectLatencyTracer final : public Tracer {
               context.profiles) {}
 
   void start(HookProber& prober, HookPreference preference) override {
-    static const std::array<std::string, 1> tps = {"inet_sock_set_state"};
+    static const std::array<std::string, 3> tps = {"inet_sock_set_state", "sys_exit",
+                                                   "sched_process_exit"};
     skel_ = Object::load_probed(
         scope_.tracer(), drops_, prober, tps, preference, [this](tcp_connect_latency* s, HookKind) {
           s->rodata->emd_by_cgroup = labels_.on();
           for (bpf_map* m : {s->maps.latency_by_cgroup, s->maps.failures_by_cgroup})
             bpf_map__set_max_entries(m, labels_.options().kernel_map_entries());
           slow_.configure(s, TCPCONN_MAX_IN_FLIGHT);
-          return std::vector<HookTwin>{
-              {s->progs.inet_sock_set_state_btf, s->progs.inet_sock_set_state_raw}};
+          // Held events' senders first: a mark is never left unread.
+          std::vector<HookTwin> hooks = slow_return_hooks(s, slow_.options());
+          hooks.push_back({s->progs.inet_sock_set_state_btf, s->progs.inet_sock_set_state_raw});
+          return hooks;
         });
     slow_.start(skel_->maps.slow_events);
   }

@@ -4,6 +4,10 @@
 #include <bpf/libbpf.h>
 
 #include <cstdint>
+#include <vector>
+
+#include "ebpf_metricsd/bpf/skeleton.h"
+#include "ebpf_metricsd/profile/slow_options.h"
 
 namespace ebpf_metricsd {
 
@@ -17,6 +21,25 @@ template <class Skeleton>
 void configure_user_stacks(Skeleton* s, std::uint32_t per_second) {
   s->rodata->emd_ptregs_offset = user_regs_offset();
   s->rodata->emd_ustack_per_second = per_second;
+}
+
+// Threads at once inside a system call in which they started an event (a block request, a
+// connect), and slow events held for their return, for bpf/common/slow_return.bpf.h; more are
+// sent at once with the stack from their start (counted: slow_return_full).
+inline constexpr std::uint32_t kSlowReturnCalls = 4096;
+inline constexpr std::uint32_t kSlowReturnHeld = 1024;
+
+// Sets up an object's slow events that are sent when their starter returns from the system
+// call it waits in (bpf/common/slow_return.bpf.h), with `unwind: cfi`; its programs, to attach
+// before those that start events.
+template <class Skeleton>
+std::vector<HookTwin> slow_return_hooks(Skeleton* s, const SlowOptions& slow) {
+  const bool on = slow.on() && slow.unwind_cfi;
+  s->rodata->emd_ptregs_offset = on ? user_regs_offset() : 0;
+  bpf_map__set_max_entries(s->maps.emd_slow_calls, on ? kSlowReturnCalls : 1);
+  bpf_map__set_max_entries(s->maps.emd_slow_held, on ? kSlowReturnHeld : 1);
+  return {{s->progs.slow_sys_exit_btf, s->progs.slow_sys_exit_raw, on},
+          {s->progs.slow_exit, s->progs.slow_exit, on}};
 }
 
 }  // namespace ebpf_metricsd

@@ -201,3 +201,69 @@ TEST_CASE(
     CHECK((d == nullptr || d->counter.value == 0));
   }
 }
+
+TEST_CASE(
+    "slow direct writes through the C library: held until pwrite() returns, the stack names "
+    "its caller up to main, with and without frame pointers",
+    "[block_io][slow][unwind]") {
+  // io_workload: main -> write_all -> write_block -> pwrite(), O_DIRECT through the C library
+  // (whose wrapper keeps no frame), built as Debian builds and with frame pointers. The writer
+  // waits inside pwrite() until its request completes, so each event it issued is sent when
+  // the call returns, with a copy of the user stack it returns to.
+  const std::string binary = GENERATE(std::string(IO_WORKLOAD_FP), std::string(IO_WORKLOAD_NOFP));
+  INFO(binary);
+  test::LoopDevice loop;
+  MetricStore store;
+  profiling::ProfileStore profiles;
+  auto tracer = test::start_tracer(store, "block_io",
+                                   "    slow: {threshold: 1us, max_per_second: 1000}\n", &profiles);
+  constexpr int kWrites = 20;
+  const auto s0 = loop.stat();
+  test::SpawnedWorkload w({binary, "write", loop.dev(), std::to_string(kWrites)});
+  for (int i = 0; i < 600 && loop.stat()[2] - s0[2] < kWrites; ++i) usleep(10000);
+  const std::uint64_t requests = loop.stat()[2] - s0[2];
+  REQUIRE(requests >= kWrites);
+  const std::vector<std::pair<std::string, std::string>> writes = {{"device", loop.name()},
+                                                                   {"op", "write"}};
+  const auto found =
+      test::wait_for_slow(tracer, profiles, "ebpf_block_io_latency_seconds", requests,
+                          [&](const profiling::SlowEvent& e, const profiling::SlowWindow&) {
+                            return e.series == writes;
+                          });
+  const auto pid = static_cast<std::uint32_t>(w.pid());
+  CHECK(w.finish() == 0);
+
+  INFO(requests << " writes, " << found.events.size() << " events");
+  CHECK(found.events.size() == requests);  // none lost
+  std::size_t from_writer = 0;
+  for (const auto& e : found.events) {
+    const auto user = test::user_functions(e, found.window);
+    INFO("issuer " << e.comm << " (" << e.pid << "), user frames: " << test::chain_text(user));
+    if (e.pid != pid) {
+      // A kernel worker that issued the request: the stack from the issue, a kernel one.
+      CHECK(e.stack_at_start);
+      CHECK(user.empty());
+      continue;
+    }
+    ++from_writer;
+    CHECK_FALSE(e.stack_at_start);
+    CHECK(test::holds_in_order(user, {"write_block", "write_all", "main"}));
+  }
+  // 5.10 and 6.1 dispatch the loop driver's requests from a kernel worker (see above).
+  if (from_writer == 0) {
+    WARN("this kernel issued every loop request from a worker thread");
+    return;
+  }
+  const auto fams = test::collect(store);
+  const auto* complete = test::find_series(fams, "ebpf_metricsd_slow_unwinds_total",
+                                           {{"tracer", "block_io"}, {"result", "complete"}});
+  REQUIRE(complete);
+  CHECK(complete->counter.value >= from_writer);
+  for (const char* reason : {"slow_limited", "slow_ring_full", "slow_queue_full",
+                             "slow_origin_full", "slow_return_exited", "slow_return_full"}) {
+    INFO(reason);
+    const auto* d = test::find_series(fams, "ebpf_metricsd_dropped_events_total",
+                                      {{"tracer", "block_io"}, {"reason", reason}});
+    CHECK((d == nullptr || d->counter.value == 0));
+  }
+}

@@ -189,3 +189,54 @@ TEST_CASE("slow connects: every loopback connect is an event with the connecting
     CHECK((d == nullptr || d->counter.value == 0));
   }
 }
+
+TEST_CASE(
+    "slow connects through the C library: held until connect() returns, the stack names its "
+    "caller up to main, with and without frame pointers",
+    "[tcp][slow][unwind]") {
+  // io_workload: main -> connect_all -> connect_once -> connect(), a blocking connect through
+  // the C library (whose wrapper keeps no frame), built as Debian builds and with frame
+  // pointers. The connecting thread is inside connect() until the handshake is done, so each
+  // event is sent when the call returns, with a copy of the user stack it returns to.
+  const std::string binary = GENERATE(std::string(IO_WORKLOAD_FP), std::string(IO_WORKLOAD_NOFP));
+  INFO(binary);
+  constexpr int kConnects = 10;
+  MetricStore store;
+  profiling::ProfileStore profiles;
+  // 1us: a connect through the loopback takes more at any machine speed.
+  auto tracer = test::start_tracer(store, "tcp_connect_latency",
+                                   "    slow: {threshold: 1us, max_per_second: 1000}\n", &profiles);
+  Loopback lo(AF_INET);
+  const int listener = lo.listen_any();
+  const int port = ntohs(reinterpret_cast<sockaddr_in*>(&lo.addr)->sin_port);
+  test::SpawnedWorkload w({binary, "connect", std::to_string(port), std::to_string(kConnects)});
+  const auto pid = static_cast<std::uint32_t>(w.pid());
+  const std::string metric = "ebpf_tcp_connect_latency_seconds";
+  const auto found = test::wait_for_slow(
+      tracer, profiles, metric, kConnects,
+      [&](const profiling::SlowEvent& e, const profiling::SlowWindow&) { return e.pid == pid; });
+  CHECK(w.finish() == 0);
+  close(listener);
+
+  REQUIRE(found.events.size() == kConnects);  // one per connect, none lost
+  for (const auto& e : found.events) {
+    const auto user = test::user_functions(e, found.window);
+    INFO("user frames: " << test::chain_text(user));
+    CHECK_FALSE(e.stack_at_start);
+    CHECK(test::holds_in_order(user, {"connect_once", "connect_all", "main"}));
+  }
+  const auto fams = test::collect(store);
+  const auto* complete =
+      test::find_series(fams, "ebpf_metricsd_slow_unwinds_total",
+                        {{"tracer", "tcp_connect_latency"}, {"result", "complete"}});
+  REQUIRE(complete);
+  CHECK(complete->counter.value >= kConnects);
+  for (const char* reason :
+       {"slow_limited", "slow_ring_full", "slow_queue_full", "slow_origin_full",
+        "slow_return_mismatch", "slow_return_exited", "slow_return_full"}) {
+    INFO(reason);
+    const auto* d = test::find_series(fams, "ebpf_metricsd_dropped_events_total",
+                                      {{"tracer", "tcp_connect_latency"}, {"reason", reason}});
+    CHECK((d == nullptr || d->counter.value == 0));
+  }
+}

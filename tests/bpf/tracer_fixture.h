@@ -2,7 +2,12 @@
 // Building a tracer the way the daemon does (config text -> descriptor -> tracer).
 
 #include <bpf/libbpf.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
@@ -11,6 +16,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "../metrics_lookup.h"
@@ -138,6 +144,75 @@ inline std::vector<profiling::SlowEvent> wait_for_slow_events(
              [&](const profiling::SlowEvent& e, const profiling::SlowWindow&) { return wanted(e); })
       .events;
 }
+
+// The user frames' functions of a kept slow event's stack, innermost first.
+inline std::vector<std::string> user_functions(const profiling::SlowEvent& e,
+                                               const profiling::SlowWindow& w) {
+  std::vector<std::string> user;
+  if (auto it = w.stacks.find(e.stack_id); it != w.stacks.end()) {
+    for (const auto& f : it->second) {
+      if (!f.kernel) user.push_back(f.function);
+    }
+  }
+  return user;
+}
+// "a <- b <- c": a stack's functions, innermost first, for messages.
+inline std::string chain_text(const std::vector<std::string>& functions) {
+  std::string chain;
+  for (const auto& f : functions) chain += (chain.empty() ? "" : " <- ") + f;
+  return chain;
+}
+// Whether `functions` (innermost first) hold each of `callees_first` in that order.
+inline bool holds_in_order(const std::vector<std::string>& functions,
+                           const std::vector<std::string>& callees_first) {
+  auto at = functions.begin();
+  for (const auto& name : callees_first) {
+    at = std::find(at, functions.end(), name);
+    if (at == functions.end()) return false;
+  }
+  return true;
+}
+
+// A workload program run with `args`, its output discarded, that stays until finish() closes
+// its standard input (the io_workload's convention).
+class SpawnedWorkload {
+ public:
+  explicit SpawnedWorkload(std::vector<std::string> args) {
+    int in[2];
+    REQUIRE(pipe2(in, O_CLOEXEC) == 0);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, in[0], STDIN_FILENO);
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+    const int err = posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    close(in[0]);
+    stdin_ = in[1];
+    REQUIRE(err == 0);
+  }
+  ~SpawnedWorkload() { finish(); }
+  SpawnedWorkload(const SpawnedWorkload&) = delete;
+  SpawnedWorkload& operator=(const SpawnedWorkload&) = delete;
+  pid_t pid() const { return pid_; }
+  // Its exit status (-1: it did not exit normally).
+  int finish() {
+    if (stdin_ >= 0) close(std::exchange(stdin_, -1));
+    if (pid_ > 0) {
+      int status = 0;
+      waitpid(std::exchange(pid_, 0), &status, 0);
+      status_ = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    }
+    return status_;
+  }
+
+ private:
+  pid_t pid_ = 0;
+  int stdin_ = -1;
+  int status_ = -1;
+};
 
 // The bucket `last` (a kept slow event) was counted in (the first le at or above its latency)
 // carries the newest event of `window` in that series and bucket as its exemplar, in the

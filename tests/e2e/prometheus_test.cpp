@@ -439,9 +439,10 @@ TEST_CASE(
   const double start =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   // The exemplars of `query` from process `pid`, once Prometheus has them, each in its bucket,
-  // at least `min_seconds`, and leading through the daemon to a stack that names `function`.
+  // at least `min_seconds`, and leading through the daemon to a stack that names `function`,
+  // taken where `taken` says (the pprof label `stack`: at_return, at_start).
   const auto check_exemplars = [&](const std::string& query, pid_t pid, double min_seconds,
-                                   const std::string& function) {
+                                   const std::string& function, const std::string& taken) {
     INFO(query);
     json found = json::array();
     const bool seen = wait_until(
@@ -485,6 +486,7 @@ TEST_CASE(
       CHECK_THAT(raw, Catch::Matchers::Contains("events/count latency/nanoseconds[dflt]"));
       CHECK_THAT(raw, Catch::Matchers::Contains(function));
       CHECK_THAT(raw, Catch::Matchers::Contains("pid:[" + std::to_string(pid) + "]"));
+      CHECK_THAT(raw, Catch::Matchers::Contains("stack:[" + taken + "]"));
       // The shipped Grafana data source's exemplar link, filled in as Grafana does, opens the
       // flame graph page; the page's data for it draws that stack.
       const YAML::Node ds = YAML::LoadFile(SOURCE_DIR "/packaging/grafana/datasource.yml");
@@ -507,17 +509,18 @@ TEST_CASE(
   // of the reader's comm are its alone.
   SlowReader reader(5, std::chrono::milliseconds(300));
   check_exemplars("ebpf_syscall_latency_seconds_bucket{syscall=\"read\"}", reader.pid(), 0.3,
-                  "slow_read_in_known_function");
+                  "slow_read_in_known_function", "at_return");
   check_exemplars("ebpf_offcpu_seconds_bucket{comm=\"" + std::string(SlowReader::kComm) + "\"}",
-                  reader.pid(), 0.3, "slow_read_in_known_function");
+                  reader.pid(), 0.3, "slow_read_in_known_function", "at_start");
   CHECK(reader.finish() == 0);
 
   // Direct writes to a loop device nothing else writes to: at 1 us every request is slow.
   // The newest request of a bucket is its exemplar: the writer's, where the loop driver
-  // issues a direct write in the writer's context (6.12 and later; these machines).
+  // issues a direct write in the writer's context (6.12 and later; these machines), sent
+  // when its write returns.
   DirectWriter writer(loop.dev(), 20);
   check_exemplars(
       "ebpf_block_io_latency_seconds_bucket{device=\"" + loop.name() + "\",op=\"write\"}",
-      writer.pid(), 0, "write_in_known_function");
+      writer.pid(), 0, "write_in_known_function", "at_return");
   CHECK(writer.finish() == 0);
 }

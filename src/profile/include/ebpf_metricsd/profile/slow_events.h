@@ -32,6 +32,10 @@ struct SlowEvent {
   std::uint32_t pid = 0;
   std::uint32_t tid = 0;
   std::string comm;
+  // Its user stack: false, where the thread that waited for it returned from the system call
+  // it waited in; true, where the thread that started it was then (offcpu_time's: where it
+  // blocked), by frame pointer (EMD_SLOW_TAKEN_* of bpf/common/slow.h).
+  bool stack_at_start = false;
   CgroupLabel workload;
   std::chrono::system_clock::time_point when;
   std::uint64_t stack_id = 0;  // set by SlowEventStore::add

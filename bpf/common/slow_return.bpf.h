@@ -1,0 +1,314 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * Slow events that end elsewhere than they start (a block request completed
+ * in an interrupt, a connect established in a softirq): the task that starts
+ * one is kept as its origin by the tracer's key (slow_origins), and the event
+ * is sent with it if it proves slow.
+ *
+ * With emd_slow_unwind_cfi, an event whose starter waits for it inside a
+ * system call (a synchronous read, a blocking connect()) is held until that
+ * call returns and sent then, with a copy of the user stack it returns to
+ * (common/slow_copy.bpf.h), as syscall_latency's are: the function that
+ * called read() through libc is found, with or without frame pointers.
+ *
+ * - At the start, a user task inside a system call is marked in
+ *   emd_slow_calls with the call's return site (emd_syscall_site_here).
+ * - At the end, a slow event whose starter is still marked with that site is
+ *   held in emd_slow_held. Else it is sent at once with the frame-pointer
+ *   stack kept from its start (EMD_SLOW_TAKEN_AT_START): its starter's call
+ *   returned before it ended (io_uring, AIO, a non-blocking connect()), or it
+ *   did not start inside a call (a page fault, a flusher thread).
+ * - At sys_exit (emd_slow_call_returns), the task's mark goes, and its held
+ *   event is sent: with the copy where the task returns to the site it
+ *   started the event from, else with the stack from its start (counted:
+ *   EMD_SLOW_RETURN_MISMATCH). A task that exits inside the call sends it
+ *   from sched_process_exit the same way (EMD_SLOW_RETURN_EXITED).
+ *
+ * The end never changes an entry in place (the starter's sys_exit may be
+ * reading it on another CPU): it inserts a held entry where there is none
+ * (BPF_NOEXIST), and an end that races with its starter's return is sent at
+ * the starter's next return, as a mismatch. Two counts of the entries let
+ * sys_exit, which runs for every system call on the host, skip both lookups
+ * while nothing is marked or held.
+ */
+#ifndef EBPF_METRICSD_SLOW_RETURN_BPF_H
+#define EBPF_METRICSD_SLOW_RETURN_BPF_H
+
+#include "common/slow_copy.bpf.h"
+
+/* An event held for its starter's return from the call it waits in. */
+struct emd_slow_held {
+	struct emd_slow_origin origin;
+	__u64 ts;
+	__u64 latency_ns;
+	__u64 cgroup; /* of its series */
+	__u64 key;
+	__u32 slot;
+	__u32 pad;
+	char label[32];
+};
+
+/* Both sized by user space (1 when unused). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1);
+	__type(key, __u32); /* thread id */
+	__type(value, struct emd_syscall_site);
+} emd_slow_calls SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1);
+	__type(key, __u32); /* thread id */
+	__type(value, struct emd_slow_held);
+} emd_slow_held SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, EMD_SLOW_RETURN__COUNT);
+	__type(key, __u32);
+	__type(value, __u64);
+} emd_slow_return_drops SEC(".maps");
+
+/* Entries of emd_slow_calls and emd_slow_held. */
+__u64 emd_slow_marked = 0;
+__u64 emd_slow_holding = 0;
+
+/*
+ * The start of an event that ends elsewhere, in the task that starts it: keeps
+ * that task as its origin under `key` (drop reason `full_reason` when there is
+ * no room), and marks the system call it is in (with emd_slow_unwind_cfi).
+ */
+static __always_inline void emd_slow_start(void *ctx, __u64 key,
+					   void *drops_map, __u32 full_reason)
+{
+	struct task_struct *t = (void *)bpf_get_current_task();
+	bool user = !(BPF_CORE_READ(t, flags) & PF_KTHREAD);
+	struct emd_slow_origin o = {};
+	__u32 tid;
+
+	if (!emd_slow_threshold_ns)
+		return;
+	emd_slow_origin_here(ctx, &o, user);
+	if (emd_slow_unwind_cfi && user && emd_syscall_site_here(&o.site, 0)) {
+		/* The starter's own context: its sys_exit cannot run now, and
+		 * a mark already there is this call's. */
+		tid = o.tid;
+		if (!bpf_map_lookup_elem(&emd_slow_calls, &tid)) {
+			if (bpf_map_update_elem(&emd_slow_calls, &tid, &o.site,
+						BPF_NOEXIST)) {
+				emd_count_drop(&emd_slow_return_drops,
+					       EMD_SLOW_RETURN_FULL);
+				o.site.nr = -1;
+			} else {
+				__sync_fetch_and_add(&emd_slow_marked, 1);
+			}
+		}
+	}
+	if (bpf_map_update_elem(&slow_origins, &key, &o, BPF_ANY))
+		emd_count_drop(drops_map, full_reason);
+}
+
+/* Whether the event of origin o, slow, is held for its starter's return. */
+static __always_inline bool emd_slow_hold(const struct emd_slow_origin *o,
+					  __u64 now, __u64 latency_ns,
+					  __u32 slot, __u64 key,
+					  const char *label, __u64 cgroup)
+{
+	struct emd_syscall_site *mark;
+	struct emd_slow_held h = {};
+	__u32 tid = o->tid;
+
+	if (o->site.nr < 0)
+		return false;
+	mark = bpf_map_lookup_elem(&emd_slow_calls, &tid);
+	if (!mark || mark->ip != o->site.ip || mark->sp != o->site.sp ||
+	    mark->nr != o->site.nr)
+		return false; /* the call returned first */
+	h.origin = *o;
+	h.ts = now;
+	h.latency_ns = latency_ns;
+	h.cgroup = cgroup;
+	h.key = key;
+	h.slot = slot;
+	bpf_probe_read_kernel_str(h.label, sizeof(h.label), label);
+	if (bpf_map_update_elem(&emd_slow_held, &tid, &h, BPF_NOEXIST)) {
+		/* another event of the call is held already: this one goes now
+		 * (not counted); a full map is */
+		if (!bpf_map_lookup_elem(&emd_slow_held, &tid))
+			emd_count_drop(&emd_slow_return_drops,
+				       EMD_SLOW_RETURN_FULL);
+		return false;
+	}
+	__sync_fetch_and_add(&emd_slow_holding, 1);
+	return true;
+}
+
+/*
+ * The end of the event started under `key`, after latency_ns: when it was
+ * `counted` in histogram slot of latency_ns and is slow (labelled by event_key
+ * and `label`; with `cgroup: true` in the series of `series_cgroup`, else of
+ * the origin's cgroup), held for its starter's return or sent with its origin;
+ * the origin is forgotten either way.
+ */
+static __always_inline void emd_slow_end(__u64 key, __u64 latency_ns,
+					 bool counted, __u64 event_key,
+					 const char *label, __u64 series_cgroup,
+					 void *drops_map, __u32 rate_reason,
+					 __u32 full_reason)
+{
+	struct emd_slow_origin *o;
+	__u64 now, cgroup;
+	__u32 slot;
+
+	if (!emd_slow_threshold_ns)
+		return;
+	o = bpf_map_lookup_elem(&slow_origins, &key);
+	if (!o)
+		return;
+	now = bpf_ktime_get_ns();
+	if (counted && emd_slow(latency_ns, o->tgid) &&
+	    emd_slow_admit(now, drops_map, rate_reason)) {
+		slot = emd_seconds_slot(latency_ns);
+		cgroup = emd_by_cgroup ? series_cgroup : o->cgroup;
+		if (!emd_slow_hold(o, now, latency_ns, slot, event_key, label,
+				   cgroup))
+			emd_slow_send_origin(now, latency_ns, slot, event_key,
+					     label, cgroup, o, drops_map,
+					     full_reason);
+	}
+	bpf_map_delete_elem(&slow_origins, &key);
+}
+
+/* The current thread's held event, or NULL. Only the thread itself sends and
+ * removes it (emd_slow_release), so it stays put while used. */
+static __always_inline struct emd_slow_held *emd_slow_held_of(__u32 tid)
+{
+	if (!emd_slow_holding)
+		return NULL;
+	return bpf_map_lookup_elem(&emd_slow_held, &tid);
+}
+
+static __always_inline void emd_slow_release(__u32 tid)
+{
+	if (!bpf_map_delete_elem(&emd_slow_held, &tid))
+		__sync_fetch_and_add(&emd_slow_holding, (__u64)-1);
+}
+
+/* The current thread leaves its system call: its mark goes. */
+static __always_inline void emd_slow_unmark(__u32 tid)
+{
+	if (emd_slow_marked && !bpf_map_delete_elem(&emd_slow_calls, &tid))
+		__sync_fetch_and_add(&emd_slow_marked, (__u64)-1);
+}
+
+/* Sends held event h with the stacks from its start, counted under `why`. */
+static __always_inline void
+emd_slow_send_held_origin(const struct emd_slow_held *h, __u32 why,
+			  void *drops_map, __u32 full_reason)
+{
+	emd_count_drop(&emd_slow_return_drops, why);
+	emd_slow_send_origin(h->ts, h->latency_ns, h->slot, h->key, h->label,
+			     h->cgroup, &h->origin, drops_map, full_reason);
+}
+
+/* Sends held event h with a copy of the user stack the current thread returns
+ * to (user registers `regs`). */
+static __always_inline void
+emd_slow_send_held_copy(void *ctx, const struct emd_slow_held *h,
+			const struct pt_regs *regs, void *drops_map,
+			__u32 full_reason)
+{
+	struct emd_slow_event_copy *c = emd_slow_copy_record();
+
+	if (!c)
+		return;
+	c->event.ts = h->ts;
+	c->event.latency_ns = h->latency_ns;
+	c->event.cgroup = h->cgroup;
+	c->event.key = h->key;
+	c->event.tgid = h->origin.tgid;
+	c->event.tid = h->origin.tid;
+	c->event.slot = h->slot;
+	c->event.taken = EMD_SLOW_TAKEN_AT_RETURN;
+	__builtin_memcpy(c->event.comm, h->origin.comm, sizeof(c->event.comm));
+	__builtin_memcpy(c->event.label, h->label, sizeof(c->event.label));
+	c->event.kstack_len = emd_stack_copy(h->origin.kstack, c->event.kstack,
+					     EMD_SLOW_STACK_LOST);
+	c->event.ustack_len =
+	    emd_stack_take_into(ctx, c->event.ustack, BPF_F_USER_STACK);
+	emd_slow_send_copy(c, regs, drops_map, full_reason);
+}
+
+/*
+ * The current thread returns from a system call to user registers `regs`:
+ * its held event, if any, is sent with a copy of the user stack it returns to
+ * when it returns where it started the event.
+ */
+static __always_inline void emd_slow_call_returns(void *ctx,
+						  const struct pt_regs *regs,
+						  void *drops_map,
+						  __u32 full_reason)
+{
+	const struct emd_user_regs *u = (const void *)regs;
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct emd_slow_held *h;
+	__u64 ip = 0, sp = 0;
+
+	emd_slow_unmark(tid);
+	h = emd_slow_held_of(tid);
+	if (!h)
+		return;
+	bpf_probe_read_kernel(&ip, sizeof(ip), &u->ip);
+	bpf_probe_read_kernel(&sp, sizeof(sp), &u->sp);
+	if (ip == h->origin.site.ip && sp == h->origin.site.sp)
+		emd_slow_send_held_copy(ctx, h, regs, drops_map, full_reason);
+	else
+		emd_slow_send_held_origin(h, EMD_SLOW_RETURN_MISMATCH,
+					  drops_map, full_reason);
+	emd_slow_release(tid);
+}
+
+/* The current thread exits, maybe inside the call it waited in: its held
+ * event is sent with the stacks from its start. */
+static __always_inline void emd_slow_call_exits(void *drops_map,
+						__u32 full_reason)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct emd_slow_held *h;
+
+	emd_slow_unmark(tid);
+	h = emd_slow_held_of(tid);
+	if (!h)
+		return;
+	emd_slow_send_held_origin(h, EMD_SLOW_RETURN_EXITED, drops_map,
+				  full_reason);
+	emd_slow_release(tid);
+}
+
+/*
+ * The programs that send held events: name_sys_exit_btf, name_sys_exit_raw
+ * (sys_exit) and name_exit (sched_process_exit); the tracer's drops map and
+ * reason for a full ring.
+ */
+#define EMD_SLOW_RETURN_PROGS(name, drops_map, full_reason)                    \
+	SEC("tp_btf/sys_exit")                                                 \
+	int BPF_PROG(name##_sys_exit_btf, struct pt_regs *regs, long ret)      \
+	{                                                                      \
+		emd_slow_call_returns(ctx, regs, drops_map, full_reason);      \
+		return 0;                                                      \
+	}                                                                      \
+	SEC("raw_tp/sys_exit")                                                 \
+	int BPF_PROG(name##_sys_exit_raw, struct pt_regs *regs, long ret)      \
+	{                                                                      \
+		emd_slow_call_returns(ctx, regs, drops_map, full_reason);      \
+		return 0;                                                      \
+	}                                                                      \
+	SEC("raw_tp/sched_process_exit")                                       \
+	int BPF_PROG(name##_exit, struct task_struct *p)                       \
+	{                                                                      \
+		emd_slow_call_exits(drops_map, full_reason);                   \
+		return 0;                                                      \
+	}
+
+#endif
