@@ -14,14 +14,22 @@
 #     `perf bench syscall basic` (getppid) with nothing, with the profile (on_cpu: false)
 #     under `unwind: cfi` and under `unwind: frame_pointers`;
 #  4. the daemon's RSS under process churn: thousands of short-lived processes run from 200
-#     distinct copies of the workload binary (a file each: its own ELF to open and name).
+#     distinct copies of the workload binary (a file each: its own ELF to open and name);
+#  5. kernel time per on-CPU sample, from the kernel's BPF statistics
+#     (kernel.bpf_stats_enabled): the profile's perf-event program at 99 Hz under
+#     `unwind: cfi` (registers and a copy of the stack's top, a ring record) and
+#     `frame_pointers` (the walk, an in-kernel count), against bpftrace's `profile:hz:99`
+#     probe counting user and kernel stacks; the CPU-bound workload on CPU 0. With it, the
+#     daemon's CPU per sample unwound (ebpf_metricsd_profile_unwind_cpu_seconds_total).
 # Root; run from the repository root after building.
-#   bash bench/profile_bench.sh [rounds]
+#   bash bench/profile_bench.sh [rounds] ["sections"]   (e.g. 3 "1 5"; all five by default)
 set -euo pipefail
 rounds=${1:-5}
+sections=${2:-1 2 3 4 5}
+want() { [[ " $sections " == *" $1 "* ]]; }
 build=${BUILD:-build}
 workload=$build/tests/profile_workload_nofp
-for tool in perf /usr/sbin/offcputime; do
+for tool in perf /usr/sbin/offcputime bpftrace bpftool; do
   command -v "$tool" >/dev/null || { echo "$tool is not installed (install-deps.sh --with-tests)" >&2; exit 2; }
 done
 [[ -x $workload ]] || { echo "$workload is missing: build the tests first" >&2; exit 2; }
@@ -45,6 +53,7 @@ stop_daemon() { kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""; }
 median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 hz=$(getconf CLK_TCK)
 
+if want 1; then
 # 1. CPU-bound throughput: rounds of the workload's loop per second of its CPU time (the
 #    sampling interrupts are charged to it), less the daemon's CPU time in the same run.
 work() {  # prints "rounds cpu_seconds" of 3 s of CPU on CPU 0
@@ -80,16 +89,19 @@ for f in 19 99; do
   on=$(median <"$dir/on$f")
   printf '  %3d Hz       %.1f rounds/s  (%+.2f%%)\n' "$f" "$on" "$(echo "($on / $off - 1) * 100" | bc -l)"
 done
+fi
 
+# Sections 2 and 3: the profile off-CPU only, with offcpu_time beside it, frame pointers only.
+config "$dir/off.yaml" 19 false true
+config "$dir/both.yaml" 19 false true
+printf '  offcpu_time:\n    enabled: true\n' >>"$dir/both.yaml"
+config "$dir/fp.yaml" 19 false true frame_pointers
+if want 2; then
 # 2. The off-CPU path, per blocking context switch.
 loops=200000
 pipe_usecs() {  # usecs per round trip of perf bench sched pipe, both tasks on CPU 0
   taskset -c 0 perf bench sched pipe -l "$loops" 2>/dev/null | awk '/usecs\/op/ {print $1}'
 }
-config "$dir/off.yaml" 19 false true
-config "$dir/both.yaml" 19 false true
-printf '  offcpu_time:\n    enabled: true\n' >>"$dir/both.yaml"
-config "$dir/fp.yaml" 19 false true frame_pointers
 : >"$dir/base"; : >"$dir/ours"; : >"$dir/both"; : >"$dir/fp"; : >"$dir/theirs"
 for _ in $(seq "$rounds"); do
   pipe_usecs >>"$dir/base"
@@ -116,7 +128,9 @@ printf '  profile      %.3f us  (%+.0f ns a switch)\n' "$ours" "$(echo "($ours -
 printf '  + offcpu_time %.3f us  (%+.0f ns a switch)\n' "$both" "$(echo "($both - $base) * 1000 / 2" | bc -l)"
 printf '  frame ptrs   %.3f us  (%+.0f ns a switch)\n' "$fp" "$(echo "($fp - $base) * 1000 / 2" | bc -l)"
 printf '  offcputime   %.3f us  (%+.0f ns a switch)\n' "$theirs" "$(echo "($theirs - $base) * 1000 / 2" | bc -l)"
+fi
 
+if want 3; then
 # 3. The sys_exit hook, per system call.
 syscall_ns() {  # ns per getppid() on CPU 0
   taskset -c 0 perf bench syscall basic -l 2000000 2>/dev/null | awk '/usecs\/op/ {print $1 * 1000}'
@@ -136,7 +150,9 @@ echo "System calls (perf bench syscall basic, median of $rounds):"
 printf '  nothing         %.0f ns a call\n' "$sc_base"
 printf '  unwind: cfi     %.0f ns  (%+.0f ns a call)\n' "$sc_cfi" "$(echo "$sc_cfi - $sc_base" | bc -l)"
 printf '  frame pointers  %.0f ns  (%+.0f ns a call)\n' "$sc_fp" "$(echo "$sc_fp - $sc_base" | bc -l)"
+fi
 
+if want 4; then
 # 4. RSS under process churn.
 config "$dir/churn.yaml" 99 true true
 mkdir "$dir/bins"
@@ -156,3 +172,66 @@ sleep 12  # two drains
 echo "Daemon RSS, 2,000 processes from 200 distinct binaries at 99 Hz:"
 echo "  before ${rss0} KiB, peak ${peak} KiB, after $(rss) KiB"
 curl -s "$url" | grep -E '^ebpf_metricsd_profile_cache_entries' | sed 's/^/  /'
+fi
+
+if want 5; then
+# 5. Kernel ns per on-CPU sample, ours against bpftrace's profile:hz.
+prog_ns() {  # prog_ns NAME: "run_time_ns run_cnt" of the perf_event program NAME
+  bpftool prog show --json | python3 -c '
+import json, sys
+ns = cnt = 0
+for p in json.load(sys.stdin):
+    if p.get("type") == "perf_event" and p.get("name") == sys.argv[1]:
+        ns += p.get("run_time_ns", 0); cnt += p.get("run_cnt", 0)
+print(ns, cnt)' "$1"
+}
+metric_sum() { curl -s "$url" | awk -v m="$1" 'index($0, m) == 1 {s += $NF} END {print s + 0}'; }
+per_sample() {  # per_sample NAME: ns per run of NAME (every CPU's samples) over 3 s of the workload's CPU
+  read -r a0 c0 < <(prog_ns "$1")
+  taskset -c 0 "$workload" 3000 0 >/dev/null
+  read -r a1 c1 < <(prog_ns "$1")
+  echo "($a1 - $a0) / ($c1 - $c0)" | bc -l
+}
+stats_before=$(sysctl -n kernel.bpf_stats_enabled)
+sysctl -q kernel.bpf_stats_enabled=1
+trap 'sysctl -q kernel.bpf_stats_enabled='"$stats_before"'; if [[ -n $pid ]]; then kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; fi; rm -rf "$dir"' EXIT
+config "$dir/s_cfi.yaml" 99 true false cfi
+config "$dir/s_fp.yaml" 99 true false frame_pointers
+: >"$dir/s_cfi"; : >"$dir/s_fp"; : >"$dir/s_bt"; : >"$dir/s_unwind"
+for _ in $(seq "$rounds"); do
+  start_daemon "$dir/s_cfi.yaml"
+  sleep 1
+  per_sample on_cpu_sample >>"$dir/s_cfi"
+  # The daemon's CPU per sample unwound, in the steady state: a workload already named (its
+  # files read at its first samples), over the 10 s between two reads of the counters, which
+  # the drain (every 5 s) publishes.
+  taskset -c 0 "$workload" 25000 0 >/dev/null &
+  wl=$!
+  sleep 6
+  u0=$(metric_sum ebpf_metricsd_profile_unwind_cpu_seconds_total)
+  n0=$(metric_sum ebpf_metricsd_profile_unwinds_total)
+  sleep 10
+  u1=$(metric_sum ebpf_metricsd_profile_unwind_cpu_seconds_total)
+  n1=$(metric_sum ebpf_metricsd_profile_unwinds_total)
+  kill "$wl"; wait "$wl" 2>/dev/null || true
+  echo "($u1 - $u0) * 1000000000 / ($n1 - $n0)" | bc -l >>"$dir/s_unwind"
+  stop_daemon
+  start_daemon "$dir/s_fp.yaml"
+  sleep 1
+  per_sample on_cpu_sample >>"$dir/s_fp"
+  stop_daemon
+  bpftrace -e 'profile:hz:99 { @[ustack, kstack] = count(); }' >/dev/null 2>&1 &
+  bt=$!
+  for _ in $(seq 100); do
+    [[ $(prog_ns 99) != "0 0" ]] && break
+    sleep 0.1
+  done
+  per_sample 99 >>"$dir/s_bt"
+  kill -INT "$bt"; wait "$bt" 2>/dev/null || true
+done
+echo "Kernel time per on-CPU sample at 99 Hz (kernel.bpf_stats_enabled, median of $rounds):"
+printf '  profile, unwind: cfi             %.0f ns  (registers, the stack top copied, a ring record)\n' "$(median <"$dir/s_cfi")"
+printf '  profile, unwind: frame_pointers  %.0f ns  (the walk, counted in the kernel)\n' "$(median <"$dir/s_fp")"
+printf '  bpftrace profile:hz:99           %.0f ns  (@[ustack, kstack] = count())\n' "$(median <"$dir/s_bt")"
+printf '  daemon CPU per sample unwound    %.0f ns  (cfi: CFI unwinding and naming, a warm workload; other processes sampled meanwhile count too)\n' "$(median <"$dir/s_unwind")"
+fi

@@ -35,10 +35,10 @@ const char* const kPassword = "pr0file-Pa55";
 // The known workload (tests/profile_workload), running until killed (1000 s of CPU).
 struct Workload {
   pid_t pid = 0;
-  Workload() {
-    char* argv[] = {const_cast<char*>(PROFILE_WORKLOAD_FP), const_cast<char*>("1000000"),
+  explicit Workload(const char* binary = PROFILE_WORKLOAD_FP) {
+    char* argv[] = {const_cast<char*>(binary), const_cast<char*>("1000000"),
                     const_cast<char*>("100000"), nullptr};
-    REQUIRE(posix_spawn(&pid, PROFILE_WORKLOAD_FP, nullptr, nullptr, argv, environ) == 0);
+    REQUIRE(posix_spawn(&pid, binary, nullptr, nullptr, argv, environ) == 0);
   }
   ~Workload() {
     kill(pid, SIGKILL);
@@ -337,6 +337,122 @@ TEST_CASE("the flame graph page in a real browser: the known workload's function
   CHECK(share < 0.80);
   CHECK(wait > 0);
   keep_screenshot(chromium, url, "profile-flame-graph.png");
+}
+
+namespace {
+
+// A bar of the flame graph page as the browser drew it: its function, where it stands (in
+// percent of the page's width) and its depth (18 px a level, the root at 0).
+struct Bar {
+  std::string name;
+  double left, width;
+  int depth;
+};
+std::vector<Bar> bars_of(const std::string& dom) {
+  const std::regex bar(R"re(<div class="f[^"]*"[^>]*>)re");
+  const std::regex name_of(R"re(data-name="([^"]*)")re"),
+      place_of(R"re(left: ([0-9.]+)%; width: ([0-9.]+)%; top: ([0-9]+)px)re");
+  std::vector<Bar> bars;
+  for (auto it = std::sregex_iterator(dom.begin(), dom.end(), bar); it != std::sregex_iterator();
+       ++it) {
+    const std::string tag = it->str();
+    std::smatch name, place;
+    if (!std::regex_search(tag, name, name_of) || !std::regex_search(tag, place, place_of))
+      continue;
+    bars.push_back({name[1], std::stod(place[1]), std::stod(place[2]), std::stoi(place[3]) / 18});
+  }
+  return bars;
+}
+// The width of the bars of `chain`'s first function (the innermost) that stand, level by
+// level, under bars of the others in turn (`chain` innermost first, its last the outermost).
+double width_under(const std::vector<Bar>& bars, const std::vector<std::string>& chain) {
+  const auto parent_of = [&](const Bar& b) -> const Bar* {
+    for (const Bar& p : bars) {
+      if (p.depth == b.depth - 1 && p.left <= b.left + 1e-3 &&
+          b.left + b.width <= p.left + p.width + 1e-3)
+        return &p;
+    }
+    return nullptr;
+  };
+  double width = 0;
+  for (const Bar& b : bars) {
+    if (b.name != chain.front()) continue;
+    const Bar* at = &b;
+    std::size_t i = 1;
+    for (; i < chain.size(); ++i) {
+      at = parent_of(*at);
+      if (!at || at->name != chain[i]) break;
+    }
+    if (i == chain.size()) width += b.width;
+  }
+  return width;
+}
+double width_of(const std::vector<Bar>& bars, const std::string& name) {
+  double width = 0;
+  for (const Bar& b : bars) width += b.name == name ? b.width : 0;
+  return width;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "the flame graph page in a real browser: a workload built without frame pointers stands on "
+    "main, and its blocked reader on its thread's start",
+    "[profile][browser][unwind]") {
+  // Every sample's stack copied and unwound at 997 Hz on 2 CPUs (the default budget, 500 a
+  // second, would leave the rest to the frame-pointer walk).
+  ProfileDaemon p("    stack_copies_per_second: 5000\n");
+  {
+    Workload w(PROFILE_WORKLOAD_NOFP);
+    const bool seen = wait_until(
+        [&] {
+          const auto d = p.get("/profile/data?seconds=60");
+          return d.first == "200" && d.second.find("hot_one") != std::string::npos &&
+                 d.second.find("wait_on_pipe") != std::string::npos;
+        },
+        30s);
+    REQUIRE(seen);
+    std::this_thread::sleep_for(3s);
+  }
+  const std::string url = p.page_url("/profile?seconds=60&group=process");
+  const std::string chromium = p.chromium();
+  const std::string dom = run_capture(chromium + "--dump-dom '" + url + "' 2>/dev/null");
+  REQUIRE_THAT(dom, Contains("data-loaded=\"1\""));
+  const std::vector<Bar> bars = bars_of(dom);
+  INFO(bars.size() << " bars");
+  // The on-CPU leaves, each under its callers down to main; the reader's wait in read(),
+  // called through the C library, under wait_on_pipe and its callers to the thread's start.
+  const std::vector<std::vector<std::string>> chains = {
+      {"hot_three", "one_round", "run_rounds", "main"},
+      {"hot_one", "one_round", "run_rounds", "main"},
+      {"compare_slowly"},
+      {"wait_on_pipe", "read_all", "reader"},
+  };
+  for (const auto& chain : chains) {
+    const double all = width_of(bars, chain.front());
+    INFO(chain.front() << ": " << all << "% of the page");
+    REQUIRE(all > 0);
+    if (chain.size() > 1) CHECK(width_under(bars, chain) >= 0.95 * all);
+  }
+  // qsort's callback: under qsort's frames (the C library's, without frame pointers), then
+  // sort_round and its callers to main.
+  double sorted = 0;
+  for (const Bar& b : bars) {
+    if (b.name != "sort_round") continue;
+    const std::vector<Bar> below = [&] {
+      std::vector<Bar> v;
+      for (const Bar& c : bars) {
+        if (c.depth > b.depth && c.left >= b.left - 1e-3 &&
+            c.left + c.width <= b.left + b.width + 1e-3)
+          v.push_back(c);
+      }
+      return v;
+    }();
+    sorted += width_of(below, "compare_slowly");
+    CHECK(width_under(bars, {"sort_round", "one_round", "run_rounds", "main"}) > 0);
+  }
+  CHECK(sorted >= 0.95 * width_of(bars, "compare_slowly"));
+  keep_screenshot(chromium, url, "profile-flame-graph-no-frame-pointers.png");
 }
 
 namespace {
