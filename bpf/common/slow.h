@@ -66,6 +66,19 @@ struct emd_slow_origin {
 	struct emd_syscall_site site;
 };
 
+/* An event held for its starter's return from the call it waits in
+ * (common/slow_return.bpf.h). */
+struct emd_slow_held {
+	struct emd_slow_origin origin;
+	__u64 ts; /* bpf_ktime_get_ns() when it ended */
+	__u64 latency_ns;
+	__u64 cgroup; /* of its series */
+	__u64 key;
+	__u32 slot;
+	__u32 pad;
+	char label[32];
+};
+
 /* Why a slow event that its starter waited for in a system call was not sent
  * with the stack the starter returned to (common/slow_return.bpf.h), but with
  * the one kept from its start: the per-CPU array emd_slow_return_drops. */

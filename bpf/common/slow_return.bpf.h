@@ -26,27 +26,23 @@
  *
  * The end never changes an entry in place (the starter's sys_exit may be
  * reading it on another CPU): it inserts a held entry where there is none
- * (BPF_NOEXIST), and an end that races with its starter's return is sent at
- * the starter's next return, as a mismatch. Two counts of the entries let
- * sys_exit, which runs for every system call on the host, skip both lookups
- * while nothing is marked or held.
+ * (BPF_NOEXIST), then looks at the mark again: gone, the starter returned
+ * meanwhile, and whichever of the two deletes the held entry sends it. Every
+ * taker (sys_exit, exit, exec, and user space, which sends events held longer
+ * than it waits, with the stacks from their start) sends a held event only if
+ * its own delete of it succeeded. A thread that execs from another thread than
+ * the leader takes the leader's id (de_thread): its mark and held event, under
+ * its old id, go at sched_process_exec.
+ *
+ * Counts of the entries let sys_exit, which runs for every system call on the
+ * host, skip the lookups while nothing is marked or held: emd_slow_marked,
+ * emd_slow_holding (the BPF side's inserts less its deletes) and
+ * emd_slow_swept (the held entries user space deleted; it alone writes it).
  */
 #ifndef EBPF_METRICSD_SLOW_RETURN_BPF_H
 #define EBPF_METRICSD_SLOW_RETURN_BPF_H
 
 #include "common/slow_copy.bpf.h"
-
-/* An event held for its starter's return from the call it waits in. */
-struct emd_slow_held {
-	struct emd_slow_origin origin;
-	__u64 ts;
-	__u64 latency_ns;
-	__u64 cgroup; /* of its series */
-	__u64 key;
-	__u32 slot;
-	__u32 pad;
-	char label[32];
-};
 
 /* Both sized by user space (1 when unused). */
 struct {
@@ -70,9 +66,18 @@ struct {
 	__type(value, __u64);
 } emd_slow_return_drops SEC(".maps");
 
-/* Entries of emd_slow_calls and emd_slow_held. */
+/* Where a held event is copied before its taker deletes it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct emd_slow_held);
+} emd_slow_taken SEC(".maps");
+
+/* Entries of emd_slow_calls; of emd_slow_held, holding less swept. */
 __u64 emd_slow_marked = 0;
 __u64 emd_slow_holding = 0;
+__u64 emd_slow_swept = 0;
 
 /*
  * The start of an event that ends elsewhere, in the task that starts it: keeps
@@ -90,7 +95,9 @@ static __always_inline void emd_slow_start(void *ctx, __u64 key,
 	if (!emd_slow_threshold_ns)
 		return;
 	emd_slow_origin_here(ctx, &o, user);
-	if (emd_slow_unwind_cfi && user && emd_syscall_site_here(&o.site, 0)) {
+	if (emd_slow_unwind_cfi && user &&
+	    !(BPF_CORE_READ(t, flags) & PF_EXITING) &&
+	    emd_syscall_site_here(&o.site, 0)) {
 		/* The starter's own context: its sys_exit cannot run now, and
 		 * a mark already there is this call's. */
 		tid = o.tid;
@@ -132,7 +139,10 @@ static __always_inline bool emd_slow_hold(const struct emd_slow_origin *o,
 	h.key = key;
 	h.slot = slot;
 	bpf_probe_read_kernel_str(h.label, sizeof(h.label), label);
+	/* counted first: a sys_exit that finds the entry finds it counted */
+	__sync_fetch_and_add(&emd_slow_holding, 1);
 	if (bpf_map_update_elem(&emd_slow_held, &tid, &h, BPF_NOEXIST)) {
+		__sync_fetch_and_add(&emd_slow_holding, (__u64)-1);
 		/* another event of the call is held already: this one goes now
 		 * (not counted); a full map is */
 		if (!bpf_map_lookup_elem(&emd_slow_held, &tid))
@@ -140,7 +150,13 @@ static __always_inline bool emd_slow_hold(const struct emd_slow_origin *o,
 				       EMD_SLOW_RETURN_FULL);
 		return false;
 	}
-	__sync_fetch_and_add(&emd_slow_holding, 1);
+	/* The starter returned meanwhile (its mark gone): sent now, unless its
+	 * sys_exit took it first. */
+	if (!bpf_map_lookup_elem(&emd_slow_calls, &tid) &&
+	    !bpf_map_delete_elem(&emd_slow_held, &tid)) {
+		__sync_fetch_and_add(&emd_slow_holding, (__u64)-1);
+		return false;
+	}
 	return true;
 }
 
@@ -180,25 +196,33 @@ static __always_inline void emd_slow_end(__u64 key, __u64 latency_ns,
 	bpf_map_delete_elem(&slow_origins, &key);
 }
 
-/* The current thread's held event, or NULL. Only the thread itself sends and
- * removes it (emd_slow_release), so it stays put while used. */
-static __always_inline struct emd_slow_held *emd_slow_held_of(__u32 tid)
+/* Takes thread tid's held event: a copy, or NULL (none, or another taker
+ * deleted it first). */
+static __always_inline struct emd_slow_held *emd_slow_take(__u32 tid)
 {
-	if (!emd_slow_holding)
+	struct emd_slow_held *held, *copy;
+	__u32 zero = 0;
+
+	if (emd_slow_holding == emd_slow_swept)
 		return NULL;
-	return bpf_map_lookup_elem(&emd_slow_held, &tid);
+	held = bpf_map_lookup_elem(&emd_slow_held, &tid);
+	if (!held)
+		return NULL;
+	copy = bpf_map_lookup_elem(&emd_slow_taken, &zero);
+	if (!copy)
+		return NULL;
+	*copy = *held;
+	if (bpf_map_delete_elem(&emd_slow_held, &tid))
+		return NULL;
+	__sync_fetch_and_add(&emd_slow_holding, (__u64)-1);
+	return copy;
 }
 
-static __always_inline void emd_slow_release(__u32 tid)
-{
-	if (!bpf_map_delete_elem(&emd_slow_held, &tid))
-		__sync_fetch_and_add(&emd_slow_holding, (__u64)-1);
-}
-
-/* The current thread leaves its system call: its mark goes. */
+/* Thread tid leaves its system call: its mark goes. */
 static __always_inline void emd_slow_unmark(__u32 tid)
 {
-	if (emd_slow_marked && !bpf_map_delete_elem(&emd_slow_calls, &tid))
+	if (emd_slow_marked && bpf_map_lookup_elem(&emd_slow_calls, &tid) &&
+	    !bpf_map_delete_elem(&emd_slow_calls, &tid))
 		__sync_fetch_and_add(&emd_slow_marked, (__u64)-1);
 }
 
@@ -243,7 +267,7 @@ emd_slow_send_held_copy(void *ctx, const struct emd_slow_held *h,
 /*
  * The current thread returns from a system call to user registers `regs`:
  * its held event, if any, is sent with a copy of the user stack it returns to
- * when it returns where it started the event.
+ * when it returns from the call it started the event in.
  */
 static __always_inline void emd_slow_call_returns(void *ctx,
 						  const struct pt_regs *regs,
@@ -253,43 +277,41 @@ static __always_inline void emd_slow_call_returns(void *ctx,
 	const struct emd_user_regs *u = (const void *)regs;
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	struct emd_slow_held *h;
-	__u64 ip = 0, sp = 0;
+	__u64 ip = 0, sp = 0, nr = 0;
 
 	emd_slow_unmark(tid);
-	h = emd_slow_held_of(tid);
+	h = emd_slow_take(tid);
 	if (!h)
 		return;
 	bpf_probe_read_kernel(&ip, sizeof(ip), &u->ip);
 	bpf_probe_read_kernel(&sp, sizeof(sp), &u->sp);
-	if (ip == h->origin.site.ip && sp == h->origin.site.sp)
+	bpf_probe_read_kernel(&nr, sizeof(nr), &u->orig_ax);
+	if (ip == h->origin.site.ip && sp == h->origin.site.sp &&
+	    nr == (__u64)(__s64)h->origin.site.nr)
 		emd_slow_send_held_copy(ctx, h, regs, drops_map, full_reason);
 	else
 		emd_slow_send_held_origin(h, EMD_SLOW_RETURN_MISMATCH,
 					  drops_map, full_reason);
-	emd_slow_release(tid);
 }
 
-/* The current thread exits, maybe inside the call it waited in: its held
- * event is sent with the stacks from its start. */
-static __always_inline void emd_slow_call_exits(void *drops_map,
-						__u32 full_reason)
+/* Thread tid will not return from the call it is marked in (it exits, or
+ * execs under another id): its held event is sent with the stacks from its
+ * start, counted under `why`. */
+static __always_inline void
+emd_slow_call_ends(__u32 tid, __u32 why, void *drops_map, __u32 full_reason)
 {
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	struct emd_slow_held *h;
 
 	emd_slow_unmark(tid);
-	h = emd_slow_held_of(tid);
-	if (!h)
-		return;
-	emd_slow_send_held_origin(h, EMD_SLOW_RETURN_EXITED, drops_map,
-				  full_reason);
-	emd_slow_release(tid);
+	h = emd_slow_take(tid);
+	if (h)
+		emd_slow_send_held_origin(h, why, drops_map, full_reason);
 }
 
 /*
  * The programs that send held events: name_sys_exit_btf, name_sys_exit_raw
- * (sys_exit) and name_exit (sched_process_exit); the tracer's drops map and
- * reason for a full ring.
+ * (sys_exit), name_exit (sched_process_exit) and name_exec
+ * (sched_process_exec); the tracer's drops map and reason for a full ring.
  */
 #define EMD_SLOW_RETURN_PROGS(name, drops_map, full_reason)                    \
 	SEC("tp_btf/sys_exit")                                                 \
@@ -307,7 +329,18 @@ static __always_inline void emd_slow_call_exits(void *drops_map,
 	SEC("raw_tp/sched_process_exit")                                       \
 	int BPF_PROG(name##_exit, struct task_struct *p)                       \
 	{                                                                      \
-		emd_slow_call_exits(drops_map, full_reason);                   \
+		emd_slow_call_ends((__u32)bpf_get_current_pid_tgid(),          \
+				   EMD_SLOW_RETURN_EXITED, drops_map,          \
+				   full_reason);                               \
+		return 0;                                                      \
+	}                                                                      \
+	SEC("raw_tp/sched_process_exec")                                       \
+	int BPF_PROG(name##_exec, struct task_struct *p, pid_t old_pid)        \
+	{                                                                      \
+		if ((__u32)old_pid != (__u32)bpf_get_current_pid_tgid())       \
+			emd_slow_call_ends((__u32)old_pid,                     \
+					   EMD_SLOW_RETURN_MISMATCH,           \
+					   drops_map, full_reason);            \
 		return 0;                                                      \
 	}
 

@@ -145,8 +145,9 @@ static __always_inline bool emd_ustack_regs(struct emd_ustack *u,
  * its saved user registers: a syscall entry saved the call's number in
  * orig_ax and left ip after the `syscall` instruction (0f 05). An exception
  * (a page fault) saves its error code there and the faulting ip; an interrupt
- * a negative vector. False when it is not in a system call, or stopped by a
- * signal or a tracer (TASK_STOPPED, TASK_TRACED: a stop, not the call's wait).
+ * a negative vector. False when it is not in a system call (or past its
+ * return, on the way back to user space), or stopped by a signal or a tracer
+ * (TASK_STOPPED, TASK_TRACED: a stop, not the call's wait).
  */
 #define EMD_TASK_STOPPED_OR_TRACED 0x0000000c
 #define EMD_MAX_SYSCALL 1024
@@ -162,7 +163,11 @@ static __always_inline bool emd_syscall_site_here(struct emd_syscall_site *at,
 	saved = emd_task_user_regs();
 	if (!saved || bpf_probe_read_kernel(&r, sizeof(r), saved))
 		return false;
-	if ((r.cs & 3) != 3 || r.orig_ax >= EMD_MAX_SYSCALL)
+	/* The entry stores -ENOSYS in ax, and the call's return value replaces
+	 * it only when the call returns: the work done on the way back to user
+	 * space (task work, a last fput) is not inside the call. */
+	if ((r.cs & 3) != 3 || r.orig_ax >= EMD_MAX_SYSCALL ||
+	    r.ax != (__u64)-38 /* -ENOSYS */)
 		return false;
 	if (bpf_probe_read_user(&insn, sizeof(insn), (void *)(r.ip - 2)) ||
 	    insn != 0x050f)

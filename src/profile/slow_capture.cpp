@@ -4,6 +4,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <bpf/bpf.h>
+
 #include <bit>
 #include <cstring>
 #include <optional>
@@ -67,9 +69,8 @@ SlowOptions SlowOptions::read(YamlMapReader& options, bool copies) {
     o.unwind_cfi = unwind == "cfi";
   } else if (slow.has("unwind")) {
     slow.fail("unwind",
-              "this tracer's slow events are walked by frame pointer: they do not end in the "
-              "thread that caused them (unwind is for syscall_latency, block_io and "
-              "tcp_connect_latency)");
+              "this tracer's slow events are walked by frame pointer where they begin (unwind "
+              "is for syscall_latency, block_io and tcp_connect_latency)");
   }
   slow.finish();
   return o;
@@ -120,6 +121,74 @@ SlowCapture::SlowCapture(MetricScope& scope, MetricScope::Metric metric, std::st
 }
 
 SlowCapture::~SlowCapture() { reader_.stop(); }
+
+void SlowCapture::hold_from(bpf_map* held, bpf_map* stacks, __u64* swept) {
+  if (!options_.on() || !options_.unwind_cfi) return;
+  held_ = held;
+  held_stacks_ = stacks;
+  swept_ = swept;
+  scope_.add_dropped("slow_return_late", 0);
+}
+
+void SlowCapture::sweep_held() {
+  if (!held_) return;
+  const int fd = bpf_map__fd(held_);
+  timespec mono{};
+  clock_gettime(CLOCK_MONOTONIC, &mono);
+  const std::uint64_t now = static_cast<std::uint64_t>(mono.tv_sec) * 1000000000ULL +
+                            static_cast<std::uint64_t>(mono.tv_nsec);
+  const std::uint64_t max_hold = std::chrono::nanoseconds(kMaxHold).count();
+  std::vector<__u32> old;
+  __u32 key = 0, next = 0;
+  for (const __u32* prev = nullptr; bpf_map_get_next_key(fd, prev, &next) == 0; prev = &key) {
+    key = next;
+    emd_slow_held h;
+    if (bpf_map_lookup_elem(fd, &key, &h) == 0 && now > h.ts && now - h.ts >= max_hold)
+      old.push_back(key);
+  }
+  // The stack kept under hash `id` (0: none), or nullopt where it is gone.
+  const auto stack_of = [&](__u64 id) -> std::optional<std::vector<std::uint64_t>> {
+    if (!id) return std::vector<std::uint64_t>{};
+    emd_stack st;
+    if (id == EMD_STACK_NOT_KEPT || bpf_map_lookup_elem(bpf_map__fd(held_stacks_), &id, &st) != 0 ||
+        st.nr > EMD_STACK_MAX_DEPTH)
+      return std::nullopt;
+    return std::vector<std::uint64_t>(st.ips, st.ips + st.nr);
+  };
+  for (__u32 tid : old) {
+    emd_slow_held h;
+    // Taken only if this delete is the one that succeeds: else its thread took it.
+    if (bpf_map_lookup_elem(fd, &tid, &h) != 0 || bpf_map_delete_elem(fd, &tid) != 0) continue;
+    __atomic_fetch_add(swept_, 1, __ATOMIC_RELAXED);
+    ++late_;
+    const auto kernel = stack_of(h.origin.kstack);
+    const auto user = stack_of(h.origin.ustack);
+    if (!kernel || !user) {
+      std::lock_guard lock(mutex_);
+      ++stack_lost_;
+      continue;
+    }
+    Pending p{h.ts,
+              h.latency_ns,
+              h.cgroup,
+              h.key,
+              h.origin.tgid,
+              h.origin.tid,
+              h.slot,
+              /*at_start=*/true,
+              std::string(h.origin.comm, strnlen(h.origin.comm, sizeof h.origin.comm)),
+              std::string(h.label, strnlen(h.label, sizeof h.label)),
+              stacks_->symbolizer().frames(h.origin.tgid, *kernel, *user,
+                                           profiling::StackOrigin::Call, options_.lines)};
+    std::lock_guard lock(mutex_);
+    if (pending_.size() >= kMaxPending || pending_frames_ + p.frames.size() > kMaxPendingFrames) {
+      ++pending_dropped_;
+      continue;
+    }
+    pending_frames_ += p.frames.size();
+    pending_.push_back(std::move(p));
+  }
+}
 
 void SlowCapture::start(bpf_map* map) {
   if (!options_.on()) return;
@@ -193,6 +262,7 @@ void SlowCapture::on_event(std::span<const std::byte> record) {
 }
 
 void SlowCapture::begin_drain() {
+  sweep_held();
   std::lock_guard lock(mutex_);
   for (Pending& p : pending_) taken_.push_back(std::move(p));
   pending_.clear();
@@ -214,6 +284,9 @@ void SlowCapture::drain(
   }
   if (const std::uint64_t lost = std::exchange(taken_lost_, 0)) {
     scope_.add_dropped("slow_stack_lost", lost);
+  }
+  if (const std::uint64_t late = std::exchange(late_, 0)) {
+    scope_.add_dropped("slow_return_late", late);
   }
   if (unwinds_metric_) {
     for (profiling::UnwindEnd end : profiling::kUnwindEnds) {

@@ -69,6 +69,7 @@ class TcpConnectLatencyTracer final : public Tracer {
           return hooks;
         });
     slow_.start(skel_->maps.slow_events);
+    slow_.hold_from(skel_->maps.emd_slow_held, skel_->maps.emd_stacks, &skel_->bss->emd_slow_swept);
   }
 
   std::string hook() const override { return skel_.hook(); }

@@ -39,7 +39,8 @@ std::vector<HookTwin> slow_return_hooks(Skeleton* s, const SlowOptions& slow) {
   bpf_map__set_max_entries(s->maps.emd_slow_calls, on ? kSlowReturnCalls : 1);
   bpf_map__set_max_entries(s->maps.emd_slow_held, on ? kSlowReturnHeld : 1);
   return {{s->progs.slow_sys_exit_btf, s->progs.slow_sys_exit_raw, on},
-          {s->progs.slow_exit, s->progs.slow_exit, on}};
+          {s->progs.slow_exit, s->progs.slow_exit, on},
+          {s->progs.slow_exec, s->progs.slow_exec, on}};
 }
 
 }  // namespace ebpf_metricsd

@@ -1,7 +1,10 @@
 // block_io on the real kernel: direct I/O the test does on a loop device, against the
 // device's /sys/block/<dev>/stat and libbpf-tools biolatency.
+#include <bpf/bpf.h>
 #include <fcntl.h>
+#include <linux/types.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -20,6 +23,10 @@
 #include "ebpf_metricsd/profile/profile_store.h"
 #include "oracle_tool.h"
 #include "tracer_fixture.h"
+
+// clang-format off
+#include "common/slow.h"
+// clang-format on
 
 using namespace ebpf_metricsd;
 
@@ -259,11 +266,68 @@ TEST_CASE(
                                            {{"tracer", "block_io"}, {"result", "complete"}});
   REQUIRE(complete);
   CHECK(complete->counter.value >= from_writer);
-  for (const char* reason : {"slow_limited", "slow_ring_full", "slow_queue_full",
-                             "slow_origin_full", "slow_return_exited", "slow_return_full"}) {
+  for (const char* reason :
+       {"slow_limited", "slow_ring_full", "slow_queue_full", "slow_origin_full",
+        "slow_return_mismatch", "slow_return_exited", "slow_return_full", "slow_return_late"}) {
     INFO(reason);
     const auto* d = test::find_series(fams, "ebpf_metricsd_dropped_events_total",
                                       {{"tracer", "block_io"}, {"reason", reason}});
     CHECK((d == nullptr || d->counter.value == 0));
   }
+}
+
+TEST_CASE(
+    "a slow event held for a call that does not return is sent by the drain, with the stack "
+    "from its start, and counted",
+    "[block_io][slow]") {
+  MetricStore store;
+  profiling::ProfileStore profiles;
+  auto tracer = test::start_tracer(store, "block_io",
+                                   "    slow: {threshold: 1us, max_per_second: 1000}\n", &profiles);
+  // The tracer's map of held events, the only one of that name while it alone runs.
+  int held = -1;
+  for (__u32 id = 0; held < 0 && bpf_map_get_next_id(id, &id) == 0;) {
+    const int fd = bpf_map_get_fd_by_id(id);
+    bpf_map_info info{};
+    __u32 len = sizeof info;
+    if (fd >= 0 && bpf_obj_get_info_by_fd(fd, &info, &len) == 0 &&
+        std::string(info.name) == "emd_slow_held")
+      held = fd;
+    else if (fd >= 0)
+      close(fd);
+  }
+  REQUIRE(held >= 0);
+  // An event its thread has waited 20 s to return from: as the kernel side holds one.
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  emd_slow_held h{};
+  h.origin.tgid = 1;
+  h.origin.tid = 4000000;  // above pid_max: no thread of the host has it
+  std::strcpy(h.origin.comm, "stuck-in-fsync");
+  h.origin.site.nr = 74;  // fsync
+  h.ts = static_cast<__u64>(now.tv_sec - 20) * 1000000000ULL + static_cast<__u64>(now.tv_nsec);
+  h.latency_ns = 3'000'000'000;
+  h.slot = 0;
+  h.key = 1;  // write
+  std::strcpy(h.label, "stuckdisk");
+  const __u32 tid = h.origin.tid;
+  REQUIRE(bpf_map_update_elem(held, &tid, &h, BPF_NOEXIST) == 0);
+  const auto found = test::wait_for_slow_events(
+      tracer, profiles, "ebpf_block_io_latency_seconds", 1,
+      [](const profiling::SlowEvent& e) { return e.comm == "stuck-in-fsync"; });
+  __u32 key = tid;
+  emd_slow_held left{};
+  CHECK(bpf_map_lookup_elem(held, &key, &left) != 0);  // taken from the map
+  close(held);
+  REQUIRE(found.size() == 1);
+  CHECK(found[0].stack_at_start);
+  CHECK(found[0].latency_ns == 3'000'000'000);
+  CHECK(found[0].tid == tid);
+  CHECK(found[0].series ==
+        std::vector<std::pair<std::string, std::string>>{{"device", "stuckdisk"}, {"op", "write"}});
+  const auto fams = test::collect(store);
+  const auto* late = test::find_series(fams, "ebpf_metricsd_dropped_events_total",
+                                       {{"tracer", "block_io"}, {"reason", "slow_return_late"}});
+  REQUIRE(late);
+  CHECK(late->counter.value == 1);
 }

@@ -233,7 +233,7 @@ TEST_CASE(
   CHECK(complete->counter.value >= kConnects);
   for (const char* reason :
        {"slow_limited", "slow_ring_full", "slow_queue_full", "slow_origin_full",
-        "slow_return_mismatch", "slow_return_exited", "slow_return_full"}) {
+        "slow_return_mismatch", "slow_return_exited", "slow_return_full", "slow_return_late"}) {
     INFO(reason);
     const auto* d = test::find_series(fams, "ebpf_metricsd_dropped_events_total",
                                       {{"tracer", "tcp_connect_latency"}, {"reason", reason}});

@@ -399,9 +399,12 @@ TEST_CASE(
     "the flame graph page in a real browser: a workload built without frame pointers stands on "
     "main, and its blocked reader on its thread's start",
     "[profile][browser][unwind]") {
-  // Every sample's stack copied and unwound at 997 Hz on 2 CPUs (the default budget, 500 a
-  // second, would leave the rest to the frame-pointer walk).
-  ProfileDaemon p("    stack_copies_per_second: 5000\n");
+  // Every user-mode sample's stack copied and unwound at 997 Hz on every busy CPU (the
+  // default budget, 500 a second, would leave the rest to the frame-pointer walk), within the
+  // ring a quarter second of copies takes (20,000 a second: 85 MB).
+  const unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
+  ProfileDaemon p("    stack_copies_per_second: " + std::to_string(std::min(1200u * cpus, 20000u)) +
+                  "\n");
   {
     Workload w(PROFILE_WORKLOAD_NOFP);
     const bool seen = wait_until(

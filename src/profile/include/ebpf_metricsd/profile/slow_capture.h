@@ -6,6 +6,7 @@
 // the SlowEventStore and makes it the exemplar of its histogram bucket.
 
 #include <bpf/libbpf.h>
+#include <linux/types.h>
 
 #include <algorithm>
 #include <array>
@@ -72,6 +73,14 @@ class SlowCapture {
   }
   // After load: starts reading the ring buffer `map` (when on).
   void start(bpf_map* map);
+  // After load, for a tracer whose events are held until their starter returns from the
+  // system call it waits in (bpf/common/slow_return.bpf.h; with `unwind: cfi`): the map of
+  // held events, the stacks they refer to (emd_stacks) and the count of held events user
+  // space took (emd_slow_swept). Each drain sends those held longer than kMaxHold with the
+  // stacks from their start (counted as slow_return_late): a call that has not returned is
+  // not waited for.
+  void hold_from(bpf_map* held, bpf_map* stacks, __u64* swept);
+  static constexpr std::chrono::seconds kMaxHold{10};
   // On the drain thread, before the tracer reads its histograms: takes what has arrived, so
   // that every event drain() then applies is already counted in the histogram it reads (the
   // kernel side counts an event before it sends it).
@@ -86,6 +95,7 @@ class SlowCapture {
  private:
   struct Pending;
   void on_event(std::span<const std::byte> record);
+  void sweep_held();
   static std::uint32_t self_tgid();
 
   MetricScope& scope_;
@@ -108,7 +118,11 @@ class SlowCapture {
   std::uint64_t taken_dropped_ = 0;
   std::uint64_t taken_lost_ = 0;
   Unwinds taken_unwinds_{};
-  RingReader reader_;  // last: stops first
+  bpf_map* held_ = nullptr;
+  bpf_map* held_stacks_ = nullptr;
+  __u64* swept_ = nullptr;
+  std::uint64_t late_ = 0;  // on the drain thread
+  RingReader reader_;       // last: stops first
 };
 
 }  // namespace ebpf_metricsd

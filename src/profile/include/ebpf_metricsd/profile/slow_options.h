@@ -17,9 +17,9 @@ struct SlowOptions {
   bool lines = false;
   bool on() const { return threshold_ns > 0; }
   // `slow: {threshold: 10ms, max_per_second: 100, unwind: cfi, lines: false}` (threshold
-  // 1us .. 1h, at most 1000 a second), absent: off. `copies`: the tracer's events end in their own
-  // thread on its way back to user space, where the stack can be copied: `unwind` is read (default
-  // cfi); elsewhere the key is refused.
+  // 1us .. 1h, at most 1000 a second), absent: off. `copies`: the tracer's events can be
+  // waited for inside a system call, whose return is where their stack is copied: `unwind` is
+  // read (default cfi); elsewhere the key is refused.
   static SlowOptions read(YamlMapReader& options, bool copies = false);
   // The ring buffer: two seconds of events at the limit, a power of two of pages.
   std::uint32_t ring_bytes() const;
