@@ -201,12 +201,8 @@ TEST_CASE(
                                            loop.name() + "\",op=\""));
   CHECK_THAT(om, Catch::Matchers::Contains("# {stack_id=\""));
   const auto fams = test::collect(store);
-  for (const char* reason :
-       {"slow_limited", "slow_ring_full", "slow_queue_full", "slow_origin_full"}) {
-    const auto* d = test::find_series(fams, "ebpf_metricsd_dropped_events_total",
-                                      {{"tracer", "block_io"}, {"reason", reason}});
-    CHECK((d == nullptr || d->counter.value == 0));
-  }
+  test::check_no_drops(fams, "block_io",
+                       {"slow_limited", "slow_ring_full", "slow_queue_full", "slow_origin_full"});
 }
 
 TEST_CASE(
@@ -266,14 +262,10 @@ TEST_CASE(
                                            {{"tracer", "block_io"}, {"result", "complete"}});
   REQUIRE(complete);
   CHECK(complete->counter.value >= from_writer);
-  for (const char* reason :
-       {"slow_limited", "slow_ring_full", "slow_queue_full", "slow_origin_full",
-        "slow_return_mismatch", "slow_return_exited", "slow_return_full", "slow_return_late"}) {
-    INFO(reason);
-    const auto* d = test::find_series(fams, "ebpf_metricsd_dropped_events_total",
-                                      {{"tracer", "block_io"}, {"reason", reason}});
-    CHECK((d == nullptr || d->counter.value == 0));
-  }
+  test::check_no_drops(
+      fams, "block_io",
+      {"slow_limited", "slow_ring_full", "slow_queue_full", "slow_origin_full",
+       "slow_return_mismatch", "slow_return_exited", "slow_return_full", "slow_return_late"});
 }
 
 TEST_CASE(

@@ -182,12 +182,8 @@ TEST_CASE("slow connects: every loopback connect is an event with the connecting
   CHECK_THAT(render_openmetrics(store),
              Catch::Matchers::Contains("\",pid=\"" + std::to_string(child) + "\",comm=\""));
   const auto fams = test::collect(store);
-  for (const char* reason :
-       {"slow_limited", "slow_ring_full", "slow_queue_full", "slow_origin_full"}) {
-    const auto* d = test::find_series(fams, "ebpf_metricsd_dropped_events_total",
-                                      {{"tracer", "tcp_connect_latency"}, {"reason", reason}});
-    CHECK((d == nullptr || d->counter.value == 0));
-  }
+  test::check_no_drops(fams, "tcp_connect_latency",
+                       {"slow_limited", "slow_ring_full", "slow_queue_full", "slow_origin_full"});
 }
 
 TEST_CASE(
@@ -231,12 +227,8 @@ TEST_CASE(
                         {{"tracer", "tcp_connect_latency"}, {"result", "complete"}});
   REQUIRE(complete);
   CHECK(complete->counter.value >= kConnects);
-  for (const char* reason :
-       {"slow_limited", "slow_ring_full", "slow_queue_full", "slow_origin_full",
-        "slow_return_mismatch", "slow_return_exited", "slow_return_full", "slow_return_late"}) {
-    INFO(reason);
-    const auto* d = test::find_series(fams, "ebpf_metricsd_dropped_events_total",
-                                      {{"tracer", "tcp_connect_latency"}, {"reason", reason}});
-    CHECK((d == nullptr || d->counter.value == 0));
-  }
+  test::check_no_drops(
+      fams, "tcp_connect_latency",
+      {"slow_limited", "slow_ring_full", "slow_queue_full", "slow_origin_full",
+       "slow_return_mismatch", "slow_return_exited", "slow_return_full", "slow_return_late"});
 }

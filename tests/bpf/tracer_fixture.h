@@ -145,6 +145,19 @@ inline std::vector<profiling::SlowEvent> wait_for_slow_events(
       .events;
 }
 
+// Checks that `tracer` counted nothing under any of `reasons` in
+// ebpf_metricsd_dropped_events_total, as collected in `fams`.
+template <class Families>
+void check_no_drops(const Families& fams, const std::string& tracer,
+                    const std::vector<std::string>& reasons) {
+  for (const auto& reason : reasons) {
+    INFO(tracer << " dropped " << reason);
+    const auto* d = find_series(fams, "ebpf_metricsd_dropped_events_total",
+                                {{"tracer", tracer}, {"reason", reason}});
+    CHECK((d == nullptr || d->counter.value == 0));
+  }
+}
+
 // The user frames' functions of a kept slow event's stack, innermost first.
 inline std::vector<std::string> user_functions(const profiling::SlowEvent& e,
                                                const profiling::SlowWindow& w) {

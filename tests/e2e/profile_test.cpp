@@ -107,6 +107,22 @@ struct ProfileDaemon {
   }
 };
 
+// Runs the known workload (`binary`) under the daemon until the daemon's own data shows its
+// CPU work and its reader's waits (fixed work, done at any speed), and a few hundred samples
+// more (3 s at 997 Hz).
+void profile_workload(ProfileDaemon& p, const char* binary) {
+  Workload w(binary);
+  const bool seen = wait_until(
+      [&] {
+        const auto d = p.get("/profile/data?seconds=60");
+        return d.first == "200" && d.second.find("hot_one") != std::string::npos &&
+               d.second.find("wait_on_pipe") != std::string::npos;
+      },
+      30s);
+  REQUIRE(seen);
+  std::this_thread::sleep_for(3s);
+}
+
 // A screenshot of the page at `url` by `chromium` (its command line so far), kept with the
 // build as test-artifacts/`name` for a person to look at.
 void keep_screenshot(const std::string& chromium, const std::string& url, const std::string& name) {
@@ -296,19 +312,7 @@ TEST_CASE("slow events on the flame graph page in a real browser: the function t
 TEST_CASE("the flame graph page in a real browser: the known workload's functions, drawn to scale",
           "[profile][browser]") {
   ProfileDaemon p;
-  {
-    Workload w;
-    // Fixed CPU work is done at any speed: wait for it through the daemon's own data.
-    const bool seen = wait_until(
-        [&] {
-          const auto d = p.get("/profile/data?seconds=60");
-          return d.first == "200" && d.second.find("hot_one") != std::string::npos &&
-                 d.second.find("wait_on_pipe") != std::string::npos;
-        },
-        30s);
-    REQUIRE(seen);
-    std::this_thread::sleep_for(3s);  // a few hundred samples more at 97 Hz
-  }
+  profile_workload(p, PROFILE_WORKLOAD_FP);
   const std::string url = p.page_url("/profile?seconds=60&group=process");
   const std::string chromium = p.chromium();
   const std::string dom = run_capture(chromium + "--dump-dom '" + url + "' 2>/dev/null");
@@ -405,18 +409,7 @@ TEST_CASE(
   const unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
   ProfileDaemon p("    stack_copies_per_second: " + std::to_string(std::min(1200u * cpus, 20000u)) +
                   "\n");
-  {
-    Workload w(PROFILE_WORKLOAD_NOFP);
-    const bool seen = wait_until(
-        [&] {
-          const auto d = p.get("/profile/data?seconds=60");
-          return d.first == "200" && d.second.find("hot_one") != std::string::npos &&
-                 d.second.find("wait_on_pipe") != std::string::npos;
-        },
-        30s);
-    REQUIRE(seen);
-    std::this_thread::sleep_for(3s);
-  }
+  profile_workload(p, PROFILE_WORKLOAD_NOFP);
   const std::string url = p.page_url("/profile?seconds=60&group=process");
   const std::string chromium = p.chromium();
   const std::string dom = run_capture(chromium + "--dump-dom '" + url + "' 2>/dev/null");
