@@ -12,9 +12,11 @@
 #     and with `slow: {threshold: 1h}` (every wait below it: the user stack taken at each
 #     blocking switch, with raw_tp the kernel stack too; one comparison when the wait ends),
 #     per blocking switch, with hook auto (tp_btf here) and raw_tp.
-#   bash bench/slow_bench.sh [rounds]
+#   bash bench/slow_bench.sh [rounds] ["sections"]   (e.g. 3 2; both by default)
 set -euo pipefail
 rounds=${1:-5}
+sections=${2:-1 2}
+want() { [[ " $sections " == *" $1 "* ]]; }
 command -v perf >/dev/null || { echo "perf is not installed (install-deps.sh --with-tests)" >&2; exit 2; }
 . "$(dirname "$0")/daemon.sh"
 config() {  # config FILE MAX_PER_SECOND (syscall_latency)
@@ -48,6 +50,7 @@ run() {
   # Both tasks run on CPU 0 and keep it busy: the wall time is their CPU time.
   echo "$(echo "$total + ($c1 - $c0) / $hz" | bc -l) $total"
 }
+if want 1; then
 for _ in $(seq "$rounds"); do
   run "$dir/one.yaml" >>"$dir/one"
   run "$dir/many.yaml" >>"$dir/many"
@@ -60,8 +63,10 @@ echo "perf bench sched pipe -l $loops on CPU 0 (median of $rounds; workload plus
 printf '  slow, 1 a second recorded       %.3f s\n' "$one"
 printf '  slow, 1000 a second recorded    %.3f s  (about %.0f events in %.2f s)\n' "$many" "$events" "$wall"
 printf '  a recorded slow event costs     %.1f us\n' "$(echo "($many - $one) * 1000000 / $events" | bc -l)"
+fi
 
 # 2. offcpu_time below the threshold, per blocking switch, with each hook kind.
+if want 2; then
 offcpu_config() {  # offcpu_config FILE HOOK [SLOW]
   cat >"$1" <<YAML
 web:
@@ -76,9 +81,13 @@ YAML
 pipe_usecs() {  # usecs per round trip, both tasks on CPU 0
   taskset -c 0 perf bench sched pipe -l "$loops" 2>/dev/null | awk '/usecs\/op/ {print $1}'
 }
-modes="auto auto_slow raw_tp raw_tp_slow"
+modes="auto auto_slow auto_slowfp raw_tp raw_tp_slow raw_tp_slowfp"
 for m in $modes; do
-  offcpu_config "$dir/$m.yaml" "${m%_slow}" "$([[ $m == *_slow ]] && echo '{threshold: 1h}')"
+  case $m in
+    *_slowfp) offcpu_config "$dir/$m.yaml" "${m%_slowfp}" '{threshold: 1h, unwind: frame_pointers}' ;;
+    *_slow) offcpu_config "$dir/$m.yaml" "${m%_slow}" '{threshold: 1h}' ;;
+    *) offcpu_config "$dir/$m.yaml" "$m" ;;
+  esac
   : >"$dir/$m"
 done
 : >"$dir/base"
@@ -94,7 +103,9 @@ echo "offcpu_time, perf bench sched pipe -l $loops (median of $rounds; two block
 printf '  no daemon                           %.3f us a round trip\n' "$base"
 for m in $modes; do
   v=$(median <"$dir/$m")
-  label="hook ${m%_slow}"
-  [[ $m == *_slow ]] && label+=", slow below it"
+  label="hook ${m%_slow*}"
+  [[ $m == *_slow ]] && label+=", slow below it (cfi)"
+  [[ $m == *_slowfp ]] && label+=", slow below it (fp)"
   printf '  %-35s %.3f us  (%+.0f ns a switch)\n' "$label" "$v" "$(echo "($v - $base) * 1000 / 2" | bc -l)"
 done
+fi

@@ -5,7 +5,9 @@
  * as the kernel counts nvcsw/nivcsw (voluntary = not preempted and not
  * runnable; the idle tasks' switches included, as in /proc/stat's ctxt); and
  * waits at or above the `slow` threshold, sent with the stacks where the task
- * blocked (common/slow.bpf.h).
+ * blocked (common/slow.bpf.h), or, for a wait inside a system call with
+ * `unwind: cfi`, held until the call returns and sent with a copy of the user
+ * stack it returns to (common/slow_return.bpf.h).
  */
 #include "vmlinux.h"
 #include <bpf/bpf_core_read.h>
@@ -15,13 +17,16 @@
 #include "common/maps.bpf.h"
 #include "common/offcpu.bpf.h"
 #include "common/read.bpf.h"
-#include "common/slow.bpf.h"
+#include "common/slow_return.bpf.h"
 #include "common/task_labels.bpf.h"
 #include "offcpu_time.h"
 
 /* emd_offcpu.flags: this wait is not sent, however long. */
 #define WAIT_EXITING 1 /* the task was exiting: its user stack is gone */
 #define WAIT_OWN 2     /* the daemon's own: not what anyone asks about */
+/* With emd_slow_unwind_cfi: a wait inside a system call, whose user stack is
+ * taken when the call returns (common/slow_return.bpf.h). */
+#define WAIT_IN_CALL 4
 
 EMD_DROPS_MAP(OFFCPU_DROP__COUNT);
 
@@ -38,18 +43,30 @@ struct {
  * The slow capture, for prev (the current task), which blocks: the stacks of
  * where it waits (emd_offcpu_keep_stacks), taken at every blocking switch as
  * the user stack can only be taken now, slow or not; not for an exiting task
- * (its user stack is gone) nor the daemon's own.
+ * (its user stack is gone) nor the daemon's own. With emd_slow_unwind_cfi, a
+ * user task inside a system call keeps only where the call returns to: its
+ * user stack stays as it is until then, and a slow wait is held for the
+ * call's return (send_slow_wait), to be sent with a copy of it.
  */
 static __always_inline void keep_blocked_stacks(void *ctx, struct emd_offcpu *s,
 						struct task_struct *prev,
+						unsigned int prev_state,
 						bool raw)
 {
-	if (EMD_READ(raw, prev, flags) & PF_EXITING)
+	__u32 flags = EMD_READ(raw, prev, flags);
+
+	if (flags & PF_EXITING) {
 		s->flags = WAIT_EXITING;
-	else if (EMD_READ(raw, prev, tgid) == emd_slow_self_tgid)
+	} else if (EMD_READ(raw, prev, tgid) == emd_slow_self_tgid) {
 		s->flags = WAIT_OWN;
-	else
+	} else if (emd_slow_unwind_cfi && !(flags & PF_KTHREAD) &&
+		   emd_syscall_site_here(&s->site, prev_state)) {
+		s->flags = WAIT_IN_CALL;
+		if (raw) /* no task pointer the helper takes at wake */
+			s->kstack = emd_stack_take(ctx, 0, 0);
+	} else {
 		emd_offcpu_keep_stacks(ctx, s, prev, raw, 0, 1);
+	}
 }
 
 /* next's wait of `waited` ns, counted in its histogram, is slow: send it. */
@@ -61,6 +78,28 @@ static __always_inline void send_slow_wait(struct task_struct *next,
 
 	if (s->flags & WAIT_EXITING) {
 		emd_count_drop(&drops, OFFCPU_DROP_SLOW_EXITING);
+		return;
+	}
+	if (s->flags & WAIT_IN_CALL) {
+		struct emd_slow_origin o = {};
+
+		if (!emd_slow_admit(now, &drops, OFFCPU_DROP_SLOW_LIMITED))
+			return;
+		o.cgroup = EMD_READ(raw, next, cgroups, dfl_cgrp, kn, id);
+		o.kstack = emd_offcpu_kstack(next, s, raw, 2);
+		o.tgid = EMD_READ(raw, next, tgid);
+		o.tid = EMD_READ(raw, next, pid);
+		BPF_CORE_READ_STR_INTO(&o.comm, next, comm);
+		o.site = s->site;
+		/* The label text is the comm: the `comm` label of the series. */
+		if (!emd_slow_hold_origin(&o, now, waited,
+					  emd_seconds_slot(waited), 0, o.comm,
+					  o.cgroup))
+			/* no room, or a wait of the call held already: sent
+			 * now, without the user stack it did not keep */
+			emd_slow_send_origin(now, waited, emd_seconds_slot(waited),
+					     0, o.comm, o.cgroup, &o, &drops,
+					     OFFCPU_DROP_SLOW_RING_FULL);
 		return;
 	}
 	e = emd_slow_reserve(now, &drops, OFFCPU_DROP_SLOW_LIMITED,
@@ -106,7 +145,7 @@ static __always_inline int on_switch(void *ctx, bool preempt,
 		s = emd_offcpu_block(prev, now, raw, &drops,
 				     OFFCPU_DROP_TASK_STATE);
 		if (s && emd_slow_threshold_ns)
-			keep_blocked_stacks(ctx, s, prev, raw);
+			keep_blocked_stacks(ctx, s, prev, prev_state, raw);
 	}
 	s = emd_offcpu_wake(next, now, &waited, raw, &drops,
 			    OFFCPU_DROP_TASK_STATE);
@@ -127,5 +166,7 @@ static __always_inline int on_switch(void *ctx, bool preempt,
 	on_switch(ctx, preempt, prev, next, prev_state, raw)
 
 EMD_SCHED_SWITCH_PROGS(sched_switch, SWITCH)
+
+EMD_SLOW_RETURN_PROGS(slow, &drops, OFFCPU_DROP_SLOW_RING_FULL)
 
 char LICENSE[] SEC("license") = "GPL";

@@ -116,22 +116,19 @@ static __always_inline void emd_slow_start(void *ctx, __u64 key,
 		emd_count_drop(drops_map, full_reason);
 }
 
-/* Whether the event of origin o, slow, is held for its starter's return. */
-static __always_inline bool emd_slow_hold(const struct emd_slow_origin *o,
-					  __u64 now, __u64 latency_ns,
-					  __u32 slot, __u64 key,
-					  const char *label, __u64 cgroup)
+/*
+ * Holds a slow event of origin o (whose starter is inside the system call at
+ * o->site) for the starter's return: false (the caller sends it now) when
+ * another event of the call is held already, or there is no room (counted).
+ */
+static __always_inline bool
+emd_slow_hold_origin(const struct emd_slow_origin *o, __u64 now,
+		     __u64 latency_ns, __u32 slot, __u64 key, const char *label,
+		     __u64 cgroup)
 {
-	struct emd_syscall_site *mark;
 	struct emd_slow_held h = {};
 	__u32 tid = o->tid;
 
-	if (o->site.nr < 0)
-		return false;
-	mark = bpf_map_lookup_elem(&emd_slow_calls, &tid);
-	if (!mark || mark->ip != o->site.ip || mark->sp != o->site.sp ||
-	    mark->nr != o->site.nr)
-		return false; /* the call returned first */
 	h.origin = *o;
 	h.ts = now;
 	h.latency_ns = latency_ns;
@@ -141,15 +138,34 @@ static __always_inline bool emd_slow_hold(const struct emd_slow_origin *o,
 	bpf_probe_read_kernel_str(h.label, sizeof(h.label), label);
 	/* counted first: a sys_exit that finds the entry finds it counted */
 	__sync_fetch_and_add(&emd_slow_holding, 1);
-	if (bpf_map_update_elem(&emd_slow_held, &tid, &h, BPF_NOEXIST)) {
-		__sync_fetch_and_add(&emd_slow_holding, (__u64)-1);
-		/* another event of the call is held already: this one goes now
-		 * (not counted); a full map is */
-		if (!bpf_map_lookup_elem(&emd_slow_held, &tid))
-			emd_count_drop(&emd_slow_return_drops,
-				       EMD_SLOW_RETURN_FULL);
+	if (!bpf_map_update_elem(&emd_slow_held, &tid, &h, BPF_NOEXIST))
+		return true;
+	__sync_fetch_and_add(&emd_slow_holding, (__u64)-1);
+	/* another event of the call is held already: this one goes now (not
+	 * counted); a full map is */
+	if (!bpf_map_lookup_elem(&emd_slow_held, &tid))
+		emd_count_drop(&emd_slow_return_drops, EMD_SLOW_RETURN_FULL);
+	return false;
+}
+
+/* Whether the event of origin o, slow, is held for its starter's return:
+ * where the starter is still marked inside the call it started it in. */
+static __always_inline bool emd_slow_hold(const struct emd_slow_origin *o,
+					  __u64 now, __u64 latency_ns,
+					  __u32 slot, __u64 key,
+					  const char *label, __u64 cgroup)
+{
+	struct emd_syscall_site *mark;
+	__u32 tid = o->tid;
+
+	if (o->site.nr < 0)
 		return false;
-	}
+	mark = bpf_map_lookup_elem(&emd_slow_calls, &tid);
+	if (!mark || mark->ip != o->site.ip || mark->sp != o->site.sp ||
+	    mark->nr != o->site.nr)
+		return false; /* the call returned first */
+	if (!emd_slow_hold_origin(o, now, latency_ns, slot, key, label, cgroup))
+		return false;
 	/* The starter returned meanwhile (its mark gone): sent now, unless its
 	 * sys_exit took it first. */
 	if (!bpf_map_lookup_elem(&emd_slow_calls, &tid) &&

@@ -44,7 +44,7 @@ double realtime_of(std::uint64_t monotonic_ns) {
 
 }  // namespace
 
-SlowOptions SlowOptions::read(YamlMapReader& options, bool copies) {
+SlowOptions SlowOptions::read(YamlMapReader& options) {
   SlowOptions o;
   if (!options.has("slow")) return o;
   YamlMapReader slow = options.get_map("slow");
@@ -61,17 +61,11 @@ SlowOptions SlowOptions::read(YamlMapReader& options, bool copies) {
   o.max_per_second =
       static_cast<std::uint32_t>(slow.get_int("max_per_second", o.max_per_second, 1, 1000));
   o.lines = slow.get_bool("lines", o.lines);
-  if (copies) {
-    const std::string unwind = slow.get_string("unwind", "cfi");
-    if (unwind != "cfi" && unwind != "frame_pointers") {
-      slow.fail("unwind", "must be cfi or frame_pointers");
-    }
-    o.unwind_cfi = unwind == "cfi";
-  } else if (slow.has("unwind")) {
-    slow.fail("unwind",
-              "this tracer's slow events are walked by frame pointer where they begin (unwind "
-              "is for syscall_latency, block_io and tcp_connect_latency)");
+  const std::string unwind = slow.get_string("unwind", "cfi");
+  if (unwind != "cfi" && unwind != "frame_pointers") {
+    slow.fail("unwind", "must be cfi or frame_pointers");
   }
+  o.unwind_cfi = unwind == "cfi";
   slow.finish();
   return o;
 }

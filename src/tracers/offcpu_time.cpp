@@ -12,6 +12,7 @@
 #include "ebpf_metricsd/profile/slow_capture.h"
 #include "ebpf_metricsd/tracers/registry.h"
 #include "task_histogram.h"
+#include "user_stack.h"
 
 // clang-format off
 #include <linux/types.h>
@@ -47,19 +48,23 @@ class OffcpuTimeTracer final : public Tracer {
               context.profiles) {}
 
   void start(HookProber& prober, HookPreference preference) override {
-    static const std::array<std::string, 2> tracepoints = {"sched_switch", "sched_process_free"};
+    static const std::array<std::string, 4> tracepoints = {"sched_switch", "sched_process_free",
+                                                           "sys_exit", "sched_process_exit"};
     skel_ = Object::load_probed(
         scope_.tracer(), drops_, prober, tracepoints, preference,
         [&](offcpu_time* s, HookKind kind) {
           configure_task_state(s->maps.emd_offcpu_task, s->maps.emd_offcpu_by_tid, kind);
           hist_.configure(s, s->maps.offcpu_hist_labelled);
           slow_.configure(s, /*origins=*/0, /*keeps_stacks=*/true);
-          std::vector<HookTwin> hooks = {{nullptr, s->progs.emd_offcpu_free}};
+          // Held waits' senders first: a held wait is never left unread.
+          std::vector<HookTwin> hooks = slow_return_hooks(s, slow_.options());
+          hooks.push_back({nullptr, s->progs.emd_offcpu_free});
           for (const HookTwin& t : EBPF_METRICSD_SCHED_SWITCH_TWINS(s->progs, sched_switch))
             hooks.push_back(t);
           return hooks;
         });
     slow_.start(skel_->maps.slow_events);
+    slow_.hold_from(skel_->maps.emd_slow_held, skel_->maps.emd_stacks, &skel_->bss->emd_slow_swept);
   }
   std::string hook() const override { return skel_.hook(); }
 

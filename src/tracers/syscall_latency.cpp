@@ -187,18 +187,18 @@ class SyscallLatencyTracer final : public Tracer {
 }  // namespace
 
 TracerDescriptor syscall_latency_descriptor() {
-  return declare_tracer<SyscallLatencyTracer>(
-      "syscall_latency", "Syscall latency (sys_enter to sys_exit), by syscall",
-      [](YamlMapReader& options) {
-        SyscallLatencyOptions o;
-        o.include = read_syscall_list(options, "include");
-        o.exclude = read_syscall_list(options, "exclude");
-        read_per_syscall(options, o);
-        o.buckets = read_buckets(options, o.buckets);
-        o.cgroup = CgroupLabelOptions::read(options);
-        o.slow = SlowOptions::read(options, /*copies=*/true);
-        return o;
-      });
+  return declare_tracer<SyscallLatencyTracer>("syscall_latency",
+                                              "Syscall latency (sys_enter to sys_exit), by syscall",
+                                              [](YamlMapReader& options) {
+                                                SyscallLatencyOptions o;
+                                                o.include = read_syscall_list(options, "include");
+                                                o.exclude = read_syscall_list(options, "exclude");
+                                                read_per_syscall(options, o);
+                                                o.buckets = read_buckets(options, o.buckets);
+                                                o.cgroup = CgroupLabelOptions::read(options);
+                                                o.slow = SlowOptions::read(options);
+                                                return o;
+                                              });
 }
 
 }  // namespace ebpf_metricsd

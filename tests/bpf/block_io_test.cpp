@@ -276,17 +276,20 @@ TEST_CASE(
   profiling::ProfileStore profiles;
   auto tracer = test::start_tracer(store, "block_io",
                                    "    slow: {threshold: 1us, max_per_second: 1000}\n", &profiles);
-  // The tracer's map of held events, the only one of that name while it alone runs.
+  // The tracer's map of held events: the newest of that name (ids only grow; the maps of
+  // tracers an earlier test closed may not be freed yet).
   int held = -1;
-  for (__u32 id = 0; held < 0 && bpf_map_get_next_id(id, &id) == 0;) {
+  for (__u32 id = 0; bpf_map_get_next_id(id, &id) == 0;) {
     const int fd = bpf_map_get_fd_by_id(id);
+    if (fd < 0) continue;
     bpf_map_info info{};
     __u32 len = sizeof info;
-    if (fd >= 0 && bpf_obj_get_info_by_fd(fd, &info, &len) == 0 &&
-        std::string(info.name) == "emd_slow_held")
+    if (bpf_obj_get_info_by_fd(fd, &info, &len) == 0 && std::string(info.name) == "emd_slow_held") {
+      if (held >= 0) close(held);
       held = fd;
-    else if (fd >= 0)
+    } else {
       close(fd);
+    }
   }
   REQUIRE(held >= 0);
   // An event its thread has waited 20 s to return from: as the kernel side holds one.

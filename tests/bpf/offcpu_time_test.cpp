@@ -211,3 +211,60 @@ TEST_CASE(
   CHECK(again.finish() == 0);
   CHECK(after_restart.size() == 2);
 }
+
+TEST_CASE(
+    "slow waits through the C library: held until the call returns, the stack names the "
+    "caller of read() and of pthread_cond_wait() up to the thread's start, with and without "
+    "frame pointers",
+    "[scheduler][slow][unwind]") {
+  // The profile tests' workload: its reader thread blocks in read() (reader -> read_all ->
+  // wait_on_pipe -> read) and its waiter in pthread_cond_wait() (waiter -> wait_all ->
+  // wait_for_signal), both through the C library, whose wrappers keep no frame, each wait at
+  // least 20 ms; built with frame pointers and without, as Debian builds.
+  const std::string binary =
+      GENERATE(std::string(PROFILE_WORKLOAD_FP), std::string(PROFILE_WORKLOAD_NOFP));
+  const std::string hook = GENERATE(std::string("auto"), std::string("raw_tp"));
+  INFO(binary << ", hook " << hook);
+  constexpr int kWaits = 6;
+  const std::string metric = "ebpf_offcpu_seconds";
+  MetricStore store;
+  profiling::ProfileStore profiles;
+  auto offcpu = test::start_tracer(
+      store, "offcpu_time",
+      "    hook: " + hook + "\n    slow: {threshold: 10ms, max_per_second: 1000}\n", &profiles);
+  // Its main thread burns 2 s of CPU while the waits happen, so it is still there when their
+  // stacks are named.
+  test::SpawnedWorkload w({binary, "2000", std::to_string(kWaits)});
+  const auto pid = static_cast<std::uint32_t>(w.pid());
+  const auto has = [](const std::vector<std::string>& user, const char* name) {
+    return std::find(user.begin(), user.end(), name) != user.end();
+  };
+  const auto found =
+      test::wait_for_slow(offcpu, profiles, metric, 2 * kWaits,
+                          [&](const profiling::SlowEvent& e, const profiling::SlowWindow& win) {
+                            if (e.pid != pid || e.latency_ns < 20'000'000) return false;
+                            const auto user = test::user_functions(e, win);
+                            return has(user, "wait_on_pipe") || has(user, "wait_for_signal");
+                          });
+  CHECK(w.finish() == 0);
+  int reads = 0, conds = 0;
+  for (const auto& e : found.events) {
+    const auto user = test::user_functions(e, found.window);
+    INFO("user frames: " << test::chain_text(user));
+    CHECK_FALSE(e.stack_at_start);
+    if (has(user, "wait_on_pipe")) {
+      ++reads;
+      CHECK(test::holds_in_order(user, {"wait_on_pipe", "read_all", "reader", "start_thread"}));
+    } else {
+      ++conds;
+      CHECK(test::holds_in_order(user, {"wait_for_signal", "wait_all", "waiter", "start_thread"}));
+    }
+  }
+  CHECK(reads == kWaits);
+  CHECK(conds == kWaits);
+  const auto fams = test::collect(store);
+  const auto* complete = test::find_series(fams, "ebpf_metricsd_slow_unwinds_total",
+                                           {{"tracer", "offcpu_time"}, {"result", "complete"}});
+  REQUIRE(complete);
+  CHECK(complete->counter.value >= 2 * kWaits);
+}

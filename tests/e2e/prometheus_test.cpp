@@ -511,7 +511,7 @@ TEST_CASE(
   check_exemplars("ebpf_syscall_latency_seconds_bucket{syscall=\"read\"}", reader.pid(), 0.3,
                   "slow_read_in_known_function", "at_return");
   check_exemplars("ebpf_offcpu_seconds_bucket{comm=\"" + std::string(SlowReader::kComm) + "\"}",
-                  reader.pid(), 0.3, "slow_read_in_known_function", "at_start");
+                  reader.pid(), 0.3, "slow_read_in_known_function", "at_return");
   CHECK(reader.finish() == 0);
 
   // Direct writes to a loop device nothing else writes to: at 1 us every request is slow.

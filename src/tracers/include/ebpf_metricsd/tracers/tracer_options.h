@@ -22,8 +22,7 @@ struct OwnedHistogramOptions {
 };
 
 // The descriptor of such a tracer (T::Options is OwnedHistogramOptions); `slow`: it takes
-// the `slow` option, with `unwind` (its events can be waited for inside a system call, and
-// are then sent when the call returns, bpf/common/slow_return.bpf.h).
+// the `slow` option.
 template <typename T>
 TracerDescriptor descriptor_with_owned_histogram(std::string name, std::string summary,
                                                  Log2Layout default_buckets, bool slow = false) {
@@ -31,7 +30,7 @@ TracerDescriptor descriptor_with_owned_histogram(std::string name, std::string s
       std::move(name), std::move(summary), [default_buckets, slow](YamlMapReader& options) {
         OwnedHistogramOptions o{
             read_buckets(options, default_buckets), CgroupLabelOptions::read(options), {}};
-        if (slow) o.slow = SlowOptions::read(options, /*copies=*/true);
+        if (slow) o.slow = SlowOptions::read(options);
         return o;
       });
 }
