@@ -116,6 +116,12 @@ class LoopDevice {
     for (auto& v : f) in >> v;
     return {f[0], f[2], f[4], f[6]};
   }
+  // The writes the device completed since `from` (a stat()), once there are at least `n`, or
+  // after 6 s.
+  std::uint64_t writes_since(const std::array<std::uint64_t, 4>& from, std::uint64_t n) const {
+    for (int i = 0; i < 600 && stat()[2] - from[2] < n; ++i) usleep(10000);
+    return stat()[2] - from[2];
+  }
 
  private:
   std::string file_, dev_, name_;

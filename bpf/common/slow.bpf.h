@@ -117,9 +117,31 @@ emd_slow_origin_here(void *ctx, struct emd_slow_origin *o, bool user)
 }
 
 /*
+ * Fills e with a slow event started by `o`, with its kernel stack kept from
+ * its start (the caller sets its user stack and `taken`): `label` is the
+ * tracer's label text (up to 32 bytes), cgroup the one of its series.
+ */
+static __always_inline void
+emd_slow_fill_origin(struct emd_slow_event *e, __u64 now, __u64 latency_ns,
+		     __u32 slot, __u64 key, const char *label, __u64 cgroup,
+		     const struct emd_slow_origin *o)
+{
+	e->ts = now;
+	e->latency_ns = latency_ns;
+	e->cgroup = cgroup;
+	e->key = key;
+	e->tgid = o->tgid;
+	e->tid = o->tid;
+	e->slot = slot;
+	__builtin_memcpy(e->comm, o->comm, sizeof(e->comm));
+	bpf_probe_read_kernel_str(e->label, sizeof(e->label), label);
+	e->kstack_len =
+	    emd_stack_copy(o->kstack, e->kstack, EMD_SLOW_STACK_LOST);
+}
+
+/*
  * Sends a slow event started by `o`, already admitted (emd_slow_admit), with
- * the stacks kept from its start: `label` is the tracer's label text (up to
- * 32 bytes), cgroup the one of its series.
+ * the stacks kept from its start (see emd_slow_fill_origin).
  */
 static __always_inline void
 emd_slow_send_origin(__u64 now, __u64 latency_ns, __u32 slot, __u64 key,
@@ -132,18 +154,8 @@ emd_slow_send_origin(__u64 now, __u64 latency_ns, __u32 slot, __u64 key,
 	e = emd_slow_reserve_admitted(drops_map, full_reason);
 	if (!e)
 		return;
-	e->ts = now;
-	e->latency_ns = latency_ns;
-	e->cgroup = cgroup;
-	e->key = key;
-	e->tgid = o->tgid;
-	e->tid = o->tid;
-	e->slot = slot;
+	emd_slow_fill_origin(e, now, latency_ns, slot, key, label, cgroup, o);
 	e->taken = EMD_SLOW_TAKEN_AT_START;
-	__builtin_memcpy(e->comm, o->comm, sizeof(e->comm));
-	bpf_probe_read_kernel_str(e->label, sizeof(e->label), label);
-	e->kstack_len =
-	    emd_stack_copy(o->kstack, e->kstack, EMD_SLOW_STACK_LOST);
 	e->ustack_len =
 	    emd_stack_copy(o->ustack, e->ustack, EMD_SLOW_STACK_LOST);
 	bpf_ringbuf_submit(e, 0);

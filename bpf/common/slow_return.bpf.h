@@ -44,6 +44,10 @@
 
 #include "common/slow_copy.bpf.h"
 
+/* What a map update with BPF_NOEXIST returns, negated, where the key is
+ * there already (a full map returns another error). */
+#define EMD_EEXIST 17
+
 /* Both sized by user space (1 when unused). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -91,6 +95,7 @@ static __always_inline void emd_slow_start(void *ctx, __u64 key,
 	bool user = !(BPF_CORE_READ(t, flags) & PF_KTHREAD);
 	struct emd_slow_origin o = {};
 	__u32 tid;
+	long err;
 
 	if (!emd_slow_threshold_ns)
 		return;
@@ -101,15 +106,14 @@ static __always_inline void emd_slow_start(void *ctx, __u64 key,
 		/* The starter's own context: its sys_exit cannot run now, and
 		 * a mark already there is this call's. */
 		tid = o.tid;
-		if (!bpf_map_lookup_elem(&emd_slow_calls, &tid)) {
-			if (bpf_map_update_elem(&emd_slow_calls, &tid, &o.site,
-						BPF_NOEXIST)) {
-				emd_count_drop(&emd_slow_return_drops,
-					       EMD_SLOW_RETURN_FULL);
-				o.site.nr = -1;
-			} else {
-				__sync_fetch_and_add(&emd_slow_marked, 1);
-			}
+		err = bpf_map_update_elem(&emd_slow_calls, &tid, &o.site,
+					  BPF_NOEXIST);
+		if (!err) {
+			__sync_fetch_and_add(&emd_slow_marked, 1);
+		} else if (err != -EMD_EEXIST) {
+			emd_count_drop(&emd_slow_return_drops,
+				       EMD_SLOW_RETURN_FULL);
+			o.site.nr = -1;
 		}
 	}
 	if (bpf_map_update_elem(&slow_origins, &key, &o, BPF_ANY))
@@ -128,6 +132,7 @@ emd_slow_hold_origin(const struct emd_slow_origin *o, __u64 now,
 {
 	struct emd_slow_held h = {};
 	__u32 tid = o->tid;
+	long err;
 
 	h.origin = *o;
 	h.ts = now;
@@ -138,12 +143,13 @@ emd_slow_hold_origin(const struct emd_slow_origin *o, __u64 now,
 	bpf_probe_read_kernel_str(h.label, sizeof(h.label), label);
 	/* counted first: a sys_exit that finds the entry finds it counted */
 	__sync_fetch_and_add(&emd_slow_holding, 1);
-	if (!bpf_map_update_elem(&emd_slow_held, &tid, &h, BPF_NOEXIST))
+	err = bpf_map_update_elem(&emd_slow_held, &tid, &h, BPF_NOEXIST);
+	if (!err)
 		return true;
 	__sync_fetch_and_add(&emd_slow_holding, (__u64)-1);
 	/* another event of the call is held already: this one goes now (not
 	 * counted); a full map is */
-	if (!bpf_map_lookup_elem(&emd_slow_held, &tid))
+	if (err != -EMD_EEXIST)
 		emd_count_drop(&emd_slow_return_drops, EMD_SLOW_RETURN_FULL);
 	return false;
 }
@@ -263,18 +269,9 @@ emd_slow_send_held_copy(void *ctx, const struct emd_slow_held *h,
 
 	if (!c)
 		return;
-	c->event.ts = h->ts;
-	c->event.latency_ns = h->latency_ns;
-	c->event.cgroup = h->cgroup;
-	c->event.key = h->key;
-	c->event.tgid = h->origin.tgid;
-	c->event.tid = h->origin.tid;
-	c->event.slot = h->slot;
+	emd_slow_fill_origin(&c->event, h->ts, h->latency_ns, h->slot, h->key,
+			     h->label, h->cgroup, &h->origin);
 	c->event.taken = EMD_SLOW_TAKEN_AT_RETURN;
-	__builtin_memcpy(c->event.comm, h->origin.comm, sizeof(c->event.comm));
-	__builtin_memcpy(c->event.label, h->label, sizeof(c->event.label));
-	c->event.kstack_len = emd_stack_copy(h->origin.kstack, c->event.kstack,
-					     EMD_SLOW_STACK_LOST);
 	c->event.ustack_len =
 	    emd_stack_take_into(ctx, c->event.ustack, BPF_F_USER_STACK);
 	emd_slow_send_copy(c, regs, drops_map, full_reason);

@@ -132,13 +132,11 @@ void SlowCapture::sweep_held() {
   const std::uint64_t now = static_cast<std::uint64_t>(mono.tv_sec) * 1000000000ULL +
                             static_cast<std::uint64_t>(mono.tv_nsec);
   const std::uint64_t max_hold = std::chrono::nanoseconds(kMaxHold).count();
-  std::vector<__u32> old;
+  std::vector<__u32> tids;
   __u32 key = 0, next = 0;
   for (const __u32* prev = nullptr; bpf_map_get_next_key(fd, prev, &next) == 0; prev = &key) {
     key = next;
-    emd_slow_held h;
-    if (bpf_map_lookup_elem(fd, &key, &h) == 0 && now > h.ts && now - h.ts >= max_hold)
-      old.push_back(key);
+    tids.push_back(key);
   }
   // The stack kept under hash `id` (0: none), or nullopt where it is gone.
   const auto stack_of = [&](__u64 id) -> std::optional<std::vector<std::uint64_t>> {
@@ -149,10 +147,12 @@ void SlowCapture::sweep_held() {
       return std::nullopt;
     return std::vector<std::uint64_t>(st.ips, st.ips + st.nr);
   };
-  for (__u32 tid : old) {
+  for (__u32 tid : tids) {
     emd_slow_held h;
     // Taken only if this delete is the one that succeeds: else its thread took it.
-    if (bpf_map_lookup_elem(fd, &tid, &h) != 0 || bpf_map_delete_elem(fd, &tid) != 0) continue;
+    if (bpf_map_lookup_elem(fd, &tid, &h) != 0 || now <= h.ts || now - h.ts < max_hold ||
+        bpf_map_delete_elem(fd, &tid) != 0)
+      continue;
     __atomic_fetch_add(swept_, 1, __ATOMIC_RELAXED);
     ++late_;
     const auto kernel = stack_of(h.origin.kstack);

@@ -63,8 +63,7 @@ class OffcpuTimeTracer final : public Tracer {
             hooks.push_back(t);
           return hooks;
         });
-    slow_.start(skel_->maps.slow_events);
-    slow_.hold_from(skel_->maps.emd_slow_held, skel_->maps.emd_stacks, &skel_->bss->emd_slow_swept);
+    slow_.start(skel_.get());
   }
   std::string hook() const override { return skel_.hook(); }
 

@@ -120,7 +120,7 @@ class SyscallLatencyTracer final : public Tracer {
     skel_ = Object::load_probed(scope_.tracer(), drops_, prober, tracepoints, preference,
                                 [this](syscall_latency* s, HookKind k) { return choose(s, k); });
     names_.resize(SYSLAT_MAX_SYSCALLS);
-    slow_.start(skel_->maps.slow_events);
+    slow_.start(skel_.get());
   }
 
   std::vector<HookTwin> choose(syscall_latency* skel, HookKind kind) const {

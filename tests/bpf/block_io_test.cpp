@@ -156,11 +156,9 @@ TEST_CASE(
   const auto s0 = loop.stat();
   test::DirectWriter writer(loop.dev(), kWrites);
   const pid_t child = writer.pid();
-  // Wait until the disk has completed the child's writes.
-  for (int i = 0; i < 600 && loop.stat()[2] - s0[2] < kWrites; ++i) usleep(10000);
-  const auto s1 = loop.stat();
-  // Writes only: nothing but the child writes to the new device (udev may read it).
-  const std::uint64_t requests = s1[2] - s0[2];
+  // Once the disk has completed the child's writes. Writes only: nothing but the child
+  // writes to the new device (udev may read it).
+  const std::uint64_t requests = loop.writes_since(s0, kWrites);
   REQUIRE(requests >= kWrites);
 
   profiling::SlowEventStore::Query q;
@@ -223,8 +221,7 @@ TEST_CASE(
   constexpr int kWrites = 20;
   const auto s0 = loop.stat();
   test::SpawnedWorkload w({binary, "write", loop.dev(), std::to_string(kWrites)});
-  for (int i = 0; i < 600 && loop.stat()[2] - s0[2] < kWrites; ++i) usleep(10000);
-  const std::uint64_t requests = loop.stat()[2] - s0[2];
+  const std::uint64_t requests = loop.writes_since(s0, kWrites);
   REQUIRE(requests >= kWrites);
   const std::vector<std::pair<std::string, std::string>> writes = {{"device", loop.name()},
                                                                    {"op", "write"}};

@@ -73,6 +73,15 @@ class SlowCapture {
   }
   // After load: starts reading the ring buffer `map` (when on).
   void start(bpf_map* map);
+  // After load: starts reading the object's ring buffer, and where its events can be held for
+  // their starter's return (bpf/common/slow_return.bpf.h), sends those held too long.
+  template <class Skeleton>
+  void start(Skeleton* s) {
+    start(s->maps.slow_events);
+    if constexpr (requires { s->maps.emd_slow_held; }) {
+      hold_from(s->maps.emd_slow_held, s->maps.emd_stacks, &s->bss->emd_slow_swept);
+    }
+  }
   // After load, for a tracer whose events are held until their starter returns from the
   // system call it waits in (bpf/common/slow_return.bpf.h; with `unwind: cfi`): the map of
   // held events, the stacks they refer to (emd_stacks) and the count of held events user
