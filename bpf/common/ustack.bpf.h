@@ -218,6 +218,19 @@ static __always_inline bool emd_ustack_take(struct emd_ustack *u,
 	return emd_ustack_copy(u) > 0;
 }
 
+/* How a record of len bytes wakes the reader of `ring`: only once the ring
+ * is a quarter full, else the reader drains it on its own period. A reader
+ * woken by every record runs right after it, on a CPU a sample has just
+ * found busy: it takes that CPU from the sampled thread and moves the next
+ * samples off it, so the samples would not be where the time goes. */
+static __always_inline __u64 emd_ring_wakeup(void *ring, __u64 len)
+{
+	__u64 size = bpf_ringbuf_query(ring, BPF_RB_RING_SIZE);
+	__u64 held = bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA);
+
+	return held + len >= size / 4 ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
+}
+
 /* Sends record rec, whose last member is an emd_ustack u, through `ring`:
  * what precedes u and the bytes of u actually copied. */
 #define emd_ustack_send(ring, rec, u)                                          \
@@ -227,7 +240,8 @@ static __always_inline bool emd_ustack_take(struct emd_ustack *u,
 		long __err;                                                    \
 		if (__len > sizeof(*(rec)))                                    \
 			__len = sizeof(*(rec));                                \
-		__err = bpf_ringbuf_output(ring, rec, __len, 0);               \
+		__err = bpf_ringbuf_output(ring, rec, __len,                   \
+					   emd_ring_wakeup(ring, __len));      \
 		if (__err)                                                     \
 			emd_ustack_count(EMD_USTACK_DROP_RING_FULL);           \
 		__err == 0;                                                    \

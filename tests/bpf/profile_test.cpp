@@ -5,6 +5,7 @@
 #include <linux/perf_event.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -59,6 +60,7 @@ struct WorkloadRun {
   pid_t pid = 0;
   long long blocked_ns = 0;  // the reader's time in read()
   long long cond_ns = 0;     // the waiter's in pthread_cond_wait()
+  long long cpu_ns = 0;      // its CPU time, user and system, as the kernel accounted it
 };
 
 // Counts the CPU-clock samples its own perf events take of one process, at `frequency`.
@@ -107,7 +109,10 @@ WorkloadRun run_workload(const std::string& binary, SampleOracle* oracle = nullp
     text.append(buf, static_cast<std::size_t>(n));
   close(out[0]);
   int status = 0;
-  REQUIRE(waitpid(run.pid, &status, 0) == run.pid);
+  rusage usage{};
+  REQUIRE(wait4(run.pid, &status, 0, &usage) == run.pid);
+  run.cpu_ns = (usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) * 1000000000LL +
+               (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1000LL;
   REQUIRE(WIFEXITED(status));
   REQUIRE(WEXITSTATUS(status) == 0);
   std::smatch m;
@@ -336,8 +341,9 @@ TEST_CASE("profile: a known workload's CPU shares, blocked time and stacks", "[p
     return whole ? static_cast<double>(part) / static_cast<double>(whole) : 0.0;
   };
   INFO(binary << " unwound by " << (cfi ? "CFI" : "frame pointers") << ": " << o.on_cpu
-              << " on-CPU samples (the oracle took " << taken << "), hot_three " << o.three.count
-              << " (" << o.three.reaching << " reaching main), hot_one " << o.one.count
+              << " on-CPU samples (the oracle took " << taken << "; CPU time "
+              << run.cpu_ns / 1000000 << " ms), hot_three " << o.three.count << " ("
+              << o.three.reaching << " reaching main), hot_one " << o.one.count
               << ", compare_slowly " << o.compare.count << " (" << o.compare.reaching
               << " reaching main); share " << share << "; waits in wait_on_pipe " << o.waits.count
               << " for " << o.waits.ns << " ns (" << o.waits.ns_reaching
