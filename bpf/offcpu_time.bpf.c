@@ -143,7 +143,8 @@ static __always_inline int on_switch(void *ctx, bool preempt,
 	now = bpf_ktime_get_ns();
 	if (blocks) {
 		s = emd_offcpu_block(prev, now, raw, &drops,
-				     OFFCPU_DROP_TASK_STATE);
+				     OFFCPU_DROP_TASK_STATE,
+				     OFFCPU_DROP_WAKE_MISSED);
 		if (s && emd_slow_threshold_ns)
 			keep_blocked_stacks(ctx, s, prev, prev_state, raw);
 	}

@@ -16,6 +16,11 @@
  *    the thread's own context and only for the long waits; where it blocked
  *    elsewhere (a page fault), or without `unwind: cfi`, it is walked by frame
  *    pointer when it blocks. A shorter wait costs one comparison more.
+ * A wait that began before the batch it ends in (batch_begin_ns, set at each
+ * read), or that ends while user space swaps the maps (the swap takes effect at
+ * some moment of it), says when it began and ended (profile_key.began), for
+ * user space to share its time among the batches it spans; a wait sent as a
+ * record always does.
  * Stacks are kept once each by a 64-bit hash of their frames
  * (common/stacks.bpf.h); aggregates in the inner map that `counts_slot`
  * points to. User space
@@ -52,6 +57,12 @@ const volatile __u64 offcpu_min_ns = 1000000;
 const volatile __u32 nr_workloads = 0; /* 0: every workload */
 /* `unwind: cfi`: user stacks are copied for the daemon to unwind. */
 const volatile __u8 unwind_cfi = 0;
+/* When the batch the aggregates go to began (monotonic ns), and whether the
+ * maps are being swapped: set by user space at each read, batch_begin_ns and
+ * then batch_swapping before it swaps the aggregate maps, batch_swapping
+ * cleared once the swap has taken effect. */
+volatile __u64 batch_begin_ns = 0;
+volatile __u64 batch_swapping = 0;
 
 /* Two aggregate maps, one of them in counts_slot at a time. Preallocated:
  * an inner map's flags must match the slot's template on every kernel. */
@@ -162,8 +173,14 @@ static __always_inline bool wanted(void)
 	return false;
 }
 
+/* Adds count samples or waits of ns to key. For waits, began and ended say
+ * when (else 0): one that began before the batch of the map it goes to, or
+ * ends while the maps are swapped, keeps when it began in its key (a thread
+ * has one such wait at a time) and when it ended in its value. The map is
+ * looked up before the swap is: a wait that finds the old map and no swap
+ * ended before the batch did. */
 static __always_inline void add_n(struct profile_key *key, __u64 count,
-				  __u64 ns)
+				  __u64 ns, __u64 began, __u64 ended)
 {
 	static const struct profile_value zero = {};
 	struct profile_value *v;
@@ -173,17 +190,21 @@ static __always_inline void add_n(struct profile_key *key, __u64 count,
 	counts = bpf_map_lookup_elem(&counts_slot, &slot);
 	if (!counts)
 		return;
+	key->began = began && (batch_swapping || began < batch_begin_ns) ? began
+									  : 0;
 	v = emd_lookup_or_init(counts, key, &zero, &drops,
 			       PROFILE_DROP_COUNTS_FULL);
 	if (!v)
 		return;
 	__sync_fetch_and_add(&v->count, count);
 	__sync_fetch_and_add(&v->ns, ns);
+	if (key->began)
+		v->ended = ended; /* one wait, of one thread */
 }
 
 static __always_inline void add(struct profile_key *key, __u64 ns)
 {
-	add_n(key, 1, ns);
+	add_n(key, 1, ns, 0, 0);
 }
 
 static __always_inline bool user_task(void)
@@ -244,6 +265,8 @@ static __always_inline bool send_sample(struct bpf_perf_event_data *ctx,
 	r->count = 1;
 	r->kind = PROFILE_ON_CPU;
 	r->syscall = -1;
+	r->began = 0;
+	r->ended = 0;
 	__builtin_memcpy(r->comm, key->comm, sizeof(r->comm));
 	r->kstack_len = emd_stack_take_into(ctx, r->kstack, 0);
 	return emd_ustack_send(&samples, r, &r->ustack);
@@ -295,7 +318,7 @@ keep_without_ustack(struct profile_key *key, const struct emd_syscall_wait *w,
 	key->kstack = w->kstack;
 	key->ustack = 0;
 	key->syscall = w->site.nr;
-	add_n(key, w->waits, w->ns);
+	add_n(key, w->waits, w->ns, w->began, w->ended);
 }
 
 static __always_inline int on_switch(void *ctx, bool preempt,
@@ -324,7 +347,8 @@ static __always_inline int on_switch(void *ctx, bool preempt,
 	if (emd_offcpu_blocks(preempt, prev_state) &&
 	    !(EMD_READ(raw, prev, flags) & PF_EXITING) && wanted()) {
 		s = emd_offcpu_block(prev, now, raw, &drops,
-				     PROFILE_DROP_THREAD_STATE);
+				     PROFILE_DROP_THREAD_STATE,
+				     PROFILE_DROP_WAKE_MISSED);
 		if (s) {
 			bool user = !(EMD_READ(raw, prev, flags) & PF_KTHREAD);
 
@@ -357,14 +381,14 @@ static __always_inline int on_switch(void *ctx, bool preempt,
 	kstack = emd_offcpu_kstack(next, s, raw, 2);
 	if (s->site.nr >= 0) {
 		/* In a system call: its user stack when it returns. */
-		loss = emd_syscall_wait_add(s, waited, kstack, &flush);
+		loss = emd_syscall_wait_add(s, now, waited, kstack, &flush);
 		if (loss != EMD_SYSCALL_WAIT_KEPT)
 			keep_without_ustack(&key, &flush, loss);
 		return 0;
 	}
 	key.kstack = kstack;
 	key.ustack = s->ustack;
-	add(&key, waited);
+	add_n(&key, 1, waited, now - waited, now);
 	return 0;
 }
 
@@ -400,6 +424,12 @@ static __always_inline void syscall_returns(void *ctx, struct pt_regs *regs,
 		if ((EMD_READ(raw, regs, dx) & 0x4 /* PROT_EXEC */) && ret >= 0)
 			announce_again(id >> 32, false);
 	}
+	/* Running, so not blocked: a stamp still there is a wait whose end was
+	 * not seen (emd_offcpu_block). */
+	if (s && s->blocked) {
+		emd_count_drop(&drops, PROFILE_DROP_WAKE_MISSED);
+		s->blocked = 0;
+	}
 	if (!s || !s->pending.waits)
 		return;
 	if (bpf_probe_read_kernel(&r, sizeof(r), regs))
@@ -422,6 +452,8 @@ static __always_inline void syscall_returns(void *ctx, struct pt_regs *regs,
 		rec->count = w.waits;
 		rec->kind = PROFILE_OFF_CPU;
 		rec->syscall = w.site.nr;
+		rec->began = w.began;
+		rec->ended = w.ended;
 		__builtin_memcpy(rec->comm, key.comm, sizeof(rec->comm));
 		rec->kstack_len = emd_stack_copy(w.kstack, rec->kstack, 0);
 		if (emd_ustack_send(&samples, rec, &rec->ustack))
@@ -430,7 +462,7 @@ static __always_inline void syscall_returns(void *ctx, struct pt_regs *regs,
 	key.kstack = w.kstack;
 	key.ustack = emd_stack_take(ctx, 3, BPF_F_USER_STACK);
 	key.syscall = w.site.nr;
-	add_n(&key, w.waits, w.ns);
+	add_n(&key, w.waits, w.ns, w.began, w.ended);
 }
 
 SEC("tp_btf/sys_exit")

@@ -18,6 +18,11 @@ enum profile_kind {
  * One aggregate: a thread and its kernel and user stacks, by the 64-bit hash
  * that keys each stack in emd_stacks (0: none, or not kept; the drop is
  * counted). cgroup is 0 unless `cgroup: true`.
+ * Waits are split by the batches user space reads (batch_begin_ns, the
+ * monotonic clock of the last read): those that began in the batch they end
+ * in add up under began 0; one that began before it, or ended while the maps
+ * were swapped, has a key of its own, with when it began, and its value says
+ * when it ended, for user space to give each batch it spans its part.
  */
 struct profile_key {
 	__u32 tgid;
@@ -29,11 +34,13 @@ struct profile_key {
 	__u32 kind;
 	__s32
 	    syscall; /* the system call a wait was in, -1: none (or a sample) */
+	__u64 began; /* a wait that crossed a read: when it began; else 0 */
 };
 
 struct profile_value {
 	__u64 count; /* samples, or waits */
 	__u64 ns;    /* CPU time sampled, or time blocked */
+	__u64 ended; /* with the key's began: when the wait ended */
 };
 
 /*
@@ -51,6 +58,8 @@ struct profile_record {
 	__s32 syscall;	  /* the system call the thread waited in, -1: none */
 	__s32 kstack_len; /* bytes of kstack */
 	char comm[16];
+	__u64 began; /* a wait: when it began (the first of them) */
+	__u64 ended; /* and when it ended (the last) */
 	__u64 kstack[EMD_STACK_MAX_DEPTH];
 	struct emd_ustack ustack; /* last: sent up to the bytes copied */
 };
@@ -88,8 +97,9 @@ enum profile_drop_reason {
 	PROFILE_DROP_SYSCALL_EXITED = 5,   /* the thread exited inside it */
 	PROFILE_DROP_SYSCALL_KSTACK = 6,   /* a later wait of the call had
 					      another kernel stack */
-	PROFILE_DROP_STOPPED = 7, /* a signal or tracer stop: not the call's
-				     wait; kept with the frame-pointer walk */
+	PROFILE_DROP_STOPPED = 7,     /* a signal or tracer stop: not the call's
+					 wait; kept with the frame-pointer walk */
+	PROFILE_DROP_WAKE_MISSED = 8, /* a wait whose end was not seen */
 	PROFILE_DROP__COUNT,
 };
 

@@ -26,6 +26,8 @@ struct emd_syscall_wait {
 	struct emd_syscall_site site;
 	__u64 ns;     /* time blocked, in all */
 	__u64 kstack; /* where it blocked (the first of the waits) */
+	__u64 began;  /* when the first of the waits began */
+	__u64 ended;  /* and the last ended */
 	__u32 waits;  /* 0: none pending */
 	__u32 pad;
 };
@@ -51,15 +53,21 @@ static __always_inline bool emd_offcpu_blocks(bool preempt,
 
 /*
  * prev blocks at `now`: its state, stamped and cleared for the includer to
- * fill, or NULL (an idle task, or no room: counted under `reason`).
+ * fill, or NULL (an idle task, or no room: counted under `reason`). A stamp
+ * still there is a wait whose end was not seen (the switch that ended it
+ * found no state: the kernel refuses task storage to a program while another
+ * user of it on the CPU holds it, as a task that exits does): counted under
+ * `missed`.
  */
 static __always_inline struct emd_offcpu *
 emd_offcpu_block(struct task_struct *prev, __u64 now, bool raw, void *drops,
-		 __u32 reason)
+		 __u32 reason, __u32 missed)
 {
 	struct emd_offcpu *s = emd_offcpu_of(prev, true, raw, drops, reason);
 
 	if (s) {
+		if (s->blocked)
+			emd_count_drop(drops, missed);
 		s->blocked = now;
 		s->kstack = 0;
 		s->ustack = 0;
@@ -127,27 +135,28 @@ enum emd_syscall_wait_loss {
 };
 
 /*
- * A wait of `waited` ns at `kstack` in the system call at s->site ended: kept
- * pending for the call's return. A pending wait of another call (its return
- * was missed) or of another kernel stack is handed back in *flush, with why
- * (enum emd_syscall_wait_loss), for the includer to keep without a user stack.
+ * A wait of `waited` ns at `kstack` in the system call at s->site ended at
+ * `now`: kept pending for the call's return. A pending wait of another call
+ * (its return was missed) or of another kernel stack is handed back in
+ * *flush, with why (enum emd_syscall_wait_loss), for the includer to keep
+ * without a user stack.
  */
 static __always_inline __u32
-emd_syscall_wait_add(struct emd_offcpu *s, __u64 waited, __u64 kstack,
-		     struct emd_syscall_wait *flush)
+emd_syscall_wait_add(struct emd_offcpu *s, __u64 now, __u64 waited,
+		     __u64 kstack, struct emd_syscall_wait *flush)
 {
 	__u32 loss = EMD_SYSCALL_WAIT_KEPT;
 
 	if (s->pending.waits) {
-		if (s->pending.site.ip != s->site.ip ||
-		    s->pending.site.sp != s->site.sp ||
-		    s->pending.site.nr != s->site.nr)
+		if (!emd_syscall_site_is(&s->pending.site, s->site.ip,
+					 s->site.sp, s->site.nr))
 			loss = EMD_SYSCALL_WAIT_MISMATCH;
 		else if (s->pending.kstack != kstack)
 			loss = EMD_SYSCALL_WAIT_KSTACK;
 		if (loss == EMD_SYSCALL_WAIT_KEPT) {
 			s->pending.waits++;
 			s->pending.ns += waited;
+			s->pending.ended = now;
 			return loss;
 		}
 		*flush = s->pending;
@@ -155,6 +164,8 @@ emd_syscall_wait_add(struct emd_offcpu *s, __u64 waited, __u64 kstack,
 	s->pending.site = s->site;
 	s->pending.ns = waited;
 	s->pending.kstack = kstack;
+	s->pending.began = now - waited;
+	s->pending.ended = now;
 	s->pending.waits = 1;
 	return loss;
 }
@@ -173,7 +184,7 @@ static __always_inline bool emd_syscall_wait_take(struct emd_offcpu *s,
 		return false;
 	*w = s->pending;
 	s->pending.waits = 0;
-	if (r->ip == w->site.ip && r->sp == w->site.sp)
+	if (emd_syscall_site_is(&w->site, r->ip, r->sp, (__s64)r->orig_ax))
 		*loss = EMD_SYSCALL_WAIT_KEPT;
 	else if (w->site.nr == 59 || w->site.nr == 322) /* execve, execveat */
 		*loss = EMD_SYSCALL_WAIT_EXEC;

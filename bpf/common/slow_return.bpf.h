@@ -167,8 +167,8 @@ static __always_inline bool emd_slow_hold(const struct emd_slow_origin *o,
 	if (o->site.nr < 0)
 		return false;
 	mark = bpf_map_lookup_elem(&emd_slow_calls, &tid);
-	if (!mark || mark->ip != o->site.ip || mark->sp != o->site.sp ||
-	    mark->nr != o->site.nr)
+	if (!mark ||
+	    !emd_syscall_site_is(mark, o->site.ip, o->site.sp, o->site.nr))
 		return false; /* the call returned first */
 	if (!emd_slow_hold_origin(o, now, latency_ns, slot, key, label, cgroup))
 		return false;
@@ -299,8 +299,7 @@ static __always_inline void emd_slow_call_returns(void *ctx,
 	bpf_probe_read_kernel(&ip, sizeof(ip), &u->ip);
 	bpf_probe_read_kernel(&sp, sizeof(sp), &u->sp);
 	bpf_probe_read_kernel(&nr, sizeof(nr), &u->orig_ax);
-	if (ip == h->origin.site.ip && sp == h->origin.site.sp &&
-	    nr == (__u64)(__s64)h->origin.site.nr)
+	if (emd_syscall_site_is(&h->origin.site, ip, sp, (__s64)nr))
 		emd_slow_send_held_copy(ctx, h, regs, drops_map, full_reason);
 	else
 		emd_slow_send_held_origin(h, EMD_SLOW_RETURN_MISMATCH,

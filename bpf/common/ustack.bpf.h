@@ -151,6 +151,15 @@ static __always_inline bool emd_ustack_regs(struct emd_ustack *u,
  */
 #define EMD_TASK_STOPPED_OR_TRACED 0x0000000c
 #define EMD_MAX_SYSCALL 1024
+/* Whether site s is the call at user instruction and stack pointers ip, sp
+ * with number nr. */
+static __always_inline bool
+emd_syscall_site_is(const struct emd_syscall_site *s, __u64 ip, __u64 sp,
+		    __s64 nr)
+{
+	return s->ip == ip && s->sp == sp && s->nr == nr;
+}
+
 static __always_inline bool emd_syscall_site_here(struct emd_syscall_site *at,
 						  unsigned int state)
 {

@@ -28,7 +28,8 @@ cursor:pointer}
 a bar of its own, where the program's debug info is on the host), as wide as the time in it and
 in what it called: <span id="legend"><span class="on">on-CPU</span><span class="off">off-CPU
 (blocked)</span></span> mixed in proportion. Click to zoom. The same data as pprof:
-<a id="pprof" href="/debug/pprof/profile?seconds=30">/debug/pprof/profile?seconds=30</a>.</p>
+<a id="pprof" href="/debug/pprof/profile?seconds=30">/debug/pprof/profile?seconds=30</a>.
+<span id="scope"></span></p>
 <form id="controls" onsubmit="return false">
 <label>last <select id="seconds"><option>10</option><option>30</option><option selected>60</option>
 <option>300</option><option>600</option></select> seconds</label>
@@ -105,6 +106,7 @@ function draw() {
 async function load() {
   let q = "seconds=" + $("seconds").value + "&group=" + $("group").value;
   if ($("lines").value === "1") q += "&lines=1";
+  for (const [k, v] of scope) q += "&" + k + "=" + encodeURIComponent(v);
   if ($("show").value === "slow") {
     q += "&slow=1";
     for (const [k, v] of narrowing) q += "&" + k + "=" + encodeURIComponent(v);
@@ -131,6 +133,19 @@ const params = new URLSearchParams(location.search);
 // Slow events of one metric, over a latency, or of one stack (an exemplar's stack_id).
 const narrowing = ["metric", "min", "stack_id"].filter((k) => params.get(k)).map((k) => [k, params.get(k)]);
 const narrow = narrowing.length ? narrowing.map(([k, v]) => k + " " + v) : ["all"];
+// One process, thread, command or workload: the same parameters as /debug/pprof/profile's.
+const scope = ["pid", "tid", "comm", "workload"].filter((k) => params.get(k)).map((k) => [k, params.get(k)]);
+if (scope.length) {
+  const only = scope.map(([k, v]) => k + " " + v).join(", ");
+  $("scope").textContent = "Only " + only + " (";
+  const all = document.createElement("a");
+  all.href = "?";
+  all.textContent = "everything";
+  $("scope").append(all, ").");
+  const pprof = "/debug/pprof/profile?seconds=30" + scope.map(([k, v]) => "&" + k + "=" + encodeURIComponent(v)).join("");
+  $("pprof").href = pprof;
+  $("pprof").textContent = pprof;
+}
 if (params.get("slow") === "1") $("show").value = "slow";
 for (const id of ["seconds", "group", "lines"]) {
   const v = params.get(id);

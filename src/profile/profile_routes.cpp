@@ -69,6 +69,46 @@ std::variant<std::optional<std::string>, std::string> single(const HttpRequest& 
   return std::optional<std::string>(std::string(values.front()));
 }
 
+// A process or thread ID as a request gives it: a whole number from 1 to 4194304
+// (PID_MAX_LIMIT), or an error naming `name`.
+std::variant<std::uint32_t, std::string> task_id(std::string_view v, const char* name) {
+  std::uint32_t n = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (ec != std::errc() || end != v.data() + v.size() || n == 0 || n > 4194304) {
+    return std::string(name) + " is not a process or thread ID (1 to 4194304)";
+  }
+  return n;
+}
+
+// The samples a profile request wants: pid=, tid=, comm=, workload= (each at most once).
+std::variant<SampleFilter, std::string> sample_filter(const HttpRequest& req) {
+  SampleFilter f;
+  for (const char* name : {"pid", "tid"}) {
+    const auto value = single(req, name);
+    if (const auto* why = std::get_if<std::string>(&value)) return *why;
+    if (const auto& v = std::get<std::optional<std::string>>(value)) {
+      const auto id = task_id(*v, name);
+      if (const auto* why = std::get_if<std::string>(&id)) return *why;
+      (name[0] == 'p' ? f.pid : f.tid) = std::get<std::uint32_t>(id);
+    }
+  }
+  const auto comm = single(req, "comm");
+  if (const auto* why = std::get_if<std::string>(&comm)) return *why;
+  if (const auto& v = std::get<std::optional<std::string>>(comm)) {
+    if (v->empty()) return "comm is empty";
+    if (v->size() > 15) return "comm is longer than the kernel's 15 characters";
+    f.comm = *v;
+  }
+  const auto workload = single(req, "workload");
+  if (const auto* why = std::get_if<std::string>(&workload)) return *why;
+  if (const auto& v = std::get<std::optional<std::string>>(workload)) {
+    if (v->empty()) return "workload is empty";
+    if (v->size() > 4096) return "workload is longer than a cgroup path";
+    f.workload = *v;
+  }
+  return f;
+}
+
 // The query of /debug/pprof/slow: metric=NAME, min=DURATION, stack_id=HEX, seconds=N.
 std::variant<SlowEventStore::Query, std::string> slow_query(const HttpRequest& req) {
   SlowEventStore::Query q;
@@ -105,6 +145,13 @@ std::variant<SlowEventStore::Query, std::string> slow_query(const HttpRequest& r
   return q;
 }
 
+// The slow events of query q that filter f keeps.
+SlowWindow slow_events(ProfileStore& store, const SlowEventStore::Query& q, const SampleFilter& f) {
+  SlowWindow w = store.slow_events().query(q);
+  std::erase_if(w.events, [&](const SlowEvent& e) { return !f.matches(e); });
+  return w;
+}
+
 }  // namespace
 
 std::vector<Route> profile_routes(const std::shared_ptr<ProfileStore>& store) {
@@ -115,6 +162,8 @@ std::vector<Route> profile_routes(const std::shared_ptr<ProfileStore>& store) {
       [store](const HttpRequest& req) -> std::variant<HttpResponse, DeferredResponse> {
     const auto seconds = window_seconds(req, kMaxProfileSeconds);
     if (const auto* why = std::get_if<std::string>(&seconds)) return bad_request(*why);
+    auto filter = sample_filter(req);
+    if (const auto* why = std::get_if<std::string>(&filter)) return bad_request(*why);
     if (!store->running()) return not_running();
     auto from = std::make_shared<Clock::time_point>();
     return DeferredResponse{
@@ -126,14 +175,14 @@ std::vector<Route> profile_routes(const std::shared_ptr<ProfileStore>& store) {
           *from = Clock::now();
         },
         std::chrono::seconds(std::get<int>(seconds)),
-        [store, from]() {
+        [store, from, f = std::get<SampleFilter>(filter)]() {
           if (!store->cut()) {
             HttpResponse r;
             r.status = 503;
             r.body = "503 the profile tracer stopped during the window\n";
             return r;
           }
-          return pprof_file(pprof_profile(store->window(*from, Clock::now())), "profile");
+          return pprof_file(pprof_profile(store->window(*from, Clock::now(), f)), "profile");
         }};
   };
   Route page{"/profile", [](const HttpRequest&) {
@@ -174,10 +223,13 @@ std::vector<Route> profile_routes(const std::shared_ptr<ProfileStore>& store) {
       if (*on != "1") return bad_request("slow must be 1");
       auto query = slow_query(req);
       if (const auto* why = std::get_if<std::string>(&query)) return bad_request(*why);
+      auto filter = sample_filter(req);
+      if (const auto* why = std::get_if<std::string>(&filter)) return bad_request(*why);
       return DeferredResponse{{},
                               std::chrono::milliseconds(0),
-                              [store, grouping, lines, q = std::get<SlowEventStore::Query>(query)] {
-                                const SlowWindow events = store->slow_events().query(q);
+                              [store, grouping, lines, q = std::get<SlowEventStore::Query>(query),
+                               f = std::get<SampleFilter>(filter)] {
+                                const SlowWindow events = slow_events(*store, q, f);
                                 HttpResponse r;
                                 r.content_type = "application/json";
                                 r.body = flame_graph_json(slow_profile_window(events), grouping,
@@ -192,12 +244,16 @@ std::vector<Route> profile_routes(const std::shared_ptr<ProfileStore>& store) {
         return bad_request(std::string(narrowing) + " narrows slow events: give slow=1 with it");
       }
     }
+    auto filter = sample_filter(req);
+    if (const auto* why = std::get_if<std::string>(&filter)) return bad_request(*why);
     if (!store->running()) return not_running();
-    return DeferredResponse{{}, std::chrono::milliseconds(0), [store, seconds, grouping, lines] {
+    return DeferredResponse{{},
+                            std::chrono::milliseconds(0),
+                            [store, seconds, grouping, lines, f = std::get<SampleFilter>(filter)] {
                               store->cut();
                               const Clock::time_point to = Clock::now();
                               const ProfileWindow w = store->window(
-                                  to - std::chrono::seconds(std::get<int>(seconds)), to);
+                                  to - std::chrono::seconds(std::get<int>(seconds)), to, f);
                               HttpResponse r;
                               r.content_type = "application/json";
                               r.body =
@@ -215,9 +271,13 @@ std::vector<Route> profile_routes(const std::shared_ptr<ProfileStore>& store) {
   slow.deferred = [store](const HttpRequest& req) -> std::variant<HttpResponse, DeferredResponse> {
     auto query = slow_query(req);
     if (const auto* why = std::get_if<std::string>(&query)) return bad_request(*why);
+    auto filter = sample_filter(req);
+    if (const auto* why = std::get_if<std::string>(&filter)) return bad_request(*why);
     return DeferredResponse{
-        {}, std::chrono::milliseconds(0), [store, q = std::get<SlowEventStore::Query>(query)] {
-          return pprof_file(pprof_slow(store->slow_events().query(q)), "slow");
+        {},
+        std::chrono::milliseconds(0),
+        [store, q = std::get<SlowEventStore::Query>(query), f = std::get<SampleFilter>(filter)] {
+          return pprof_file(pprof_slow(slow_events(*store, q, f)), "slow");
         }};
   };
   return {std::move(profile), std::move(page), std::move(data), std::move(slow)};

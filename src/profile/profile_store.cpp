@@ -1,7 +1,9 @@
 #include "ebpf_metricsd/profile/profile_store.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <unordered_map>
+#include <utility>
 
 namespace ebpf_metricsd::profiling {
 
@@ -18,9 +20,53 @@ std::uint32_t ProfileStore::intern(const std::vector<Frame>& frames) {
   return it->second;
 }
 
+void ProfileStore::share_out(Sample& s, Clock::time_point begin, Clock::time_point end) {
+  const Clock::time_point to = std::max(s.ended, s.began);
+  // ns x ns can pass 2^64: the product in 128 bits.
+  __extension__ using Wide = unsigned __int128;
+  const auto span = static_cast<Wide>((to - s.began).count());
+  const auto part_of = [&](Clock::time_point from, Clock::time_point until) -> std::uint64_t {
+    from = std::max(from, s.began);
+    if (span == 0 || until <= from) return 0;
+    return static_cast<std::uint64_t>(s.ns * static_cast<Wide>((until - from).count()) / span);
+  };
+  std::uint64_t given = 0;
+  // Before the oldest kept batch: gone with it.
+  const Clock::time_point kept_from = batches_.empty() ? begin : batches_.front().begin;
+  given += part_of(s.began, std::min(kept_from, begin));
+  for (Batch& b : batches_) {
+    if (b.end <= s.began) continue;
+    const std::uint64_t part = part_of(b.begin, std::min(b.end, begin));
+    if (part == 0) continue;
+    Sample older = s;
+    older.count = 0;
+    older.ns = part;
+    older.began = older.ended = {};
+    b.samples.push_back(std::move(older));
+    ++samples_;
+    given += part;
+  }
+  // After this batch (a wait that ended while it was being read): the next one's.
+  if (const std::uint64_t later = part_of(end, to); later > 0) {
+    Sample next = s;
+    next.count = 0;
+    next.ns = later;
+    next.began = next.ended = {};
+    carry_.push_back(std::move(next));
+    given += later;
+  }
+  s.ns -= std::min(given, s.ns);
+  s.began = s.ended = {};
+}
+
 void ProfileStore::add_batch(Clock::time_point end, std::vector<Sample> samples,
                              const std::vector<std::vector<Frame>>& stacks) {
+  for (const Sample& s : samples) {
+    if (s.stack >= stacks.size()) throw std::out_of_range("profile sample without its stack");
+  }
   std::lock_guard lock(mutex_);
+  // The parts of waits the previous batch held that fell after its end.
+  std::vector<Sample> carried = std::exchange(carry_, {});
   if (samples.size() > limits_.max_samples) {
     dropped_ += samples.size() - limits_.max_samples;
     samples.resize(limits_.max_samples);
@@ -28,17 +74,18 @@ void ProfileStore::add_batch(Clock::time_point end, std::vector<Sample> samples,
   std::vector<std::uint32_t> ids(stacks.size(), 0);
   std::vector<char> interned(stacks.size(), 0);
   for (Sample& s : samples) {
-    if (s.stack >= stacks.size()) throw std::out_of_range("profile sample without its stack");
     if (!interned[s.stack]) {
       ids[s.stack] = intern(stacks[s.stack]);
       interned[s.stack] = 1;
     }
     s.stack = ids[s.stack];
+    if (s.began != Clock::time_point{}) share_out(s, last_end_, end);
   }
-  if (!samples.empty()) {  // an empty read marks nothing
-    samples_ += samples.size();
-    batches_.push_back({last_end_, end, std::move(samples)});
-  }
+  samples.insert(samples.end(), std::make_move_iterator(carried.begin()),
+                 std::make_move_iterator(carried.end()));
+  // Every read is a batch, an empty one too: the waits that span it are shared out to it.
+  samples_ += samples.size();
+  batches_.push_back({last_end_, end, std::move(samples)});
   last_end_ = end;
   expire(end);
 }
@@ -74,14 +121,16 @@ void ProfileStore::compact() {
   // batches when at least half is not.
   std::vector<char> used(stacks_.size(), 0);
   std::size_t in_use = 0;
-  for (const Batch& b : batches_) {
-    for (const Sample& s : b.samples) {
-      if (!used[s.stack]) {
-        used[s.stack] = 1;
-        ++in_use;
-      }
+  const auto use = [&](const Sample& s) {
+    if (!used[s.stack]) {
+      used[s.stack] = 1;
+      ++in_use;
     }
+  };
+  for (const Batch& b : batches_) {
+    for (const Sample& s : b.samples) use(s);
   }
+  for (const Sample& s : carry_) use(s);
   if (in_use * 2 > stacks_.size()) return;
   std::vector<Frame> frames;
   std::map<Frame, std::uint32_t> frame_ids;
@@ -104,13 +153,15 @@ void ProfileStore::compact() {
   for (Batch& b : batches_) {
     for (Sample& s : b.samples) s.stack = new_stack[s.stack];
   }
+  for (Sample& s : carry_) s.stack = new_stack[s.stack];
   frames_ = std::move(frames);
   frame_ids_ = std::move(frame_ids);
   stacks_ = std::move(stacks);
   stack_ids_ = std::move(stack_ids);
 }
 
-ProfileWindow ProfileStore::window(Clock::time_point from, Clock::time_point to) const {
+ProfileWindow ProfileStore::window(Clock::time_point from, Clock::time_point to,
+                                   const SampleFilter& filter) const {
   ProfileWindow w;
   w.frequency = frequency_;
   std::lock_guard lock(mutex_);
@@ -123,7 +174,9 @@ ProfileWindow ProfileStore::window(Clock::time_point from, Clock::time_point to)
       first = false;
     }
     w.end = b.end;
-    for (Sample s : b.samples) {
+    for (const Sample& kept : b.samples) {
+      if (!filter.matches(kept)) continue;
+      Sample s = kept;
       auto [it, fresh] =
           stack_map.try_emplace(s.stack, static_cast<std::uint32_t>(w.stacks.size()));
       if (fresh) {

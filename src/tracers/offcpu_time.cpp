@@ -42,8 +42,9 @@ class OffcpuTimeTracer final : public Tracer {
                                           "involuntary (it was preempted while runnable).",
                                           MetricType::Counter,
                                           {"kind"}})}}),
-        drops_(scope, drop_reasons<OFFCPU_DROP__COUNT>({"task_state", "map_full", "slow_limited",
-                                                        "slow_ring_full", "slow_exiting"})),
+        drops_(scope,
+               drop_reasons<OFFCPU_DROP__COUNT>({"task_state", "map_full", "slow_limited",
+                                                 "slow_ring_full", "slow_exiting", "wake_missed"})),
         slow_(scope, hist_.metric(), "ebpf_offcpu_seconds", options.slow, hist_.cgroups(),
               context.profiles) {}
 

@@ -129,9 +129,10 @@ class ProfileTracer final : public Tracer {
   ProfileTracer(MetricScope& scope, ProfileOptions options, const TracerContext& context)
       : scope_(scope),
         options_(std::move(options)),
-        drops_(scope, drop_reasons<PROFILE_DROP__COUNT>(
-                          {"map_full", "thread_state", "announce_full", "syscall_mismatch",
-                           "syscall_exec", "syscall_exited", "syscall_kstack", "stopped"})),
+        drops_(scope,
+               drop_reasons<PROFILE_DROP__COUNT>(
+                   {"map_full", "thread_state", "announce_full", "syscall_mismatch", "syscall_exec",
+                    "syscall_exited", "syscall_kstack", "stopped", "wake_missed"})),
         caches_(scope.declare({"ebpf_metricsd_profile_cache_entries",
                                "Entries of the profile's symbolization caches and tables: "
                                "ELF files open, processes whose mappings are kept, names "
@@ -321,11 +322,16 @@ class ProfileTracer final : public Tracer {
       std::lock_guard lock(records_mutex_);
       ++unwinds_[static_cast<std::size_t>(end)];
       unwind_ns_ += cpu;
-      RecordKey key{r.tgid, r.tid,     fixed_name(r.comm), r.cgroup,
-                    kind,   r.syscall, std::move(frames)};
+      // A wait that began in this batch ends in it (the record is of the next batch once
+      // the cut that ends this one has taken the records): it adds up with others of its
+      // stack; one that began before keeps when (and is shared out).
+      const std::uint64_t began = r.began && monotonic(r.began) < batch_begun_ ? r.began : 0;
+      RecordKey key{r.tgid,    r.tid, fixed_name(r.comm), r.cgroup, kind,
+                    r.syscall, began, std::move(frames)};
       Aggregate& a = records_pending_[std::move(key)];
       a.count += r.count;
       a.ns += r.ns;
+      a.ended = std::max<std::uint64_t>(a.ended, r.ended);
     } catch (const std::exception& e) {
       spdlog::warn("profile: a sample of process {} not unwound: {}", r.tgid, e.what());
     }
@@ -394,18 +400,52 @@ class ProfileTracer final : public Tracer {
     // behind (a slow host): a cut holds everything taken before it.
     announcements_.catch_up();
     records_.catch_up();
-    // Point the programs at the empty map; the update returns once no program runs with
-    // the other one any more, so it is complete.
+    // The batch ends now, and the next begins. The samples and waits whose user stacks
+    // were copied, unwound as they arrived, until now: a record that arrives from now on
+    // is of the next batch.
+    const auto end = profiling::Clock::now();
+    const profiling::Clock::time_point begun = batch_begun_;
+    std::map<RecordKey, Aggregate> records;
+    {
+      std::lock_guard records_lock(records_mutex_);
+      records.swap(records_pending_);
+      batch_begun_ = end;
+    }
+    // A wait that ends from now on and began before, or ends while the maps are swapped,
+    // is marked so (profile_key.began). Then point the programs at the empty map; the
+    // update returns once no program runs with the other one any more, so it is complete.
+    auto* bss = skel_->bss;
+    const __u64 previous_begin = bss->batch_begin_ns;
+    __atomic_store_n(&bss->batch_begin_ns, ns_of(end), __ATOMIC_RELEASE);
+    __atomic_store_n(&bss->batch_swapping, 1, __ATOMIC_SEQ_CST);
     const __u32 zero = 0;
     const int full = counts_fd_[active_];
     active_ ^= 1;
     int next = counts_fd_[active_];
-    if (bpf_map_update_elem(slot_fd_, &zero, &next, BPF_ANY) != 0) {
+    const int swapped = bpf_map_update_elem(slot_fd_, &zero, &next, BPF_ANY);
+    const int swap_errno = errno;
+    __atomic_store_n(&bss->batch_swapping, 0, __ATOMIC_RELEASE);
+    if (swapped != 0) {
       active_ ^= 1;
-      throw BpfError(bpf_error_text("profile: swap the aggregate maps", errno));
+      __atomic_store_n(&bss->batch_begin_ns, previous_begin, __ATOMIC_RELEASE);
+      std::lock_guard records_lock(records_mutex_);
+      batch_begun_ = begun;
+      for (auto& [k, a] : records) {
+        Aggregate& back = records_pending_[k];
+        back.count += a.count;
+        back.ns += a.ns;
+        back.ended = std::max(back.ended, a.ended);
+      }
+      throw BpfError(bpf_error_text("profile: swap the aggregate maps", swap_errno));
     }
-    const auto end = profiling::Clock::now();
     ++generation_;
+    // A wait from `began` to `ended`: within this batch, or to be shared among the
+    // batches it spans (Sample::began).
+    const auto span = [&](Sample& s, std::uint64_t began, std::uint64_t ended) {
+      if (began == 0 || (monotonic(began) >= begun && monotonic(ended) <= end)) return;
+      s.began = monotonic(began);
+      s.ended = monotonic(ended);
+    };
 
     std::vector<std::pair<profile_key, profile_value>> entries;
     profile_key key{}, next_key{};
@@ -435,6 +475,7 @@ class ProfileTracer final : public Tracer {
       s.syscall = k.syscall;
       s.count = v.count;
       s.ns = v.ns;
+      span(s, k.began, v.ended);
       (s.kind == SampleKind::OnCpu ? on : off) += v.count;
       if (options_.cgroup) s.workload = names_.label(k.cgroup);
       const auto [at, fresh] = stack_index.try_emplace({k.tgid, k.kstack, k.ustack, k.kind},
@@ -461,12 +502,6 @@ class ProfileTracer final : public Tracer {
       if (expired[at->second]) pending_.stacks_expired += v.count;
       samples.push_back(std::move(s));
     }
-    // The samples and waits whose user stacks were copied, unwound as they arrived.
-    std::map<RecordKey, Aggregate> records;
-    {
-      std::lock_guard records_lock(records_mutex_);
-      records.swap(records_pending_);
-    }
     for (auto& [k, a] : records) {
       Sample s;
       s.pid = k.tgid;
@@ -476,6 +511,7 @@ class ProfileTracer final : public Tracer {
       s.syscall = k.syscall;
       s.count = a.count;
       s.ns = a.ns;
+      span(s, k.began, a.ended);
       (s.kind == SampleKind::OnCpu ? on : off) += a.count;
       if (options_.cgroup) s.workload = names_.label(k.cgroup);
       s.stack = static_cast<std::uint32_t>(stacks.size());
@@ -486,6 +522,15 @@ class ProfileTracer final : public Tracer {
     pending_.on_cpu += on;
     pending_.off_cpu += off;
     forget_unused();
+  }
+
+  // A bpf_ktime_get_ns() time on the daemon's clock (both are CLOCK_MONOTONIC), and back.
+  static profiling::Clock::time_point monotonic(std::uint64_t ns) {
+    return profiling::Clock::time_point(std::chrono::nanoseconds(ns));
+  }
+  static __u64 ns_of(profiling::Clock::time_point t) {
+    return static_cast<__u64>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count());
   }
 
   static Frame no_stack() {
@@ -687,15 +732,19 @@ class ProfileTracer final : public Tracer {
     std::uint64_t cgroup;
     SampleKind kind;
     std::int32_t syscall;
+    std::uint64_t began;  // a wait that began before its batch: when (profile_key.began)
     std::vector<Frame> frames;
     // NOLINTNEXTLINE(modernize-use-nullptr): clang-tidy 14 misreads a defaulted operator<=>.
     auto operator<=>(const RecordKey&) const = default;
   };
   struct Aggregate {
     std::uint64_t count = 0, ns = 0;
+    std::uint64_t ended = 0;  // with RecordKey::began
   };
   std::mutex records_mutex_;
   std::map<RecordKey, Aggregate> records_pending_;
+  // When the batch records_pending_ is of began: the last cut (by records_mutex_).
+  profiling::Clock::time_point batch_begun_{};
   std::array<std::uint64_t, std::size(profiling::kUnwindEnds)> unwinds_{};
   std::uint64_t unwind_ns_ = 0;  // CPU time the unwinds took
   RingReader announcements_;     // last two: stop first

@@ -14,11 +14,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
+#include <fstream>
 #include <map>
 #include <regex>
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../cgroup_fixture.h"
@@ -58,7 +61,7 @@ constexpr int kReads = 25;
 
 struct WorkloadRun {
   pid_t pid = 0;
-  long long blocked_ns = 0;  // the reader's time in read()
+  long long blocked_ns = 0;  // the reader's time off the CPU in read()
   long long cond_ns = 0;     // the waiter's in pthread_cond_wait()
   long long cpu_ns = 0;      // its CPU time, user and system, as the kernel accounted it
 };
@@ -237,7 +240,8 @@ Observed observe(const ProfileWindow& w, pid_t pid) {
 // Why the profile's kernel side lost a wait or sample whole: its aggregate or thread state
 // could not be had, or its stack was not kept (its frames are none).
 const std::vector<std::string> kLostReasons = {"map_full",       "thread_state",    "recursion",
-                                               "stack_not_kept", "stack_collision", "stack_error"};
+                                               "stack_not_kept", "stack_collision", "stack_error",
+                                               "wake_missed"};
 // Why a stack lost its user frames or its CFI unwinding.
 const std::vector<std::string> kCutReasons = {
     "syscall_mismatch", "syscall_exec",     "syscall_exited",    "syscall_kstack",
@@ -440,6 +444,116 @@ TEST_CASE("profile: offcpu_min keeps short waits out, and off_cpu: false keeps a
     CHECK(o.three.count + o.one.count > 0);
     CHECK(o.waits.count == 0);
   }
+}
+
+TEST_CASE("profile: a wait across reads is shared among the windows it spans, clipped to each",
+          "[profile]") {
+  MetricStore metrics;
+  profiling::ProfileStore store;
+  // With a copied stack the wait is sent at sys_exit as a ring record, else aggregated in
+  // the kernel map: both carry when it began.
+  const bool cfi = GENERATE(true, false);
+  auto tracer = test::start_tracer(
+      metrics, "profile",
+      frequency_option() + "    unwind: " + (cfi ? "cfi" : "frame_pointers") + "\n", &store);
+  int feed[2], report[2];
+  REQUIRE(pipe2(feed, O_CLOEXEC) == 0);
+  REQUIRE(pipe2(report, O_CLOEXEC) == 0);
+  REQUIRE(store.cut());
+  const auto t0 = profiling::Clock::now();
+  // A child blocks in one read() until the test writes, three reads of the store later.
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    char c;
+    timespec b{}, e{};
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    const ssize_t n = read(feed[0], &c, 1);
+    clock_gettime(CLOCK_MONOTONIC, &e);
+    const long long t[2] = {b.tv_sec * 1000000000LL + b.tv_nsec,
+                            e.tv_sec * 1000000000LL + e.tv_nsec};
+    _exit(n == 1 && write(report[1], t, sizeof t) == sizeof t ? 0 : 1);
+  }
+  close(report[1]);
+  // Blocked: asleep inside read() (system call 0), as the kernel reports it.
+  const std::string proc = "/proc/" + std::to_string(child);
+  REQUIRE(test::wait_until(
+      [&] {
+        std::ifstream stat(proc + "/stat"), call(proc + "/syscall");
+        const std::string text((std::istreambuf_iterator<char>(stat)), {});
+        std::string nr;
+        call >> nr;
+        const auto paren = text.rfind(')');
+        return paren != std::string::npos && text.compare(paren + 1, 3, " S ") == 0 && nr == "0";
+      },
+      std::chrono::seconds(30)));
+  std::vector<profiling::Clock::time_point> marks = {t0};
+  for (int i = 0; i < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    REQUIRE(store.cut());
+    marks.push_back(profiling::Clock::now());
+  }
+  REQUIRE(write(feed[1], "x", 1) == 1);
+  long long span[2] = {};
+  REQUIRE(read(report[0], span, sizeof span) == sizeof span);
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  close(feed[0]);
+  close(feed[1]);
+  close(report[0]);
+  REQUIRE(store.cut());
+  marks.push_back(profiling::Clock::now());
+
+  // Each window: one read of the store. The child's time blocked in it, and the most
+  // blocked time of any thread there.
+  std::vector<double> child_ms, window_ms;
+  std::string text;
+  std::uint64_t waits = 0, over = 0;
+  for (std::size_t i = 0; i + 1 < marks.size(); ++i) {
+    const ProfileWindow w = store.window(marks[i], marks[i + 1]);
+    const auto length = static_cast<std::uint64_t>((w.end - w.begin).count());
+    std::uint64_t mine = 0;
+    std::map<std::uint32_t, std::uint64_t> by_thread;
+    for (const Sample& x : w.samples) {
+      if (x.kind != SampleKind::OffCpu) continue;
+      by_thread[x.tid] += x.ns;
+      if (x.pid == static_cast<std::uint32_t>(child)) {
+        mine += x.ns;
+        waits += x.count;
+      }
+    }
+    // No thread of the host is blocked longer than the window lasted (a wait ending in
+    // the moment the maps are swapped may fall into the next one).
+    for (const auto& [tid, ns] : by_thread) {
+      if (ns > length + 1000000) {
+        ++over;
+        text += " tid " + std::to_string(tid) + " " + std::to_string(ns) + " ns;";
+      }
+    }
+    child_ms.push_back(static_cast<double>(mine) / 1e6);
+    window_ms.push_back(static_cast<double>(length) / 1e6);
+    text += " window " + std::to_string(i) + ": " + std::to_string(length / 1000) +
+            " us long, the child " + std::to_string(mine / 1000) + " us;";
+  }
+  const double read_ms = static_cast<double>(span[1] - span[0]) / 1e6;
+  INFO((cfi ? "cfi" : "frame pointers") << ": the child's read took " << read_ms << " ms;" << text);
+  CHECK(over == 0);
+  CHECK(waits == 1);
+  // The two windows the child was blocked through: the whole of each, to a millisecond.
+  for (std::size_t i : {1, 2}) {
+    CHECK(child_ms[i] <= window_ms[i] + 1);
+    CHECK(child_ms[i] >= window_ms[i] - 1);
+  }
+  // The first and last: a part of each, and all of the parts are the read's time.
+  CHECK(child_ms[0] > 0);
+  CHECK(child_ms[0] <= window_ms[0] + 1);
+  CHECK(child_ms[3] > 0);
+  CHECK(child_ms[3] <= window_ms[3] + 1);
+  const double total = child_ms[0] + child_ms[1] + child_ms[2] + child_ms[3];
+  CHECK(total <= read_ms + 1);
+  CHECK(total >= 0.95 * read_ms);
 }
 
 TEST_CASE("profile: workloads keeps only the named cgroup and what is below it, labelled",

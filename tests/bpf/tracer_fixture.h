@@ -113,7 +113,7 @@ inline SchedulerTracers start_scheduler_tracers(MetricStore& store, const std::s
 // The slow events of histogram `metric` kept in `profiles` that `wanted` picks (given the
 // event and the window it was found in, which holds its stack), once there are `n` of them,
 // with that window: they come through a ring buffer, so the tracer is drained every 100 ms
-// until they are in, for at most 10 s (fewer are returned then).
+// until they are in, for at most a minute (fewer are returned then).
 struct SlowFound {
   std::vector<profiling::SlowEvent> events;
   profiling::SlowWindow window;
@@ -125,7 +125,9 @@ inline SlowFound wait_for_slow(
   profiling::SlowEventStore::Query q;
   q.metric = metric;
   SlowFound found;
-  for (int i = 0; i < 100 && found.events.size() < n; ++i) {
+  // Up to a minute: a guest emulated on a busy host takes seconds for what takes
+  // milliseconds here.
+  for (int i = 0; i < 600 && found.events.size() < n; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     tracer->drain();
     found.events.clear();

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -223,6 +224,49 @@ TEST_CASE(
   INFO(list);
   CHECK(std::regex_search(
       list, std::regex("\n\\s+[0-9.]+m?s\\s+[0-9.]+m?s\\s+" + std::to_string(hot_line) + ":")));
+}
+
+TEST_CASE("one process: pid= narrows pprof, the page and its data to it", "[profile][browser]") {
+  ProfileDaemon p;
+  // Two processes of one program: the same command name, two pids.
+  Workload a, b;
+  const std::string mine = std::to_string(a.pid), other = std::to_string(b.pid);
+  const auto [status, body] = p.get("/debug/pprof/profile?seconds=2&pid=" + mine);
+  INFO(p.d->log());
+  REQUIRE(status == "200");
+  const std::string file = p.s.dir + "/one-process.pb.gz";
+  std::ofstream(file) << body;
+  // Every sample's labels, as pprof reads them: the one pid, the one command.
+  const std::string tags =
+      run_capture("HOME=" + p.s.dir + " go tool pprof -tags -symbolize=none " + file + " 2>&1");
+  INFO(tags);
+  const std::regex pid_values(R"(\n\s*pid: Total[^\n]*((\n\s+[^\n]*\(\s*[0-9.]+%\):[^\n]*)+))");
+  std::smatch m;
+  REQUIRE(std::regex_search(tags, m, pid_values));
+  const std::string pids = m[1];
+  CHECK_THAT(pids, Contains(mine));
+  CHECK_THAT(pids, !Contains(other));
+  CHECK(std::count(pids.begin(), pids.end(), '%') == 1);  // one value, 100%
+  // The page's data: only the other process's node under the root.
+  const auto [data_status, data] = p.get("/profile/data?seconds=10&group=process&pid=" + other);
+  REQUIRE(data_status == "200");
+  const auto json = nlohmann::json::parse(data);
+  REQUIRE(json["root"]["c"].size() == 1);
+  CHECK(json["root"]["c"][0]["n"] == "profile_workloa (" + other + ")");
+  // The page opened with the parameter draws that process alone, and says so.
+  const std::string url = p.page_url("/profile?seconds=10&group=process&pid=" + mine);
+  const std::string chromium = p.chromium();
+  const std::string dom = run_capture(chromium + "--dump-dom '" + url + "' 2>/dev/null");
+  REQUIRE_THAT(dom, Contains("data-loaded=\"1\""));
+  CHECK_THAT(dom, Contains("data-name=\"profile_workloa (" + mine + ")\""));
+  CHECK_THAT(dom, !Contains("data-name=\"profile_workloa (" + other + ")\""));
+  CHECK_THAT(dom, Contains("Only pid " + mine));
+  CHECK_THAT(dom, Contains("/debug/pprof/profile?seconds=30&amp;pid=" + mine));
+  keep_screenshot(chromium, url, "profile-one-process.png");
+  // A bad narrowing: 400 with the reason.
+  const auto bad = p.get("/debug/pprof/profile?seconds=1&pid=0");
+  CHECK(bad.first == "400");
+  CHECK_THAT(bad.second, Contains("pid is not a process or thread ID"));
 }
 
 TEST_CASE("profile requests: credentials, bad seconds, a bound on those waiting, scrapes go on",

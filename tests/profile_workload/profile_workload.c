@@ -17,8 +17,9 @@
 // Usage: profile_workload CPU_MS READS: rounds until the main thread has used CPU_MS of
 // CPU time (so that a profile at F Hz takes about CPU_MS * F / 1000 samples of them on
 // any machine), and READS blocking reads and as many condition waits. Prints "blocked_ns
-// N" (the reader's time in read), "cond_ns N" (the waiter's in pthread_cond_wait) and
-// "rounds N".
+// N" (the reader's time in read), "cond_ns N" (the waiter's in pthread_cond_wait), each
+// less the CPU time the thread used meanwhile (the time it was off the CPU, which a slow
+// or emulated machine makes a smaller part of the call), and "rounds N".
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
@@ -51,6 +52,8 @@ static long long clock_ns(clockid_t clock) {
 }
 
 static long long now_ns(void) { return clock_ns(CLOCK_MONOTONIC); }
+/* Time off the CPU: wall time less the calling thread's CPU time. */
+static long long off_cpu_ns(void) { return now_ns() - clock_ns(CLOCK_THREAD_CPUTIME_ID); }
 
 __attribute__((noinline, noipa)) void tick(void) { __asm__ volatile(""); }
 
@@ -92,11 +95,11 @@ __attribute__((noinline, noipa)) void read_all(void) {
   char c;
 
   for (int i = 0; i < reads; i++) {
-    long long t0 = now_ns();
+    long long t0 = off_cpu_ns();
 
     reader_switches_before = voluntary_switches();
     if (wait_on_pipe(&c) != 1) exit(2);
-    blocked_ns += now_ns() - t0;
+    blocked_ns += off_cpu_ns() - t0;
   }
 }
 
@@ -117,11 +120,11 @@ __attribute__((noinline, noipa)) void wait_for_signal(void) {
 
 __attribute__((noinline, noipa)) void wait_all(void) {
   for (int i = 0; i < reads; i++) {
-    long long t0 = now_ns();
+    long long t0 = off_cpu_ns();
 
     waiter_switches_before = voluntary_switches();
     wait_for_signal();
-    cond_ns += now_ns() - t0;
+    cond_ns += off_cpu_ns() - t0;
   }
 }
 

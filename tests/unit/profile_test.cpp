@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 
 #include "ebpf_metricsd/profile/flame_graph.h"
@@ -325,6 +326,123 @@ TEST_CASE("profile store: windows, retention and the sample bound") {
                                {{frame("x")}}));
 }
 
+TEST_CASE("profile store: a wait spanning batches is shared among them, none holds more") {
+  ProfileStore::Limits limits;
+  limits.retention = std::chrono::seconds(30);
+  ProfileStore store(limits);
+  const auto t0 = Clock::now();
+  const auto at = [&](int ms) { return t0 + std::chrono::milliseconds(ms); };
+  // Batches of 1 s: [t0-ish, 1 s], [1 s, 2 s] (empty), [2 s, 3 s], then one to 4 s with a
+  // wait that began at 0.5 s and ended at 3.5 s: 3 s blocked, shared 0.5 / 1 / 1 / 0.5.
+  store.add_batch(at(1000), {sample(0, SampleKind::OnCpu, 10)}, {{frame("run")}});
+  store.add_batch(at(2000), {}, {});
+  store.add_batch(at(3000), {sample(0, SampleKind::OnCpu, 10)}, {{frame("run")}});
+  Sample wait = sample(0, SampleKind::OffCpu, 3000000000ULL);
+  wait.began = at(500);
+  wait.ended = at(3500);
+  store.add_batch(at(4000), {wait}, {{frame("read"), frame("main")}});
+  const auto off = [&](int from_ms, int to_ms) {
+    std::uint64_t ns = 0, count = 0;
+    for (const Sample& s : store.window(at(from_ms), at(to_ms)).samples) {
+      if (s.kind != SampleKind::OffCpu) continue;
+      ns += s.ns;
+      count += s.count;
+    }
+    return std::pair{ns, count};
+  };
+  // The first batch began when the store was made, a moment before t0: its part of the
+  // wait is from 0.5 s to 1 s.
+  CHECK(off(0, 1000).first == 500000000ULL);
+  CHECK(off(1000, 2000).first == 1000000000ULL);  // the empty batch has its part too
+  CHECK(off(2000, 3000).first == 1000000000ULL);
+  CHECK(off(3000, 4000) == std::pair<std::uint64_t, std::uint64_t>{500000000ULL, 1});
+  CHECK(off(0, 4000) == std::pair<std::uint64_t, std::uint64_t>{3000000000ULL, 1});
+  // Several waits of one call sent as one span (2 s blocked over a 4 s span, 3 s to 7 s):
+  // each batch its share of the span, the kept ones in proportion.
+  Sample waits = sample(0, SampleKind::OffCpu, 2000000000ULL);
+  waits.count = 2;
+  waits.began = at(3000);
+  waits.ended = at(7000);
+  store.add_batch(at(7000), {waits}, {{frame("poll"), frame("main")}});
+  CHECK(off(3000, 4000).first == 500000000ULL + 500000000ULL);
+  CHECK(off(4000, 7000) == std::pair<std::uint64_t, std::uint64_t>{1500000000ULL, 2});
+  // A wait that began before the oldest kept batch: that part goes with it.
+  Sample old = sample(0, SampleKind::OffCpu, 60000000000ULL);
+  old.began = at(-50000);
+  old.ended = at(10000);
+  store.add_batch(at(10000), {old}, {{frame("sleep"), frame("main")}});
+  const auto last = off(7000, 10000);
+  CHECK(last.first == 3000000000ULL);  // 7 s to 10 s: its length, no more
+  CHECK(last.second == 1);
+  // A wait that ended after its batch did (while the maps were being swapped): the part
+  // after goes to the next batch.
+  Sample late = sample(0, SampleKind::OffCpu, 1000000000ULL);
+  late.began = at(10500);
+  late.ended = at(11500);
+  store.add_batch(at(11000), {late}, {{frame("read"), frame("main")}});
+  CHECK(off(10000, 11000) == std::pair<std::uint64_t, std::uint64_t>{500000000ULL, 1});
+  store.add_batch(at(12000), {}, {});
+  CHECK(off(11000, 12000) == std::pair<std::uint64_t, std::uint64_t>{500000000ULL, 0});
+  // Of its 60 s, what the kept batches span: from the first's start (a moment before t0).
+  const auto kept_since = store.window(at(-60000), at(1000)).begin;
+  CHECK(off(-60000, 10000).first == 3000000000ULL + 2000000000ULL + 10000000000ULL +
+                                        static_cast<std::uint64_t>((at(0) - kept_since).count()));
+}
+
+TEST_CASE("profile store: a window of one process, thread, command or workload") {
+  ProfileStore store;
+  const auto t0 = Clock::now();
+  Sample web = sample(0, SampleKind::OnCpu, 30, 100);
+  web.comm = "nginx";
+  web.workload.cgroup = "nginx.service";
+  Sample worker = web;
+  worker.tid = 101;
+  worker.stack = 1;
+  worker.kind = SampleKind::OffCpu;
+  Sample db = sample(2, SampleKind::OnCpu, 50, 200);
+  db.comm = "postgres";
+  db.workload.cgroup = "postgresql.service";
+  store.add_batch(t0 + std::chrono::seconds(1), {web, worker, db},
+                  {{frame("serve"), frame("main")},
+                   {frame("wait"), frame("main")},
+                   {frame("query"), frame("main")}});
+  const auto to = t0 + std::chrono::seconds(2);
+  const auto functions = [](const ProfileWindow& w) {
+    std::set<std::string> names;
+    for (const Sample& s : w.samples) {
+      for (std::uint32_t f : w.stacks[s.stack]) names.insert(w.frames[f].function);
+    }
+    return names;
+  };
+  CHECK(store.window(t0, to).samples.size() == 3);
+  SampleFilter pid;
+  pid.pid = 100;
+  ProfileWindow w = store.window(t0, to, pid);
+  CHECK(w.samples.size() == 2);
+  CHECK(functions(w) == std::set<std::string>{"serve", "wait", "main"});
+  // Only the frames the kept samples use are in the window.
+  CHECK(w.frames.size() == 3);
+  SampleFilter tid;
+  tid.tid = 101;
+  w = store.window(t0, to, tid);
+  REQUIRE(w.samples.size() == 1);
+  CHECK(w.samples[0].kind == SampleKind::OffCpu);
+  SampleFilter comm;
+  comm.comm = "postgres";
+  CHECK(functions(store.window(t0, to, comm)) == std::set<std::string>{"query", "main"});
+  SampleFilter workload;
+  workload.workload = "nginx.service";
+  CHECK(store.window(t0, to, workload).samples.size() == 2);
+  // All given: each must hold.
+  SampleFilter both = pid;
+  both.comm = "postgres";
+  w = store.window(t0, to, both);
+  CHECK(w.samples.empty());
+  // An empty window still spans its batch (from when the store was made).
+  CHECK(w.begin <= t0);
+  CHECK(w.end == t0 + std::chrono::seconds(1));
+}
+
 TEST_CASE("pprof: string table, ids, sample types and labels as the format wants them") {
   ProfileStore store;
   store.set_frequency(19);
@@ -495,6 +613,15 @@ TEST_CASE("profile routes: bad parameters are a 400 that says why, no tracer a 5
           {{{"seconds", "1.5"}}, "not a whole number"},
           {{{"seconds", ""}}, "seconds is empty"},
           {{{"seconds", "5"}, {"seconds", "6"}}, "more than once"},
+          {{{"seconds", "5"}, {"pid", "0"}}, "pid is not a process or thread ID"},
+          {{{"seconds", "5"}, {"pid", "4194305"}}, "pid is not a process or thread ID"},
+          {{{"seconds", "5"}, {"pid", "12ab"}}, "pid is not a process or thread ID"},
+          {{{"seconds", "5"}, {"tid", "-1"}}, "tid is not a process or thread ID"},
+          {{{"seconds", "5"}, {"pid", "1"}, {"pid", "2"}}, "pid is given more than once"},
+          {{{"seconds", "5"}, {"comm", ""}}, "comm is empty"},
+          {{{"seconds", "5"}, {"comm", "sixteen-chars-xx"}}, "longer than the kernel's 15"},
+          {{{"seconds", "5"}, {"workload", ""}}, "workload is empty"},
+          {{{"seconds", "5"}, {"workload", std::string(4097, 'a')}}, "longer than a cgroup path"},
       };
   for (const auto& [query, why] : bad) {
     const HttpResponse r = ask(query);
@@ -519,6 +646,10 @@ TEST_CASE("profile routes: bad parameters are a 400 that says why, no tracer a 5
   CHECK(ask_data({{"seconds", "x"}}).status == 400);
   CHECK_THAT(ask_data({{"seconds", "601"}}).body, Catch::Contains("at most 600"));
   CHECK(ask_data({}).status == 503);  // a good request, but no tracer runs
+  CHECK_THAT(ask_data({{"pid", "x"}}).body, Catch::Contains("pid is not a process"));
+  CHECK(
+      ask_data({{"pid", "1"}, {"tid", "1"}, {"comm", "init"}, {"workload", "init.scope"}}).status ==
+      503);  // good filters
   const HttpResponse page = find("/profile").handler(HttpRequest{"GET", "/profile", {}, {}});
   CHECK(page.status == 200);
   CHECK_THAT(page.body, Catch::Contains("/profile/data?"));

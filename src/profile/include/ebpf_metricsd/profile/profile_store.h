@@ -17,6 +17,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,11 +38,17 @@ struct Sample {
   std::int32_t syscall = -1;  // the system call a wait was in (x86-64 number), -1: none
   std::uint64_t count = 0;    // samples, or waits
   std::uint64_t ns = 0;       // CPU time, or time blocked
+  // A wait that began before the batch it is added with: when it began and ended (for
+  // several waits of one system call, the first began and the last ended). add_batch gives
+  // each batch it keeps its part of `ns`, in proportion to its share of the span, and the
+  // sample keeps the rest. The epoch (the default): the sample is within its batch.
+  std::chrono::steady_clock::time_point began{}, ended{};
   // Which stack: an index into the stacks given with the sample to add_batch, and in a
   // ProfileWindow into its `stacks`.
   std::uint32_t stack = 0;
 };
 
+// The monotonic clock, which bpf_ktime_get_ns() reads too.
 using Clock = std::chrono::steady_clock;
 
 // The samples of one window, with the frames their stacks use: a copy, read without locks.
@@ -52,6 +59,19 @@ struct ProfileWindow {
   std::vector<Sample> samples;
   std::vector<std::vector<std::uint32_t>> stacks;  // by stack id: frame ids
   std::vector<Frame> frames;                       // by frame id
+};
+
+// Which samples (or slow events) a reader wants: those of one process, one thread, one
+// command name (the kernel's, at most 15 characters) and one workload (the `cgroup` label, a
+// systemd unit or a path below the cgroup2 mount), each when given.
+struct SampleFilter {
+  std::optional<std::uint32_t> pid, tid;
+  std::optional<std::string> comm, workload;
+  template <class T>
+  bool matches(const T& s) const {
+    return (!pid || s.pid == *pid) && (!tid || s.tid == *tid) && (!comm || s.comm == *comm) &&
+           (!workload || s.workload.cgroup == *workload);
+  }
 };
 
 class ProfileStore {
@@ -66,7 +86,11 @@ class ProfileStore {
   // --- for the profile tracer
   // Adds what happened from the end of the previous batch to `end`: samples whose `stack`
   // indexes `stacks` (each innermost frame first). Samples beyond max_samples are not kept
-  // and counted (dropped_samples()).
+  // and counted (dropped_samples()). A wait that began before (Sample::began) is shared
+  // out: each kept batch it overlaps gets its part (a sample of no count), the part from
+  // before the oldest kept batch goes, the part after `end` goes to the next batch, and
+  // the new batch keeps the rest, so that no batch holds more of a thread's time than it
+  // lasted.
   void add_batch(Clock::time_point end, std::vector<Sample> samples,
                  const std::vector<std::vector<Frame>>& stacks);
   // The running profile tracer reads its kernel maps into a batch when called; set while
@@ -81,8 +105,10 @@ class ProfileStore {
   bool cut();
   // Whether a profile tracer runs now (no waiting for a cut in progress).
   bool running() const { return running_; }
-  // The samples of batches that ended after `from` and by `to`.
-  ProfileWindow window(Clock::time_point from, Clock::time_point to) const;
+  // The samples of batches that ended after `from` and by `to` that `filter` keeps, with
+  // the stacks and frames they use.
+  ProfileWindow window(Clock::time_point from, Clock::time_point to,
+                       const SampleFilter& filter = {}) const;
 
   // The tracers' slow events, which the same routes serve.
   SlowEventStore& slow_events() { return slow_events_; }
@@ -99,8 +125,12 @@ class ProfileStore {
     std::vector<Sample> samples;
   };
   std::uint32_t intern(const std::vector<Frame>& frames);  // caller holds mutex_
-  void expire(Clock::time_point now);                      // caller holds mutex_
-  void compact();                                          // caller holds mutex_
+  // Gives the kept batches their parts of wait s, which spans more than the batch from
+  // `begin` to `end` it is added with, and the next batch (carry_) the part after `end`;
+  // s keeps the rest. Caller holds mutex_.
+  void share_out(Sample& s, Clock::time_point begin, Clock::time_point end);
+  void expire(Clock::time_point now);  // caller holds mutex_
+  void compact();                      // caller holds mutex_
 
   Limits limits_;
   Symbolizer symbolizer_;
@@ -111,6 +141,7 @@ class ProfileStore {
   std::atomic<std::uint32_t> frequency_{0};
   mutable std::mutex mutex_;
   std::deque<Batch> batches_;
+  std::vector<Sample> carry_;  // for the next batch: parts of waits after the last one
   Clock::time_point last_end_ = Clock::now();
   std::size_t samples_ = 0;
   std::uint64_t dropped_ = 0;
