@@ -403,13 +403,13 @@ class ProfileTracer final : public Tracer {
     // The batch ends now, and the next begins. The samples and waits whose user stacks
     // were copied, unwound as they arrived, until now: a record that arrives from now on
     // is of the next batch.
-    const auto end = profiling::Clock::now();
-    const profiling::Clock::time_point begun = batch_begun_;
+    profiling::Clock::time_point end, begun;
     std::map<RecordKey, Aggregate> records;
     {
       std::lock_guard records_lock(records_mutex_);
+      end = profiling::Clock::now();
+      begun = std::exchange(batch_begun_, end);
       records.swap(records_pending_);
-      batch_begun_ = end;
     }
     // A wait that ends from now on and began before, or ends while the maps are swapped,
     // is marked so (profile_key.began). Then point the programs at the empty map; the

@@ -232,9 +232,9 @@ TEST_CASE(
   auto offcpu = test::start_tracer(
       store, "offcpu_time",
       "    hook: " + hook + "\n    slow: {threshold: 10ms, max_per_second: 1000}\n", &profiles);
-  // Its main thread burns 2 s of CPU while the waits happen, so it is still there when their
-  // stacks are named.
-  test::SpawnedWorkload w({binary, "2000", std::to_string(kWaits)});
+  // Its main thread burns 2 s of CPU while the waits happen, and it lives on until the test
+  // has found their stacks (a guest emulated on a busy host names them seconds later).
+  test::SpawnedWorkload w({binary, "2000", std::to_string(kWaits), "hold"});
   const auto pid = static_cast<std::uint32_t>(w.pid());
   const auto has = [](const std::vector<std::string>& user, const char* name) {
     return std::find(user.begin(), user.end(), name) != user.end();

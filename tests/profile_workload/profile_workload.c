@@ -19,9 +19,12 @@
 // any machine), and READS blocking reads and as many condition waits. Prints "blocked_ns
 // N" (the reader's time in read), "cond_ns N" (the waiter's in pthread_cond_wait), each
 // less the CPU time the thread used meanwhile (the time it was off the CPU, which a slow
-// or emulated machine makes a smaller part of the call), and "rounds N".
+// or emulated machine makes a smaller part of the call), and "rounds N". A third argument
+// "hold" keeps the process until its standard input ends, for a test to name its stacks
+// while it lives.
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -215,7 +218,7 @@ int main(int argc, char **argv) {
   pthread_t r, w, f;
   long long rounds;
 
-  if (argc != 3) return 2;
+  if (argc != 3 && !(argc == 4 && strcmp(argv[3], "hold") == 0)) return 2;
   reads = atoi(argv[2]);
   if (pipe(fds) != 0) return 2;
   pthread_create(&r, NULL, reader, NULL);
@@ -226,5 +229,12 @@ int main(int argc, char **argv) {
   pthread_join(w, NULL);
   pthread_join(f, NULL);
   printf("blocked_ns %lld\ncond_ns %lld\nrounds %lld\n", blocked_ns, cond_ns, rounds);
+  fflush(stdout);
+  if (argc == 4) { /* hold: live on until standard input ends (poll, not read: the reader's
+                       reads stay the process's only read(2) calls) */
+    struct pollfd in = {.fd = STDIN_FILENO, .events = POLLIN};
+    while (poll(&in, 1, -1) < 0) {
+    }
+  }
   return 0;
 }
