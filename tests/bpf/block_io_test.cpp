@@ -255,6 +255,14 @@ TEST_CASE(
     return;
   }
   const auto fams = test::collect(store);
+  std::string ends;
+  for (const char* result :
+       {"complete", "no_cfi", "no_module", "stack_copy_end", "depth", "loop"}) {
+    const auto* n = test::find_series(fams, "ebpf_metricsd_slow_unwinds_total",
+                                      {{"tracer", "block_io"}, {"result", result}});
+    ends += std::string(" ") + result + "=" + (n ? std::to_string(n->counter.value) : "none");
+  }
+  INFO("unwinds:" << ends);
   const auto* complete = test::find_series(fams, "ebpf_metricsd_slow_unwinds_total",
                                            {{"tracer", "block_io"}, {"result", "complete"}});
   REQUIRE(complete);
