@@ -106,11 +106,8 @@ function draw() {
 async function load() {
   let q = "seconds=" + $("seconds").value + "&group=" + $("group").value;
   if ($("lines").value === "1") q += "&lines=1";
-  for (const [k, v] of scope) q += "&" + k + "=" + encodeURIComponent(v);
-  if ($("show").value === "slow") {
-    q += "&slow=1";
-    for (const [k, v] of narrowing) q += "&" + k + "=" + encodeURIComponent(v);
-  }
+  q += query(scope);
+  if ($("show").value === "slow") q += "&slow=1" + query(narrowing);
   history.replaceState(null, "", "?" + q);
   $("status").textContent = "loading";
   try {
@@ -130,11 +127,15 @@ async function load() {
   }
 }
 const params = new URLSearchParams(location.search);
+// Parameters [[name, value], ...] as they follow others in a query.
+const query = (pairs) => pairs.map(([k, v]) => "&" + k + "=" + encodeURIComponent(v)).join("");
 // Slow events of one metric, over a latency, or of one stack (an exemplar's stack_id).
-const narrowing = ["metric", "min", "stack_id"].filter((k) => params.get(k)).map((k) => [k, params.get(k)]);
+// The parameters of `names` the page was opened with, as [[name, value], ...].
+const given = (names) => names.filter((k) => params.get(k)).map((k) => [k, params.get(k)]);
+const narrowing = given(["metric", "min", "stack_id"]);
 const narrow = narrowing.length ? narrowing.map(([k, v]) => k + " " + v) : ["all"];
 // One process, thread, command or workload: the same parameters as /debug/pprof/profile's.
-const scope = ["pid", "tid", "comm", "workload"].filter((k) => params.get(k)).map((k) => [k, params.get(k)]);
+const scope = given(["pid", "tid", "comm", "workload"]);
 if (scope.length) {
   const only = scope.map(([k, v]) => k + " " + v).join(", ");
   $("scope").textContent = "Only " + only + " (";
@@ -142,7 +143,7 @@ if (scope.length) {
   all.href = "?";
   all.textContent = "everything";
   $("scope").append(all, ").");
-  const pprof = "/debug/pprof/profile?seconds=30" + scope.map(([k, v]) => "&" + k + "=" + encodeURIComponent(v)).join("");
+  const pprof = "/debug/pprof/profile?seconds=30" + query(scope);
   $("pprof").href = pprof;
   $("pprof").textContent = pprof;
 }

@@ -80,6 +80,20 @@ std::variant<std::uint32_t, std::string> task_id(std::string_view v, const char*
   return n;
 }
 
+// Parameter `name` as text of 1 to `max` bytes (nullopt when absent), or why not; `too_long`
+// says what a longer one is not.
+std::variant<std::optional<std::string>, std::string> bounded_text(const HttpRequest& req,
+                                                                   const char* name,
+                                                                   std::size_t max,
+                                                                   const char* too_long) {
+  auto value = single(req, name);
+  if (const auto& v = std::get_if<std::optional<std::string>>(&value); v && *v) {
+    if ((*v)->empty()) return std::string(name) + " is empty";
+    if ((*v)->size() > max) return std::string(name) + " is longer than " + too_long;
+  }
+  return value;
+}
+
 // The samples a profile request wants: pid=, tid=, comm=, workload= (each at most once).
 std::variant<SampleFilter, std::string> sample_filter(const HttpRequest& req) {
   SampleFilter f;
@@ -92,20 +106,12 @@ std::variant<SampleFilter, std::string> sample_filter(const HttpRequest& req) {
       (name[0] == 'p' ? f.pid : f.tid) = std::get<std::uint32_t>(id);
     }
   }
-  const auto comm = single(req, "comm");
+  auto comm = bounded_text(req, "comm", 15, "the kernel's 15 characters");
   if (const auto* why = std::get_if<std::string>(&comm)) return *why;
-  if (const auto& v = std::get<std::optional<std::string>>(comm)) {
-    if (v->empty()) return "comm is empty";
-    if (v->size() > 15) return "comm is longer than the kernel's 15 characters";
-    f.comm = *v;
-  }
-  const auto workload = single(req, "workload");
+  f.comm = std::get<std::optional<std::string>>(std::move(comm));
+  auto workload = bounded_text(req, "workload", 4096, "a cgroup path");
   if (const auto* why = std::get_if<std::string>(&workload)) return *why;
-  if (const auto& v = std::get<std::optional<std::string>>(workload)) {
-    if (v->empty()) return "workload is empty";
-    if (v->size() > 4096) return "workload is longer than a cgroup path";
-    f.workload = *v;
-  }
+  f.workload = std::get<std::optional<std::string>>(std::move(workload));
   return f;
 }
 

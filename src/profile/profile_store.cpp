@@ -30,6 +30,14 @@ void ProfileStore::share_out(Sample& s, Clock::time_point begin, Clock::time_poi
     if (span == 0 || until <= from) return 0;
     return static_cast<std::uint64_t>(s.ns * static_cast<Wide>((until - from).count()) / span);
   };
+  // A part of s's time as a sample of its own: the wait is counted where it ended.
+  const auto part_sample = [&](std::uint64_t part) {
+    Sample p = s;
+    p.count = 0;
+    p.ns = part;
+    p.began = p.ended = {};
+    return p;
+  };
   std::uint64_t given = 0;
   // Before the oldest kept batch: gone with it.
   const Clock::time_point kept_from = batches_.empty() ? begin : batches_.front().begin;
@@ -38,21 +46,13 @@ void ProfileStore::share_out(Sample& s, Clock::time_point begin, Clock::time_poi
     if (b.end <= s.began) continue;
     const std::uint64_t part = part_of(b.begin, std::min(b.end, begin));
     if (part == 0) continue;
-    Sample older = s;
-    older.count = 0;
-    older.ns = part;
-    older.began = older.ended = {};
-    b.samples.push_back(std::move(older));
+    b.samples.push_back(part_sample(part));
     ++samples_;
     given += part;
   }
   // After this batch (a wait that ended while it was being read): the next one's.
   if (const std::uint64_t later = part_of(end, to); later > 0) {
-    Sample next = s;
-    next.count = 0;
-    next.ns = later;
-    next.began = next.ended = {};
-    carry_.push_back(std::move(next));
+    carry_.push_back(part_sample(later));
     given += later;
   }
   s.ns -= std::min(given, s.ns);

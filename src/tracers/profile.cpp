@@ -328,10 +328,7 @@ class ProfileTracer final : public Tracer {
       const std::uint64_t began = r.began && monotonic(r.began) < batch_begun_ ? r.began : 0;
       RecordKey key{r.tgid,    r.tid, fixed_name(r.comm), r.cgroup, kind,
                     r.syscall, began, std::move(frames)};
-      Aggregate& a = records_pending_[std::move(key)];
-      a.count += r.count;
-      a.ns += r.ns;
-      a.ended = std::max<std::uint64_t>(a.ended, r.ended);
+      records_pending_[std::move(key)].add({r.count, r.ns, r.ended});
     } catch (const std::exception& e) {
       spdlog::warn("profile: a sample of process {} not unwound: {}", r.tgid, e.what());
     }
@@ -430,12 +427,7 @@ class ProfileTracer final : public Tracer {
       __atomic_store_n(&bss->batch_begin_ns, previous_begin, __ATOMIC_RELEASE);
       std::lock_guard records_lock(records_mutex_);
       batch_begun_ = begun;
-      for (auto& [k, a] : records) {
-        Aggregate& back = records_pending_[k];
-        back.count += a.count;
-        back.ns += a.ns;
-        back.ended = std::max(back.ended, a.ended);
-      }
+      for (auto& [k, a] : records) records_pending_[k].add(a);
       throw BpfError(bpf_error_text("profile: swap the aggregate maps", swap_errno));
     }
     ++generation_;
@@ -740,6 +732,11 @@ class ProfileTracer final : public Tracer {
   struct Aggregate {
     std::uint64_t count = 0, ns = 0;
     std::uint64_t ended = 0;  // with RecordKey::began
+    void add(const Aggregate& other) {
+      count += other.count;
+      ns += other.ns;
+      ended = std::max(ended, other.ended);
+    }
   };
   std::mutex records_mutex_;
   std::map<RecordKey, Aggregate> records_pending_;
