@@ -4,6 +4,7 @@
 // remove what they made when destroyed.
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <array>
@@ -47,6 +48,28 @@ class EvictedFile {
   int fd_ = -1;
   std::size_t size_;
 };
+
+// Evicts file `path` from the page cache (written out first): the next exec of a program
+// reads it from the disk again, as on a host that has not run it lately. Whether no page of
+// it stays cached (one that a process maps, or on tmpfs, does).
+inline bool evict_from_page_cache(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  bool evicted = fdatasync(fd) == 0 && posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0;
+  const off_t size = lseek(fd, 0, SEEK_END);
+  if (evicted && size > 0) {
+    void* map = mmap(nullptr, static_cast<std::size_t>(size), PROT_READ, MAP_SHARED, fd, 0);
+    const long page = sysconf(_SC_PAGESIZE);
+    std::string resident(static_cast<std::size_t>((size + page - 1) / page), '\0');
+    evicted = map != MAP_FAILED &&
+              mincore(map, static_cast<std::size_t>(size),
+                      reinterpret_cast<unsigned char*>(resident.data())) == 0 &&
+              resident.find_first_not_of('\0') == std::string::npos;
+    if (map != MAP_FAILED) munmap(map, static_cast<std::size_t>(size));
+  }
+  close(fd);
+  return evicted;
+}
 
 // Removes what a run that died without cleaning up left behind (its name carries its pid):
 // a stale veth would keep the test addresses' route, a stale loop device its file.

@@ -88,6 +88,9 @@ enum emd_slow_return_drop_reason {
 	EMD_SLOW_RETURN_MISMATCH = 0,
 	EMD_SLOW_RETURN_EXITED = 1, /* the starter exited inside the call */
 	EMD_SLOW_RETURN_FULL = 2,   /* no room to mark or hold it */
+	/* the starter exec'd in the call (execve reading the new program): it
+	 * returns to another program */
+	EMD_SLOW_RETURN_EXEC = 3,
 	EMD_SLOW_RETURN__COUNT,
 };
 

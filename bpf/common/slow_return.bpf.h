@@ -22,7 +22,9 @@
  *   event is sent: with the copy where the task returns to the site it
  *   started the event from, else with the stack from its start (counted:
  *   EMD_SLOW_RETURN_MISMATCH). A task that exits inside the call sends it
- *   from sched_process_exit the same way (EMD_SLOW_RETURN_EXITED).
+ *   from sched_process_exit the same way (EMD_SLOW_RETURN_EXITED), and one
+ *   that execs in it (execve reading the new program) from
+ *   sched_process_exec (EMD_SLOW_RETURN_EXEC).
  *
  * The end never changes an entry in place (the starter's sys_exit may be
  * reading it on another CPU): it inserts a held entry where there is none
@@ -31,8 +33,8 @@
  * taker (sys_exit, exit, exec, and user space, which sends events held longer
  * than it waits, with the stacks from their start) sends a held event only if
  * its own delete of it succeeded. A thread that execs from another thread than
- * the leader takes the leader's id (de_thread): its mark and held event, under
- * its old id, go at sched_process_exec.
+ * the leader takes the leader's id (de_thread): its mark and held event go
+ * under its old id.
  *
  * Counts of the entries let sys_exit, which runs for every system call on the
  * host, skip the lookups while nothing is marked or held: emd_slow_marked,
@@ -306,8 +308,8 @@ static __always_inline void emd_slow_call_returns(void *ctx,
 					  drops_map, full_reason);
 }
 
-/* Thread tid will not return from the call it is marked in (it exits, or
- * execs under another id): its held event is sent with the stacks from its
+/* Thread tid will not return from the call it is marked in to where it made
+ * it (it exits, or execs): its held event is sent with the stacks from its
  * start, counted under `why`. */
 static __always_inline void
 emd_slow_call_ends(__u32 tid, __u32 why, void *drops_map, __u32 full_reason)
@@ -349,10 +351,8 @@ emd_slow_call_ends(__u32 tid, __u32 why, void *drops_map, __u32 full_reason)
 	SEC("raw_tp/sched_process_exec")                                       \
 	int BPF_PROG(name##_exec, struct task_struct *p, pid_t old_pid)        \
 	{                                                                      \
-		if ((__u32)old_pid != (__u32)bpf_get_current_pid_tgid())       \
-			emd_slow_call_ends((__u32)old_pid,                     \
-					   EMD_SLOW_RETURN_MISMATCH,           \
-					   drops_map, full_reason);            \
+		emd_slow_call_ends((__u32)old_pid, EMD_SLOW_RETURN_EXEC,       \
+				   drops_map, full_reason);                    \
 		return 0;                                                      \
 	}
 

@@ -28,7 +28,7 @@ const std::vector<SharedDrops>& shared_drops() {
                                              "ustack_ring_full", "ustack_worker"})},
       {"emd_slow_return_drops",
        drop_reasons<EMD_SLOW_RETURN__COUNT>(
-           {"slow_return_mismatch", "slow_return_exited", "slow_return_full"})},
+           {"slow_return_mismatch", "slow_return_exited", "slow_return_full", "slow_return_exec"})},
   };
   return tables;
 }

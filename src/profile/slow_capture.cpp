@@ -173,7 +173,7 @@ void SlowCapture::sweep_held() {
               std::string(h.origin.comm, strnlen(h.origin.comm, sizeof h.origin.comm)),
               std::string(h.label, strnlen(h.label, sizeof h.label)),
               stacks_->symbolizer().frames(h.origin.tgid, *kernel, *user,
-                                           profiling::StackOrigin::Call, options_.lines)};
+                                           profiling::StackOrigin::Call, options_.lines, h.ts)};
     std::lock_guard lock(mutex_);
     if (pending_.size() >= kMaxPending || pending_frames_ + p.frames.size() > kMaxPendingFrames) {
       ++pending_dropped_;
@@ -242,9 +242,10 @@ void SlowCapture::on_event(std::span<const std::byte> record) {
     std::lock_guard lock(mutex_);
     ++unwinds_[static_cast<std::size_t>(end)];
   } else {
+    // Taken at its start, no later than it ended.
     p.frames = sym.frames(e->tgid, frames_of(e->kstack, e->kstack_len),
                           frames_of(e->ustack, e->ustack_len), profiling::StackOrigin::Call,
-                          options_.lines);
+                          options_.lines, e->taken == EMD_SLOW_TAKEN_AT_START ? e->ts : 0);
   }
   std::lock_guard lock(mutex_);
   if (pending_.size() >= kMaxPending || pending_frames_ + p.frames.size() > kMaxPendingFrames) {

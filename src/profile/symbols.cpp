@@ -329,6 +329,13 @@ std::size_t UserSymbols::names() const {
 
 namespace {
 
+// Now on the clock of bpf_ktime_get_ns() (steady_clock is CLOCK_MONOTONIC).
+std::uint64_t monotonic_now_ns() {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                        std::chrono::steady_clock::now().time_since_epoch())
+                                        .count());
+}
+
 // Field 22 of /proc/PID/stat, the start time in clock ticks since boot; 0 when gone.
 std::uint64_t start_time(pid_t tgid) {
   const std::string stat = read_file("/proc/" + std::to_string(tgid) + "/stat");
@@ -525,6 +532,7 @@ int open_mapped_file(pid_t tgid, std::uint64_t start, std::uint64_t end, std::st
 struct UserSymbols::Snapshot {
   pid_t tgid = 0;
   std::uint64_t start_time = 0;  // 0: gone
+  std::uint64_t read_ns = 0;     // CLOCK_MONOTONIC, before the mappings were read
   std::vector<Mapping> mappings;
   std::map<std::pair<std::uint64_t, std::uint64_t>, int> files;  // by (dev, inode)
   Snapshot() = default;
@@ -540,6 +548,7 @@ struct UserSymbols::Snapshot {
 std::shared_ptr<UserSymbols::Snapshot> UserSymbols::snapshot(pid_t tgid) {
   auto snap = std::make_shared<Snapshot>();
   snap->tgid = tgid;
+  snap->read_ns = monotonic_now_ns();
   snap->start_time = start_time(tgid);
   if (snap->start_time == 0) return snap;
   std::ifstream maps("/proc/" + std::to_string(tgid) + "/maps");
@@ -596,7 +605,7 @@ void UserSymbols::install(Snapshot& snap, bool again) {
   if (started == 0) return;
   Process p;
   p.start_time = started;
-  p.read_at = std::chrono::steady_clock::now();
+  p.read_ns = snap.read_ns;
   p.mappings = std::move(snap.mappings);
   for (Mapping& m : p.mappings) {
     if (m.inode == 0) continue;
@@ -625,20 +634,26 @@ void UserSymbols::install(Snapshot& snap, bool again) {
   while (processes_.size() > limits_.max_processes) erase(processes_.find(process_lru_.back()));
 }
 
-void UserSymbols::refresh(pid_t tgid) {
+void UserSymbols::refresh(pid_t tgid, std::uint64_t taken_by_ns) {
   auto it = processes_.find(tgid);
   if (it == processes_.end()) return capture(tgid);
+  if (taken_by_ns != 0 && taken_by_ns < it->second.read_ns) return;  // read after the stack
   const auto pause = it->second.refresh_pause;
-  if (std::chrono::steady_clock::now() - it->second.read_at < pause) return;
+  const std::uint64_t now = monotonic_now_ns();
+  if (now - it->second.read_ns <
+      static_cast<std::uint64_t>(std::chrono::nanoseconds(pause).count())) {
+    return;
+  }
   const std::size_t before = it->second.mappings.size();
   capture(tgid, true);
   it = processes_.find(tgid);
   if (it == processes_.end()) return;
-  it->second.read_at = std::chrono::steady_clock::now();
+  it->second.read_ns = std::max(it->second.read_ns, now);  // a process gone keeps its mappings
   it->second.refresh_pause =
       it->second.mappings.size() == before
-          ? std::min<std::chrono::milliseconds>(2 * pause, std::chrono::seconds(10))
-          : std::chrono::milliseconds(10);
+          ? std::clamp<std::chrono::milliseconds>(2 * pause, std::chrono::milliseconds(10),
+                                                  std::chrono::seconds(10))
+          : std::chrono::milliseconds(0);
 }
 
 std::shared_ptr<ElfModule> UserSymbols::open_module(pid_t tgid, const Mapping& m, int fd) {
@@ -828,7 +843,8 @@ std::vector<Frame> Symbolizer::kernel_frames(std::span<const std::uint64_t> ips,
 }
 
 std::vector<Frame> Symbolizer::user_frames(std::uint32_t pid_number,
-                                           std::span<const std::uint64_t> ips, bool lines) {
+                                           std::span<const std::uint64_t> ips, bool lines,
+                                           std::uint64_t taken_by_ns) {
   std::vector<Frame> frames;
   if (ips.empty()) return frames;
   frames.reserve(ips.size());
@@ -842,7 +858,7 @@ std::vector<Frame> Symbolizer::user_frames(std::uint32_t pid_number,
     if (f.module == "[unknown]" && i == 0) {
       // Where the thread was is mapped since the mappings were read (dlopen): read them
       // again. (An unknown caller is a walk gone astray, not a new mapping.)
-      user_.refresh(pid);
+      user_.refresh(pid, taken_by_ns);
       f = user_.resolve(pid, ips[i], false, lines);
     }
     if (f.module == "[unknown]") break;
@@ -891,9 +907,9 @@ std::vector<Frame> Symbolizer::user_frames(std::uint32_t pid_number, std::uint32
 std::vector<Frame> Symbolizer::frames(std::uint32_t pid,
                                       std::span<const std::uint64_t> kernel_stack,
                                       std::span<const std::uint64_t> user_stack, StackOrigin origin,
-                                      bool lines) {
+                                      bool lines, std::uint64_t taken_by_ns) {
   std::vector<Frame> out = kernel_frames(kernel_stack, origin);
-  std::vector<Frame> user = user_frames(pid, user_stack, lines);
+  std::vector<Frame> user = user_frames(pid, user_stack, lines, taken_by_ns);
   out.insert(out.end(), std::make_move_iterator(user.begin()), std::make_move_iterator(user.end()));
   return out;
 }

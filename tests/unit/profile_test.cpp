@@ -1,6 +1,7 @@
 // The profile's user-space half without the kernel: symbols (a kallsyms file written here,
 // this test binary's own ELF symbols), the store's windows and bounds, pprof and the flame
 // graph's data, and the routes' answers to bad parameters.
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -8,6 +9,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -123,6 +125,57 @@ TEST_CASE("user symbols: this process's own functions, by file offset and build-
   CHECK(u.resolve(child, address, false).function == "emd_profile_unit_marker");
   u.forget_exited();
   CHECK(u.processes() == 1);
+}
+
+TEST_CASE("user symbols: code mapped after the mappings were read is named at once") {
+  const std::string kallsyms = temp_file("kallsyms-mapped", "ffffffff81000000 T _stext\n");
+  const std::string modules = temp_file("modules-mapped", "");
+  Symbolizer sym({}, kallsyms, modules);
+  const auto marker = reinterpret_cast<std::uint64_t>(&emd_profile_unit_marker);
+  const auto now_ns = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ULL +
+           static_cast<std::uint64_t>(ts.tv_nsec);
+  };
+  // A copy of this binary, mapped after the mappings were read (as a library is by dlopen,
+  // or by the dynamic loader just after an exec): the marker at its file offset in it.
+  std::uint64_t file_offset = 0;
+  {
+    std::ifstream maps("/proc/self/maps");
+    std::string line;
+    while (std::getline(maps, line)) {
+      unsigned long long start = 0, end = 0, offset = 0;
+      if (std::sscanf(line.c_str(), "%llx-%llx %*s %llx", &start, &end, &offset) == 3 &&
+          marker >= start && marker < end) {
+        file_offset = marker - start + offset;
+      }
+    }
+  }
+  REQUIRE(file_offset != 0);
+  const std::string copy = temp_file("mapped-later", "");
+  std::filesystem::copy_file("/proc/self/exe", copy,
+                             std::filesystem::copy_options::overwrite_existing);
+  const int fd = open(copy.c_str(), O_RDONLY | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  const auto size = static_cast<std::size_t>(lseek(fd, 0, SEEK_END));
+  const std::uint64_t before_read = now_ns();
+  REQUIRE(sym.user_frames(getpid(), std::vector<std::uint64_t>{marker + 1}).size() == 1);
+  void* map = mmap(nullptr, size, PROT_READ | PROT_EXEC, MAP_PRIVATE, fd, 0);
+  close(fd);
+  REQUIRE(map != MAP_FAILED);
+  const std::vector<std::uint64_t> later = {reinterpret_cast<std::uint64_t>(map) + file_offset + 1};
+  // A stack taken before the mappings were read cannot be in what was mapped since: not a
+  // reason to read them again.
+  CHECK(sym.user_frames(getpid(), later, false, before_read).empty());
+  // One taken since is, with no pause after the first read (the writes of a program the
+  // daemon first saw while its dynamic loader ran come within milliseconds).
+  const auto named = sym.user_frames(getpid(), later, false, now_ns());
+  REQUIRE(named.size() == 1);
+  CHECK(named[0].function == "emd_profile_unit_marker");
+  CHECK(named[0].module == copy);
+  munmap(map, size);
+  std::filesystem::remove(copy);
 }
 
 // A function whose line the test below looks for: the line of its body.

@@ -108,10 +108,13 @@ class UserSymbols {
   static std::shared_ptr<Snapshot> snapshot(pid_t tgid);
   void install(Snapshot& snapshot, bool again);
   // Reads the mappings of a known process again because an address was in none of them
-  // (it mapped more since: dlopen, or the libraries after an exec), with a growing pause
-  // (10 ms doubling to 10 s) while reading again finds nothing new: an address in no file
-  // (JIT code) would ask at every sample.
-  void refresh(pid_t tgid);
+  // (it mapped more since: dlopen, or the libraries after an exec). Not if they were read
+  // after the stack was taken (`taken_by_ns`, CLOCK_MONOTONIC, a time no earlier than the
+  // stack's; 0: unknown): reading again finds nothing the stack could be in. Else at once
+  // while each read finds a change, then with a growing pause (10 ms doubling to 10 s)
+  // while reading again finds nothing new: an address in no file (JIT code) would ask at
+  // every sample.
+  void refresh(pid_t tgid, std::uint64_t taken_by_ns = 0);
   // `lines`: with the source lines of the address (Frame::lines) where DWARF has them.
   Frame resolve(pid_t tgid, std::uint64_t address, bool return_address, bool lines = false);
   // Unwinds a copy of thread `tid`'s user stack with the CFI of the files process `tgid`
@@ -165,10 +168,10 @@ class UserSymbols {
     std::weak_ptr<ElfModule> elf;
   };
   struct Process {
-    std::uint64_t start_time = 0;                   // /proc/PID/stat field 22: tells a reused pid
-    bool exited = false;                            // seen gone by forget_exited()
-    std::chrono::steady_clock::time_point read_at;  // when the mappings were read
-    std::chrono::milliseconds refresh_pause{10};    // before refresh() reads them again
+    std::uint64_t start_time = 0;                // /proc/PID/stat field 22: tells a reused pid
+    bool exited = false;                         // seen gone by forget_exited()
+    std::uint64_t read_ns = 0;                   // when the mappings were read (CLOCK_MONOTONIC)
+    std::chrono::milliseconds refresh_pause{0};  // before refresh() reads them again
     std::vector<Mapping> mappings;
     std::list<pid_t>::iterator lru;
     std::unique_ptr<AddressSpace> space;  // made on its first unwind
@@ -231,13 +234,15 @@ class Symbolizer {
                       std::string modules = "/proc/modules");
   // The frames of a stack taken in process `pid`: kernel frames innermost first, then user
   // frames innermost first. Call soon after it was taken: the process may exit.
+  // `taken_by_ns`: a CLOCK_MONOTONIC time no earlier than when the stack was taken (0:
+  // unknown), which tells whether reading the process's mappings again could help.
   std::vector<Frame> frames(std::uint32_t pid, std::span<const std::uint64_t> kernel_stack,
                             std::span<const std::uint64_t> user_stack, StackOrigin origin,
-                            bool lines = false);
+                            bool lines = false, std::uint64_t taken_by_ns = 0);
   std::vector<Frame> kernel_frames(std::span<const std::uint64_t> ips, StackOrigin origin);
   // `lines`: user frames carry their source lines where DWARF has them (Frame::lines).
   std::vector<Frame> user_frames(std::uint32_t pid, std::span<const std::uint64_t> ips,
-                                 bool lines = false);
+                                 bool lines = false, std::uint64_t taken_by_ns = 0);
   // The user frames of a copy of thread `tid`'s stack, unwound with CFI (at most
   // `max_depth`), by the same rules; `end` says why the unwind ended.
   std::vector<Frame> user_frames(std::uint32_t pid, std::uint32_t tid, const UserStackCopy& copy,
