@@ -6,15 +6,63 @@
 #include <map>
 #include <memory>
 #include <queue>
+#include <set>
 #include <tuple>
+
+#include "ebpf_metricsd/base/syscall_names.h"
 
 namespace ebpf_metricsd::profiling {
 
 std::optional<FlameGrouping> parse_flame_grouping(std::string_view text) {
   if (text == "process") return FlameGrouping::Process;
   if (text == "workload") return FlameGrouping::Workload;
+  if (text == "thread") return FlameGrouping::Thread;
   if (text == "none") return FlameGrouping::None;
   return std::nullopt;
+}
+
+std::optional<FlameView> parse_flame_view(std::string_view text) {
+  if (text == "on") return FlameView::OnCpu;
+  if (text == "off") return FlameView::OffCpu;
+  if (text == "wall") return FlameView::Wall;
+  return std::nullopt;
+}
+
+std::string_view flame_view_name(FlameView view) {
+  switch (view) {
+    case FlameView::OnCpu:
+      return "on";
+    case FlameView::OffCpu:
+      return "off";
+    case FlameView::Wall:
+      break;
+  }
+  return "wall";
+}
+
+const std::vector<std::string_view>& idle_syscalls() {
+  static const std::vector<std::string_view> names = {
+      "epoll_wait",    "epoll_pwait",     "epoll_pwait2",    "poll",
+      "ppoll",         "select",          "pselect6",        "futex",
+      "futex_waitv",   "nanosleep",       "clock_nanosleep", "pause",
+      "rt_sigsuspend", "rt_sigtimedwait", "wait4",           "waitid",
+      "accept",        "accept4"};
+  return names;
+}
+
+bool idle_wait(const Sample& s, const std::vector<std::uint32_t>& stack,
+               const std::vector<Frame>& frames) {
+  static const std::set<int> numbers = [] {
+    std::set<int> n;
+    for (const std::string_view name : idle_syscalls()) {
+      if (const auto nr = syscall_number(std::string(name))) n.insert(*nr);
+    }
+    return n;
+  }();
+  if (s.kind != SampleKind::OffCpu) return false;
+  if (s.syscall >= 0) return numbers.contains(s.syscall);
+  return !stack.empty() && std::none_of(stack.begin(), stack.end(),
+                                        [&](std::uint32_t f) { return !frames[f].kernel; });
 }
 
 namespace {
@@ -44,6 +92,8 @@ std::string group_of(const Sample& s, FlameGrouping g) {
       return s.comm + " (" + std::to_string(s.pid) + ")";
     case FlameGrouping::Workload:
       return s.workload.cgroup.empty() ? "(cgroup labels off)" : s.workload.cgroup;
+    case FlameGrouping::Thread:
+      return s.comm + " (" + std::to_string(s.tid) + ")";
     case FlameGrouping::None:
       break;
   }
@@ -68,15 +118,66 @@ void count_all(const Node& n, std::size_t& total) {
 
 }  // namespace
 
+namespace {
+
+// Time of a process or thread in a window.
+struct Times {
+  std::uint32_t pid = 0;
+  std::string comm, workload;
+  std::uint64_t on = 0, off = 0;
+};
+
+nlohmann::json times_json(const std::map<std::uint32_t, Times>& by_id, const char* id,
+                          std::size_t max) {
+  std::vector<std::pair<std::uint32_t, const Times*>> most;
+  for (const auto& [key, t] : by_id) most.emplace_back(key, &t);
+  std::stable_sort(most.begin(), most.end(), [](const auto& a, const auto& b) {
+    return a.second->on + a.second->off > b.second->on + b.second->off;
+  });
+  if (most.size() > max) most.resize(max);
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& [key, t] : most) {
+    nlohmann::json j = {{id, key}, {"comm", t->comm}, {"on", t->on}, {"off", t->off}};
+    if (std::string_view(id) == "tid") j["pid"] = t->pid;
+    if (!t->workload.empty()) j["workload"] = t->workload;
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string flame_graph_json(const ProfileWindow& w, FlameGrouping grouping, std::size_t max_nodes,
-                             std::optional<std::size_t> slow_events, bool lines) {
+                             std::optional<std::size_t> slow_events, bool lines,
+                             std::optional<FlameSelection> selection) {
   Node root;
   root.name = "all";
   // The tree is built within ten times the nodes sent: past that, a stack's deeper frames
   // stay in the last node made (their time is kept there).
   std::size_t room = 10 * max_nodes;
+  const FlameSelection select = selection.value_or(FlameSelection{});
+  std::uint64_t idle_ns = 0, idle_waits = 0;
+  std::map<std::uint32_t, Times> processes, threads;
   for (const Sample& s : w.samples) {
     const bool on = s.kind == SampleKind::OnCpu;
+    if (selection) {
+      // Every thread's time, whatever the view.
+      Times& t = threads[s.tid];
+      t.pid = s.pid;
+      t.comm = s.comm;
+      (on ? t.on : t.off) += s.ns;
+      if (select.view == (on ? FlameView::OffCpu : FlameView::OnCpu)) continue;
+      if (!on && idle_wait(s, w.stacks[s.stack], w.frames)) {
+        idle_ns += s.ns;
+        idle_waits += s.count;
+        if (!select.idle) continue;
+      }
+      // A process by its main thread's name where it has time, else its first thread's.
+      Times& p = processes[s.pid];
+      if (p.comm.empty() || s.tid == s.pid) p.comm = s.comm;
+      p.workload = s.workload.cgroup;
+      (on ? p.on : p.off) += s.ns;
+    }
     Node* n = &root;
     const auto add = [&](Node* x) { (on ? x->on : x->off) += s.ns; };
     add(n);
@@ -129,6 +230,15 @@ std::string flame_graph_json(const ProfileWindow& w, FlameGrouping grouping, std
   j["nodes"] = kept;
   j["pruned"] = total - kept;
   if (slow_events) j["slow"] = *slow_events;
+  if (selection) {
+    j["view"] = flame_view_name(select.view);
+    j["idle"] = {{"shown", select.idle},
+                 {"ns", idle_ns},
+                 {"waits", idle_waits},
+                 {"syscalls", idle_syscalls()}};
+    j["processes"] = times_json(processes, "pid", kMaxProcesses);
+    if (grouping == FlameGrouping::Thread) j["threads"] = times_json(threads, "tid", max_nodes);
+  }
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 

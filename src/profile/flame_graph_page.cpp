@@ -22,21 +22,30 @@ cursor:pointer}
 .f:hover{filter:brightness(.9)}
 .f.match{background:hsl(300,70%,70%)!important}
 #status{color:#555}
+#idle-rule{color:#555;font-size:.9em;margin:.3em 0}
+table{border-collapse:collapse;font-size:.9em;margin:.4em 0}
+td,th{padding:.1em .7em;text-align:left}
+td.n{text-align:right;font-variant-numeric:tabular-nums}
+caption{text-align:left;font-weight:bold;padding:.2em 0}
 </style></head><body>
 <h1>Where the time goes</h1>
 <p><a href="/">ebpf-metricsd</a> &middot; each bar is a function (one inlined into another is
 a bar of its own, where the program's debug info is on the host), as wide as the time in it and
 in what it called: <span id="legend"><span class="on">on-CPU</span><span class="off">off-CPU
-(blocked)</span></span> mixed in proportion. Click to zoom. The same data as pprof:
+(blocked)</span></span>, in proportion in the wall-clock view. Click to zoom. The same data as
+pprof:
 <a id="pprof" href="/debug/pprof/profile?seconds=30">/debug/pprof/profile?seconds=30</a>.
 <span id="scope"></span></p>
 <form id="controls" onsubmit="return false">
 <label>last <select id="seconds"><option>10</option><option>30</option><option selected>60</option>
 <option>300</option><option>600</option></select> seconds</label>
-<label>show <select id="show"><option value="profile">the profile</option>
+<label>show <select id="show"><option value="on">on-CPU time</option>
+<option value="off">off-CPU time</option><option value="wall">wall-clock time</option>
 <option value="slow">slow events</option></select></label>
+<label id="idle-choice"><input type="checkbox" id="idle"> idle waits</label>
 <label>by <select id="group"><option value="process">process</option>
-<option value="workload">workload</option><option value="none">nothing</option></select></label>
+<option value="workload">workload</option><option value="thread">thread</option>
+<option value="none">nothing</option></select></label>
 <label>name <select id="lines"><option value="0">function</option>
 <option value="1">function:line</option></select></label>
 <input id="search" size="28" placeholder="search (regular expression)">
@@ -44,6 +53,9 @@ in what it called: <span id="legend"><span class="on">on-CPU</span><span class="
 <button type="button" id="reload">reload</button>
 <span id="status"></span>
 </form>
+<p id="idle-rule"></p>
+<table id="processes" hidden></table>
+<table id="threads" hidden></table>
 <div id="graph"></div>
 <script>
 "use strict";
@@ -96,6 +108,7 @@ function draw() {
   place(base, 0, 0, false);
   graph.style.height = ((depthMax + 1) * 18) + "px";
   graph.appendChild(frag);
+  tables();
   let text = (data.slow !== undefined
       ? data.slow + " slow events (" + narrow.join(", ") + "): " + ms(data.root.off) + " of latency"
       : data.seconds.toFixed(0) + " s: on-CPU " + ms(data.root.on) + ", off-CPU " + ms(data.root.off)) +
@@ -103,11 +116,69 @@ function draw() {
   if (re) text += "; matched: " + (total ? (100 * matched / total).toFixed(1) : "0") + "% of this view";
   $("status").textContent = text;
 }
+// The page's own link with parameters `change` ({name: value}, null removes one).
+function link(change) {
+  const p = new URLSearchParams(location.search);
+  for (const [k, v] of Object.entries(change)) { if (v === null) p.delete(k); else p.set(k, v); }
+  return "?" + p.toString();
+}
+function s(ns) { return (ns / 1e9).toFixed(2) + " s"; }
+// A table from rows of cells ([text, href?, numeric?]), with a caption.
+function table(el, caption, head, rows) {
+  el.textContent = "";
+  el.hidden = rows.length === 0;
+  if (!rows.length) return;
+  el.createCaption().textContent = caption;
+  const h = el.createTHead().insertRow();
+  for (const t of head) { const th = document.createElement("th"); th.textContent = t; h.appendChild(th); }
+  const body = el.createTBody();
+  for (const row of rows) {
+    const tr = body.insertRow();
+    for (const [text, href, numeric] of row) {
+      const td = tr.insertCell();
+      if (numeric) td.className = "n";
+      if (href) { const a = document.createElement("a"); a.href = href; a.textContent = text; td.appendChild(a); }
+      else td.textContent = text;
+    }
+  }
+}
+// The processes with the most time in the view (one to pick: its threads), the threads of
+// the window with their time and coverage, and the idle waits set apart, by which rule.
+function tables() {
+  const profile = data && data.view !== undefined;
+  const view = { on: "on-CPU", off: "off-CPU", wall: "wall-clock" }[profile ? data.view : "on"];
+  table($("processes"), "Processes with the most " + view + " time in the window (pick one for its threads)",
+    ["pid", "command", "workload", "on-CPU", "off-CPU"],
+    profile && !scope.some(([k]) => k === "pid" || k === "tid") ? data.processes.slice(0, 10).map((p) => [[String(p.pid), link({ pid: p.pid, tid: null, group: "thread", idle: null })],
+      [p.comm], [p.workload || ""], [s(p.on), null, true], [s(p.off), null, true]]) : []);
+  table($("threads"), "Threads: time in the window (" + data.seconds.toFixed(0) +
+    " s) on and off the CPU, and its coverage (both / the window)",
+    ["tid", "command", "on-CPU", "off-CPU", "coverage"],
+    profile && data.threads ? data.threads.map((t) => [[String(t.tid), link({ tid: t.tid })], [t.comm],
+      [s(t.on), null, true], [s(t.off), null, true],
+      [(100 * (t.on + t.off) / 1e9 / data.seconds).toFixed(1) + "%", null, true]]) : []);
+  const rule = $("idle-rule");
+  rule.textContent = "";
+  if (!profile || data.view === "on") return;
+  const idle = data.idle;
+  rule.append((idle.shown ? "Idle waits, shown: " : "Idle waits, set apart: ") + idle.waits +
+    " waits, " + s(idle.ns) + ". A wait is idle when it is in " + idle.syscalls.join(", ") +
+    ", or a kernel thread's (in no system call, no user frame): a thread waiting there waits " +
+    "for work. ");
+  const a = document.createElement("a");
+  a.id = "idle-toggle";
+  a.href = link({ idle: idle.shown ? "0" : "1" });
+  a.textContent = idle.shown ? "Set them apart" : "Show them";
+  rule.append(a, ".");
+}
 async function load() {
   let q = "seconds=" + $("seconds").value + "&group=" + $("group").value;
   if ($("lines").value === "1") q += "&lines=1";
   q += query(scope);
-  if ($("show").value === "slow") q += "&slow=1" + query(narrowing);
+  const show = $("show").value;
+  $("idle-choice").hidden = show === "on" || show === "slow";
+  if (show === "slow") q += "&slow=1" + query(narrowing);
+  else q += "&view=" + show + "&idle=" + ($("idle").checked ? "1" : "0");
   history.replaceState(null, "", "?" + q);
   $("status").textContent = "loading";
   try {
@@ -148,6 +219,10 @@ if (scope.length) {
   $("pprof").textContent = pprof;
 }
 if (params.get("slow") === "1") $("show").value = "slow";
+else if (["on", "off", "wall"].includes(params.get("view"))) $("show").value = params.get("view");
+// Idle waits are set apart for the whole host, shown for one process or thread.
+$("idle").checked = params.has("idle") ? params.get("idle") === "1"
+  : scope.some(([k]) => k === "pid" || k === "tid");
 for (const id of ["seconds", "group", "lines"]) {
   const v = params.get(id);
   if (v && [...$(id).options].some((o) => o.value === v)) $(id).value = v;
@@ -157,6 +232,7 @@ $("seconds").addEventListener("change", load);
 $("group").addEventListener("change", load);
 $("lines").addEventListener("change", load);
 $("show").addEventListener("change", load);
+$("idle").addEventListener("change", load);
 $("reload").addEventListener("click", load);
 $("reset").addEventListener("click", () => { zoom = null; draw(); });
 $("search").addEventListener("input", draw);

@@ -69,6 +69,16 @@ std::variant<std::optional<std::string>, std::string> single(const HttpRequest& 
   return std::optional<std::string>(std::string(values.front()));
 }
 
+// Parameter `name` as 0 or 1, at most once; nullopt when absent.
+std::variant<std::optional<bool>, std::string> flag(const HttpRequest& req, const char* name) {
+  const auto value = single(req, name);
+  if (const auto* why = std::get_if<std::string>(&value)) return *why;
+  const auto& given = std::get<std::optional<std::string>>(value);
+  if (!given) return std::optional<bool>{};
+  if (*given != "0" && *given != "1") return std::string(name) + " must be 0 or 1";
+  return std::optional<bool>{*given == "1"};
+}
+
 // A process or thread ID as a request gives it: a whole number from 1 to 4194304
 // (PID_MAX_LIMIT), or an error naming `name`.
 std::variant<std::uint32_t, std::string> task_id(std::string_view v, const char* name) {
@@ -211,17 +221,13 @@ std::vector<Route> profile_routes(const std::shared_ptr<ProfileStore>& store) {
     if (const auto* why = std::get_if<std::string>(&group)) return bad_request(*why);
     if (const auto& name = std::get<std::optional<std::string>>(group)) {
       const auto g = parse_flame_grouping(*name);
-      if (!g) return bad_request("group must be process, workload or none");
+      if (!g) return bad_request("group must be process, workload, thread or none");
       grouping = *g;
     }
     // lines=1: nodes named function:line.
-    const auto lines_param = single(req, "lines");
+    const auto lines_param = flag(req, "lines");
     if (const auto* why = std::get_if<std::string>(&lines_param)) return bad_request(*why);
-    bool lines = false;
-    if (const auto& on = std::get<std::optional<std::string>>(lines_param)) {
-      if (*on != "0" && *on != "1") return bad_request("lines must be 0 or 1");
-      lines = *on == "1";
-    }
+    const bool lines = std::get<std::optional<bool>>(lines_param).value_or(false);
     // slow=1: the stacks of the tracers' slow events (metric=, min=, stack_id= narrow them).
     const auto slow = single(req, "slow");
     if (const auto* why = std::get_if<std::string>(&slow)) return bad_request(*why);
@@ -252,21 +258,33 @@ std::vector<Route> profile_routes(const std::shared_ptr<ProfileStore>& store) {
     }
     auto filter = sample_filter(req);
     if (const auto* why = std::get_if<std::string>(&filter)) return bad_request(*why);
+    const SampleFilter& f = std::get<SampleFilter>(filter);
+    // view=on (the default), off or wall; idle=0 sets idle waits apart, idle=1 shows them
+    // (the default for one process or thread, which asked about its waits).
+    FlameSelection selection{FlameView::OnCpu, f.pid.has_value() || f.tid.has_value()};
+    const auto view = single(req, "view");
+    if (const auto* why = std::get_if<std::string>(&view)) return bad_request(*why);
+    if (const auto& name = std::get<std::optional<std::string>>(view)) {
+      const auto v = parse_flame_view(*name);
+      if (!v) return bad_request("view must be on, off or wall");
+      selection.view = *v;
+    }
+    const auto idle = flag(req, "idle");
+    if (const auto* why = std::get_if<std::string>(&idle)) return bad_request(*why);
+    selection.idle = std::get<std::optional<bool>>(idle).value_or(selection.idle);
     if (!store->running()) return not_running();
-    return DeferredResponse{{},
-                            std::chrono::milliseconds(0),
-                            [store, seconds, grouping, lines, f = std::get<SampleFilter>(filter)] {
-                              store->cut();
-                              const Clock::time_point to = Clock::now();
-                              const ProfileWindow w = store->window(
-                                  to - std::chrono::seconds(std::get<int>(seconds)), to, f);
-                              HttpResponse r;
-                              r.content_type = "application/json";
-                              r.body =
-                                  flame_graph_json(w, grouping, kMaxFlameGraphNodes, {}, lines);
-                              r.compressible = true;
-                              return r;
-                            }};
+    return DeferredResponse{
+        {}, std::chrono::milliseconds(0), [store, seconds, grouping, lines, f, selection] {
+          store->cut();
+          const Clock::time_point to = Clock::now();
+          const ProfileWindow w =
+              store->window(to - std::chrono::seconds(std::get<int>(seconds)), to, f);
+          HttpResponse r;
+          r.content_type = "application/json";
+          r.body = flame_graph_json(w, grouping, kMaxFlameGraphNodes, {}, lines, selection);
+          r.compressible = true;
+          return r;
+        }};
   };
   // The stacks of the tracers' slow events (a metric's, those over a latency, one
   // stack_id's) in the last N seconds, from what the store keeps: answered at once, on a

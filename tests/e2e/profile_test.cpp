@@ -110,18 +110,19 @@ struct ProfileDaemon {
 
 // Runs the known workload (`binary`) under the daemon until the daemon's own data shows its
 // CPU work and its reader's waits (fixed work, done at any speed), and a few hundred samples
-// more (3 s at 997 Hz).
-void profile_workload(ProfileDaemon& p, const char* binary) {
+// more (3 s at 997 Hz). Its pid.
+pid_t profile_workload(ProfileDaemon& p, const char* binary) {
   Workload w(binary);
   const bool seen = wait_until(
       [&] {
-        const auto d = p.get("/profile/data?seconds=60");
+        const auto d = p.get("/profile/data?seconds=60&view=wall");
         return d.first == "200" && d.second.find("hot_one") != std::string::npos &&
                d.second.find("wait_on_pipe") != std::string::npos;
       },
       30s);
   REQUIRE(seen);
   std::this_thread::sleep_for(3s);
+  return w.pid;
 }
 
 // A screenshot of the page at `url` by `chromium` (its command line so far), kept with the
@@ -356,8 +357,10 @@ TEST_CASE("slow events on the flame graph page in a real browser: the function t
 TEST_CASE("the flame graph page in a real browser: the known workload's functions, drawn to scale",
           "[profile][browser]") {
   ProfileDaemon p;
-  profile_workload(p, PROFILE_WORKLOAD_FP);
-  const std::string url = p.page_url("/profile?seconds=60&group=process");
+  // The workload's process alone: what else the host runs meanwhile does not thin it out.
+  const pid_t pid = profile_workload(p, PROFILE_WORKLOAD_FP);
+  const std::string url =
+      p.page_url("/profile?seconds=60&group=process&view=wall&pid=" + std::to_string(pid));
   const std::string chromium = p.chromium();
   const std::string dom = run_capture(chromium + "--dump-dom '" + url + "' 2>/dev/null");
   REQUIRE_THAT(dom, Contains("data-loaded=\"1\""));
@@ -453,8 +456,9 @@ TEST_CASE(
   const unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
   ProfileDaemon p("    stack_copies_per_second: " + std::to_string(std::min(1200u * cpus, 20000u)) +
                   "\n");
-  profile_workload(p, PROFILE_WORKLOAD_NOFP);
-  const std::string url = p.page_url("/profile?seconds=60&group=process");
+  const pid_t pid = profile_workload(p, PROFILE_WORKLOAD_NOFP);
+  const std::string url =
+      p.page_url("/profile?seconds=60&group=process&view=wall&pid=" + std::to_string(pid));
   const std::string chromium = p.chromium();
   const std::string dom = run_capture(chromium + "--dump-dom '" + url + "' 2>/dev/null");
   REQUIRE_THAT(dom, Contains("data-loaded=\"1\""));
@@ -493,6 +497,130 @@ TEST_CASE(
   }
   CHECK(sorted >= 0.95 * width_of(bars, "compare_slowly"));
   keep_screenshot(chromium, url, "profile-flame-graph-no-frame-pointers.png");
+}
+
+TEST_CASE(
+    "the page's views in a real browser: on-CPU first, off-CPU without idle waits until asked, "
+    "one process's threads with their time",
+    "[profile][browser]") {
+  ProfileDaemon p;
+  // Idle beside the known workload: a shell that waits for its children (wait4), each a
+  // sleep (clock_nanosleep), and the host's kernel threads.
+  pid_t idler = 0;
+  {
+    char* argv[] = {const_cast<char*>("sh"), const_cast<char*>("-c"),
+                    const_cast<char*>("while :; do sleep 0.05; done"), nullptr};
+    REQUIRE(posix_spawn(&idler, "/bin/sh", nullptr, nullptr, argv, environ) == 0);
+  }
+  struct Reap {
+    pid_t pid;
+    ~Reap() {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  } reap{idler};
+  Workload w;
+  const std::string pid = std::to_string(w.pid);
+  const bool seen = wait_until(
+      [&] {
+        const auto on = p.get("/profile/data?seconds=60&view=on");
+        const auto off = p.get("/profile/data?seconds=60&view=off&idle=1");
+        return on.second.find("hot_one") != std::string::npos &&
+               off.second.find("wait_on_pipe") != std::string::npos &&
+               off.second.find("\"sleep (") != std::string::npos;
+      },
+      30s);
+  REQUIRE(seen);
+  std::this_thread::sleep_for(3s);
+  const std::string chromium = p.chromium();
+  const auto dom_of = [&](const std::string& path) {
+    const std::string dom =
+        run_capture(chromium + "--dump-dom '" + p.page_url(path) + "' 2>/dev/null");
+    REQUIRE_THAT(dom, Contains("data-loaded=\"1\""));
+    return dom;
+  };
+  const auto has_bar = [](const std::vector<Bar>& bars, const std::string& prefix) {
+    return std::any_of(bars.begin(), bars.end(),
+                       [&](const Bar& b) { return b.name.rfind(prefix, 0) == 0; });
+  };
+
+  // Opened plainly: on-CPU time, the busy program first in the list of processes.
+  const std::string on = dom_of("/profile?seconds=60");
+  const auto on_bars = bars_of(on);
+  CHECK(width_of(on_bars, "hot_one") > 0);
+  CHECK(width_of(on_bars, "wait_on_pipe") == 0);
+  CHECK_THAT(on, Contains("Processes with the most on-CPU time"));
+  const std::regex first_row(R"re(<tbody><tr><td><a href="([^"]*)">([0-9]+)</a>)re");
+  std::smatch row;
+  REQUIRE(std::regex_search(on, row, first_row));
+  CHECK(row[2] == pid);
+  keep_screenshot(chromium, p.page_url("/profile?seconds=60"), "profile-view-on-cpu.png");
+
+  // Off-CPU of the whole host: the blocked reader; the idle waits (the shell's, the sleeps',
+  // the kernel threads') set apart and said so.
+  const std::string off = dom_of("/profile?seconds=60&view=off");
+  const auto off_bars = bars_of(off);
+  CHECK(width_of(off_bars, "wait_on_pipe") > 0);
+  CHECK_FALSE(has_bar(off_bars, "kworker/"));
+  CHECK_THAT(off, Contains("Idle waits, set apart:"));
+  CHECK_THAT(off, Contains("clock_nanosleep"));
+  keep_screenshot(chromium, p.page_url("/profile?seconds=60&view=off"), "profile-view-off-cpu.png");
+  // One click shows them.
+  const std::regex toggle(R"re(<a id="idle-toggle" href="\?([^"]*)")re");
+  REQUIRE(std::regex_search(off, row, toggle));
+  const std::string shown_path =
+      "/profile?" + std::regex_replace(row[1].str(), std::regex("&amp;"), "&");
+  CHECK_THAT(shown_path, Contains("idle=1"));
+  const std::string shown = dom_of(shown_path);
+  CHECK(width_of(bars_of(shown), "wait_on_pipe") > 0);
+  CHECK_THAT(shown, Contains("Idle waits, shown:"));
+  keep_screenshot(chromium, p.page_url(shown_path), "profile-view-off-cpu-idle.png");
+  // The same two views' data: the sleeps' waits are all idle, the shell's wait4 too (its
+  // vfork of each sleep is not: a wait for the child's exec).
+  const auto time_of = [](const nlohmann::json& j, const std::string& prefix) {
+    double sum = 0;
+    for (const auto& c : j["root"].value("c", nlohmann::json::array())) {
+      if (c["n"].get<std::string>().rfind(prefix, 0) == 0) sum += c["off"].get<double>();
+    }
+    return sum;
+  };
+  const auto hidden_data = nlohmann::json::parse(p.get("/profile/data?seconds=60&view=off").second);
+  const auto shown_data =
+      nlohmann::json::parse(p.get("/profile/data?seconds=60&view=off&idle=1").second);
+  const std::string shell = "sh (" + std::to_string(idler) + ")";
+  INFO("sleeps: " << time_of(hidden_data, "sleep (") << " ns set apart of "
+                  << time_of(shown_data, "sleep (") << "; the shell: "
+                  << time_of(hidden_data, shell) << " of " << time_of(shown_data, shell));
+  CHECK(time_of(shown_data, "sleep (") > 0);
+  CHECK(time_of(hidden_data, "sleep (") < 0.01 * time_of(shown_data, "sleep ("));
+  CHECK(time_of(hidden_data, shell) < 0.5 * time_of(shown_data, shell));
+  CHECK(hidden_data["idle"]["ns"].get<double>() >= time_of(shown_data, "sleep ("));
+
+  // The busy program picked from the list: its threads, each with its time on and off the
+  // CPU and its coverage, none more than the window.
+  REQUIRE(std::regex_search(on, row, first_row));
+  const std::string picked =
+      "/profile" + std::regex_replace(row[1].str(), std::regex("&amp;"), "&");
+  CHECK_THAT(picked, Contains("pid=" + pid));
+  CHECK_THAT(picked, Contains("group=thread"));
+  CHECK_THAT(picked, Contains("view=on"));
+  const std::string wall = std::regex_replace(picked, std::regex("view=on"), "view=wall");
+  const std::string threads = dom_of(wall);
+  CHECK_THAT(threads, Contains("Threads: time in the window"));
+  const auto thread_bars = bars_of(threads);
+  CHECK(has_bar(thread_bars, "profile_workloa ("));
+  CHECK(width_of(thread_bars, "wait_on_pipe") > 0);
+  CHECK(width_of(thread_bars, "hot_one") > 0);
+  keep_screenshot(chromium, p.page_url(wall), "profile-threads.png");
+  const auto data = nlohmann::json::parse(
+      p.get("/profile/data?seconds=5&view=wall&group=thread&pid=" + pid).second);
+  const double window_ns = data["seconds"].get<double>() * 1e9;
+  REQUIRE(data["threads"].size() >= 2);
+  for (const auto& t : data["threads"]) {
+    INFO("thread " << t.dump() << " in a window of " << window_ns << " ns");
+    CHECK(t["pid"] == w.pid);
+    CHECK(t["on"].get<double>() + t["off"].get<double>() <= window_ns * 1.02);
+  }
 }
 
 namespace {

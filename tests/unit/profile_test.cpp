@@ -16,6 +16,7 @@
 #include <set>
 #include <string>
 
+#include "ebpf_metricsd/base/syscall_names.h"
 #include "ebpf_metricsd/profile/flame_graph.h"
 #include "ebpf_metricsd/profile/pprof.h"
 #include "ebpf_metricsd/profile/profile_routes.h"
@@ -636,6 +637,81 @@ TEST_CASE("flame graph data: a tree root first, on and off CPU apart, bounded") 
       flame_graph_json(store.window(t0, t0 + std::chrono::seconds(2)), FlameGrouping::None, 100)));
 }
 
+TEST_CASE("flame graph views: on-CPU, off-CPU or both; idle waits set apart by their rule") {
+  ProfileStore store;
+  const auto t0 = Clock::now();
+  const auto wait = [](std::uint32_t stack, std::uint64_t ns, std::uint32_t pid, const char* call) {
+    Sample s = sample(stack, SampleKind::OffCpu, ns, pid);
+    s.syscall = call ? *syscall_number(call) : -1;
+    return s;
+  };
+  Sample worker = sample(0, SampleKind::OnCpu, 50, 10);
+  worker.tid = 12;
+  store.add_batch(t0 + std::chrono::seconds(1),
+                  {sample(0, SampleKind::OnCpu, 300), worker,
+                   wait(1, 1000, 11, "read"),        // delay: a read blocked on a pipe
+                   wait(2, 7000, 11, "epoll_wait"),  // idle: an event loop
+                   wait(3, 9000, 2, nullptr),        // idle: a kernel thread
+                   wait(4, 20, 10, nullptr)},        // delay: a page fault of a process
+                  {{frame("hot_three"), frame("main")},
+                   {frame("pipe_read", true), frame("wait_on_pipe")},
+                   {frame("ep_poll", true), frame("event_loop")},
+                   {frame("worker_thread", true), frame("kthread", true)},
+                   {frame("filemap_fault", true), frame("touch")}});
+  const ProfileWindow w = store.window(t0, t0 + std::chrono::seconds(1));
+  const auto json = [&](FlameView view, bool idle, FlameGrouping g = FlameGrouping::Process) {
+    return nlohmann::json::parse(
+        flame_graph_json(w, g, 1000, {}, false, FlameSelection{view, idle}));
+  };
+  // On-CPU: the CPU time alone; the processes by it, most first.
+  const auto on = json(FlameView::OnCpu, false);
+  CHECK(on["view"] == "on");
+  CHECK(on["root"]["on"] == 350);
+  CHECK(on["root"]["off"] == 0);
+  REQUIRE(on["processes"].size() == 1);
+  CHECK(on["processes"][0]["pid"] == 10);
+  CHECK(on["processes"][0]["on"] == 350);
+  // Off-CPU for the whole host: the idle waits set apart, their total said.
+  const auto off = json(FlameView::OffCpu, false);
+  CHECK(off["root"]["on"] == 0);
+  CHECK(off["root"]["off"] == 1020);
+  CHECK(off["idle"]["shown"] == false);
+  CHECK(off["idle"]["ns"] == 16000);
+  CHECK(off["idle"]["waits"] == 2);
+  CHECK(off["idle"]["syscalls"].size() == idle_syscalls().size());
+  CHECK(off.dump().find("event_loop") == std::string::npos);
+  CHECK(off.dump().find("kthread") == std::string::npos);
+  REQUIRE(off["processes"].size() == 2);
+  CHECK(off["processes"][0]["pid"] == 11);
+  // Shown: all of it.
+  const auto shown = json(FlameView::OffCpu, true);
+  CHECK(shown["root"]["off"] == 17020);
+  CHECK(shown["idle"]["ns"] == 16000);
+  CHECK(shown["processes"][0]["pid"] == 2);
+  // Wall-clock: both, in proportion.
+  const auto wall = json(FlameView::Wall, false);
+  CHECK(wall["root"]["on"] == 350);
+  CHECK(wall["root"]["off"] == 1020);
+  // By thread: a node per thread, and every thread's time whatever the view.
+  const auto threads = json(FlameView::OnCpu, false, FlameGrouping::Thread);
+  CHECK(threads["root"]["c"][0]["n"] == "app (10)");
+  CHECK(threads["root"]["c"][1]["n"] == "app (12)");
+  REQUIRE(threads["threads"].size() == 4);
+  CHECK(threads["threads"][0]["tid"] == 2);
+  CHECK(threads["threads"][0]["off"] == 9000);
+  CHECK(threads["threads"][1]["tid"] == 11);
+  CHECK(threads["threads"][1]["off"] == 8000);
+  CHECK(threads["threads"][2]["tid"] == 10);
+  CHECK(threads["threads"][2]["on"] == 300);
+  CHECK(threads["threads"][2]["off"] == 20);
+  CHECK(threads["threads"][3]["tid"] == 12);
+  CHECK(threads["threads"][3]["pid"] == 10);
+  // Slow events (no selection): none of it.
+  const auto plain = nlohmann::json::parse(flame_graph_json(w, FlameGrouping::None, 1000));
+  CHECK_FALSE(plain.contains("view"));
+  CHECK(plain["root"]["off"] == 17020);
+}
+
 TEST_CASE("profile routes: bad parameters are a 400 that says why, no tracer a 503") {
   auto store = std::make_shared<ProfileStore>();
   const auto routes = profile_routes(store);
@@ -696,6 +772,11 @@ TEST_CASE("profile routes: bad parameters are a 400 that says why, no tracer a 5
     return std::get<HttpResponse>(r);
   };
   CHECK(ask_data({{"group", "colour"}}).status == 400);
+  CHECK_THAT(ask_data({{"view", "cpu"}}).body, Catch::Contains("view must be on, off or wall"));
+  CHECK_THAT(ask_data({{"idle", "yes"}}).body, Catch::Contains("idle must be 0 or 1"));
+  CHECK_THAT(ask_data({{"idle", "1"}, {"idle", "0"}}).body,
+             Catch::Contains("idle is given more than once"));
+  CHECK(ask_data({{"view", "wall"}, {"idle", "1"}, {"group", "thread"}}).status == 503);
   CHECK(ask_data({{"seconds", "x"}}).status == 400);
   CHECK_THAT(ask_data({{"seconds", "601"}}).body, Catch::Contains("at most 600"));
   CHECK(ask_data({}).status == 503);  // a good request, but no tracer runs

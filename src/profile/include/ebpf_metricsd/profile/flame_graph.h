@@ -7,13 +7,37 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "ebpf_metricsd/profile/profile_store.h"
 
 namespace ebpf_metricsd::profiling {
 
-enum class FlameGrouping { Process, Workload, None };
+// Under the root: a node per process ("comm (pid)"), per workload, per thread ("comm
+// (tid)"), or none.
+enum class FlameGrouping { Process, Workload, Thread, None };
 std::optional<FlameGrouping> parse_flame_grouping(std::string_view text);
+
+// Which time a view shows: on-CPU, off-CPU (blocked), or both in proportion (wall-clock).
+enum class FlameView { OnCpu, OffCpu, Wall };
+std::optional<FlameView> parse_flame_view(std::string_view text);
+std::string_view flame_view_name(FlameView view);
+
+// The system calls whose waits are idleness rather than delay: a thread waiting there waits
+// for work (an event loop, a server's accept, a sleep, a parent's wait for its children, a
+// condition variable or futex), by their names.
+const std::vector<std::string_view>& idle_syscalls();
+// Whether wait `s` (with the frames of its stack) is idle: in one of idle_syscalls(), or a
+// kernel thread's (in no system call, no user frame on its stack).
+bool idle_wait(const Sample& s, const std::vector<std::uint32_t>& stack,
+               const std::vector<Frame>& frames);
+
+// What a profile's view keeps: its time (`view`), and whether idle waits stay (`idle`: else
+// they are set apart, their total said in the JSON).
+struct FlameSelection {
+  FlameView view = FlameView::Wall;
+  bool idle = true;
+};
 
 // The window as a tree of frames, root first, as JSON:
 //   {"seconds":S,"nodes":N,"pruned":P,"root":{"n":"all","on":ns,"off":ns,"c":[...]}}
@@ -24,9 +48,15 @@ std::optional<FlameGrouping> parse_flame_grouping(std::string_view text);
 // the JSON then says "slow":N.
 // A frame with source lines is a node per function inlined there (below the function it was
 // inlined into); `lines`: nodes are named "function:line" where the line is known.
+// `selection` (a profile's, not slow events'): the samples of its view, and "view":name,
+// "idle":{"shown":bool,"ns":time,"waits":count} (the idle waits of the view, shown or set
+// apart), "processes":[{"pid","comm","workload","on","off"}, ...] (the kMaxProcesses with the
+// most time in the view, most first) and, for each thread of the window,
+// "threads":[{"tid","pid","comm","on","off"}, ...] when grouped by thread.
 std::string flame_graph_json(const ProfileWindow& window, FlameGrouping grouping,
                              std::size_t max_nodes, std::optional<std::size_t> slow_events = {},
-                             bool lines = false);
+                             bool lines = false, std::optional<FlameSelection> selection = {});
+constexpr std::size_t kMaxProcesses = 20;
 
 // The page itself.
 std::string_view flame_graph_page();
