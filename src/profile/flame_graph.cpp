@@ -70,6 +70,7 @@ namespace {
 struct Node {
   std::string name, module;
   std::uint64_t on = 0, off = 0;
+  std::uint64_t base = 0;  // a base window's time (a differential flame graph)
   std::map<std::pair<std::string, std::string>, std::unique_ptr<Node>> children;
   bool keep = false;
   // The child of that name, made when `room` allows (nullptr when it does not).
@@ -100,12 +101,14 @@ std::string group_of(const Sample& s, FlameGrouping g) {
   return {};
 }
 
-nlohmann::json to_json(const Node& n) {
+// `base`: with the base window's time ("b").
+nlohmann::json to_json(const Node& n, bool base) {
   nlohmann::json j = {{"n", n.name}, {"on", n.on}, {"off", n.off}};
+  if (base) j["b"] = n.base;
   if (!n.module.empty()) j["m"] = n.module;
   nlohmann::json children = nlohmann::json::array();
   for (const auto& [key, c] : n.children) {
-    if (c->keep) children.push_back(to_json(*c));
+    if (c->keep) children.push_back(to_json(*c, base));
   }
   if (!children.empty()) j["c"] = std::move(children);
   return j;
@@ -158,58 +161,71 @@ std::string flame_graph_json(const ProfileWindow& w, FlameGrouping grouping, std
   const FlameSelection select = selection.value_or(FlameSelection{});
   std::uint64_t idle_ns = 0, idle_waits = 0;
   std::map<std::uint32_t, Times> processes, threads;
-  for (const Sample& s : w.samples) {
-    const bool on = s.kind == SampleKind::OnCpu;
-    if (selection) {
-      // Every thread's time, whatever the view.
-      Times& t = threads[s.tid];
-      t.pid = s.pid;
-      t.comm = s.comm;
-      (on ? t.on : t.off) += s.ns;
-      if (select.view == (on ? FlameView::OffCpu : FlameView::OnCpu)) continue;
-      if (!on && idle_wait(s, w.stacks[s.stack], w.frames)) {
-        idle_ns += s.ns;
-        idle_waits += s.count;
-        if (!select.idle) continue;
+  // The samples of window `win` into the tree: the window shown, or (`base`) the one it is
+  // compared with, whose time goes to the nodes' `base`.
+  const auto add_window = [&](const ProfileWindow& win, bool base) {
+    for (const Sample& s : win.samples) {
+      const bool on = s.kind == SampleKind::OnCpu;
+      if (selection) {
+        if (!base) {
+          // Every thread's time, whatever the view.
+          Times& t = threads[s.tid];
+          t.pid = s.pid;
+          t.comm = s.comm;
+          (on ? t.on : t.off) += s.ns;
+        }
+        if (select.view == (on ? FlameView::OffCpu : FlameView::OnCpu)) continue;
+        if (!on && idle_wait(s, win.stacks[s.stack], win.frames)) {
+          if (!base) {
+            idle_ns += s.ns;
+            idle_waits += s.count;
+          }
+          if (!select.idle) continue;
+        }
+        if (!base) {
+          // A process by its main thread's name where it has time, else its first thread's.
+          Times& p = processes[s.pid];
+          if (p.comm.empty() || s.tid == s.pid) p.comm = s.comm;
+          p.workload = s.workload.cgroup;
+          (on ? p.on : p.off) += s.ns;
+        }
       }
-      // A process by its main thread's name where it has time, else its first thread's.
-      Times& p = processes[s.pid];
-      if (p.comm.empty() || s.tid == s.pid) p.comm = s.comm;
-      p.workload = s.workload.cgroup;
-      (on ? p.on : p.off) += s.ns;
-    }
-    Node* n = &root;
-    const auto add = [&](Node* x) { (on ? x->on : x->off) += s.ns; };
-    add(n);
-    if (grouping != FlameGrouping::None) {
-      Node* g = n->child(group_of(s, grouping), "", room);
-      if (!g) continue;
-      n = g;
+      Node* n = &root;
+      const auto add = [&](Node* x) { (base ? x->base : on ? x->on : x->off) += s.ns; };
       add(n);
+      if (grouping != FlameGrouping::None) {
+        Node* g = n->child(group_of(s, grouping), "", room);
+        if (!g) continue;
+        n = g;
+        add(n);
+      }
+      const auto& frames = win.stacks[s.stack];
+      // Root first: a frame's own function, then the functions inlined into it, outermost
+      // first; with `lines`, each named with its line.
+      const auto step = [&](const std::string& function, std::uint32_t line,
+                            const std::string& module) {
+        Node* c = n->child(lines && line ? function + ":" + std::to_string(line) : function, module,
+                           room);
+        if (!c) return false;
+        n = c;
+        add(n);
+        return true;
+      };
+      for (auto it = frames.rbegin(); it != frames.rend(); ++it) {
+        const Frame& f = win.frames[*it];
+        bool ok = true;
+        if (f.lines.empty()) ok = step(f.function, 0, f.module);
+        for (auto l = f.lines.rbegin(); ok && l != f.lines.rend(); ++l)
+          ok = step(l->function, l->line, f.module);
+        if (!ok) break;
+      }
     }
-    const auto& frames = w.stacks[s.stack];
-    // Root first: a frame's own function, then the functions inlined into it, outermost
-    // first; with `lines`, each named with its line.
-    const auto step = [&](const std::string& function, std::uint32_t line,
-                          const std::string& module) {
-      Node* c =
-          n->child(lines && line ? function + ":" + std::to_string(line) : function, module, room);
-      if (!c) return false;
-      n = c;
-      add(n);
-      return true;
-    };
-    for (auto it = frames.rbegin(); it != frames.rend(); ++it) {
-      const Frame& f = w.frames[*it];
-      bool ok = true;
-      if (f.lines.empty()) ok = step(f.function, 0, f.module);
-      for (auto l = f.lines.rbegin(); ok && l != f.lines.rend(); ++l)
-        ok = step(l->function, l->line, f.module);
-      if (!ok) break;
-    }
-  }
-  // Keep the heaviest nodes, parents before children, up to max_nodes.
-  const auto weight = [](const Node* n) { return n->on + n->off; };
+  };
+  add_window(w, false);
+  if (select.base) add_window(*select.base, true);
+  // Keep the heaviest nodes, parents before children, up to max_nodes (by the time shown;
+  // a node only the base window has comes last).
+  const auto weight = [](const Node* n) { return std::make_pair(n->on + n->off, n->base); };
   const auto lighter = [&](const Node* a, const Node* b) { return weight(a) < weight(b); };
   std::priority_queue<Node*, std::vector<Node*>, decltype(lighter)> next(lighter);
   root.keep = true;
@@ -224,9 +240,20 @@ std::string flame_graph_json(const ProfileWindow& w, FlameGrouping grouping, std
   }
   std::size_t total = 0;
   count_all(root, total);
+  const auto unix_ms = [](std::chrono::system_clock::time_point t) {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+  };
+  const auto seconds = [](const ProfileWindow& win) {
+    return std::chrono::duration<double>(win.end - win.begin).count();
+  };
   nlohmann::json j;
-  j["seconds"] = std::chrono::duration<double>(w.end - w.begin).count();
-  j["root"] = to_json(root);
+  j["seconds"] = seconds(w);
+  j["from_ms"] = unix_ms(w.wall_begin);
+  j["to_ms"] =
+      unix_ms(w.wall_begin +
+              std::chrono::duration_cast<std::chrono::system_clock::duration>(w.end - w.begin));
+  j["kept_from_ms"] = unix_ms(w.wall_kept_from);
+  j["root"] = to_json(root, select.base != nullptr);
   j["nodes"] = kept;
   j["pruned"] = total - kept;
   if (slow_events) j["slow"] = *slow_events;
@@ -238,6 +265,10 @@ std::string flame_graph_json(const ProfileWindow& w, FlameGrouping grouping, std
                  {"syscalls", idle_syscalls()}};
     j["processes"] = times_json(processes, "pid", kMaxProcesses);
     if (grouping == FlameGrouping::Thread) j["threads"] = times_json(threads, "tid", max_nodes);
+    if (select.base) {
+      j["base"] = {{"seconds", seconds(*select.base)},
+                   {"from_ms", unix_ms(select.base->wall_begin)}};
+    }
   }
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }

@@ -22,7 +22,10 @@ cursor:pointer}
 .f:hover{filter:brightness(.9)}
 .f.match{background:hsl(300,70%,70%)!important}
 #status{color:#555}
-#idle-rule{color:#555;font-size:.9em;margin:.3em 0}
+#idle-rule,#diff-legend,#kept{color:#555;font-size:.9em;margin:.3em 0}
+#kept:empty{display:none}
+.grew{background:hsl(0,80%,62%);padding:0 .3em}
+.shrank{background:hsl(220,80%,62%);padding:0 .3em}
 table{border-collapse:collapse;font-size:.9em;margin:.4em 0}
 td,th{padding:.1em .7em;text-align:left}
 td.n{text-align:right;font-variant-numeric:tabular-nums}
@@ -37,8 +40,8 @@ pprof:
 <a id="pprof" href="/debug/pprof/profile?seconds=30">/debug/pprof/profile?seconds=30</a>.
 <span id="scope"></span></p>
 <form id="controls" onsubmit="return false">
-<label>last <select id="seconds"><option>10</option><option>30</option><option selected>60</option>
-<option>300</option><option>600</option></select> seconds</label>
+<label id="last">last <select id="seconds"><option>10</option><option>30</option><option selected>60</option>
+<option>300</option><option>600</option></select> seconds</label><span id="range" hidden></span>
 <label>show <select id="show"><option value="on">on-CPU time</option>
 <option value="off">off-CPU time</option><option value="wall">wall-clock time</option>
 <option value="slow">slow events</option></select></label>
@@ -46,6 +49,8 @@ pprof:
 <label>by <select id="group"><option value="process">process</option>
 <option value="workload">workload</option><option value="thread">thread</option>
 <option value="none">nothing</option></select></label>
+<label>compare with <select id="compare"><option value="">nothing</option>
+<option value="before">the window before</option></select></label>
 <label>name <select id="lines"><option value="0">function</option>
 <option value="1">function:line</option></select></label>
 <input id="search" size="28" placeholder="search (regular expression)">
@@ -53,6 +58,12 @@ pprof:
 <button type="button" id="reload">reload</button>
 <span id="status"></span>
 </form>
+<p id="kept"></p>
+<p id="diff-legend" hidden>Compared with the window of the same length just before: each bar is as
+wide as this window's time, <span class="grew">red</span> where its share of this window's total is
+larger than its share of the window before's, <span class="shrank">blue</span> where it is smaller
+(the deeper the colour, the larger the change); both windows are normalized to their own totals.
+<span id="diff-totals"></span></p>
 <p id="idle-rule"></p>
 <table id="processes" hidden></table>
 <table id="threads" hidden></table>
@@ -60,12 +71,22 @@ pprof:
 <script>
 "use strict";
 const $ = (id) => document.getElementById(id);
-let data = null, zoom = null;
+let data = null, zoom = null, maxChange = 0;
 
 function ms(ns) { return (ns / 1e6).toFixed(1) + " ms"; }
 function hash(s) { let h = 7; for (const c of s) h = (h * 31 + c.charCodeAt(0)) | 0; return Math.abs(h); }
-// Warm for on-CPU, blue for off-CPU, in between for a mix.
+// A node's share of its window's total, and of the base window's (a differential view).
+function shares(n) {
+  const t = data.root.on + data.root.off, b = data.root.b;
+  return [t ? (n.on + n.off) / t : 0, b ? n.b / b : 0];
+}
+// Warm for on-CPU, blue for off-CPU, in between for a mix; compared with a window before,
+// red for a larger share, blue for a smaller one.
 function colour(n) {
+  if (data.base) {
+    const [now, before] = shares(n), d = now - before, i = maxChange ? Math.min(1, Math.abs(d) / maxChange) : 0;
+    return "hsl(" + (d >= 0 ? 0 : 220) + ",80%," + (96 - 34 * i).toFixed(0) + "%)";
+  }
   const t = n.on + n.off, off = t ? n.off / t : 0, j = hash(n.n) % 20;
   const hue = (1 - off) * (15 + j) + off * (200 + j);
   return "hsl(" + hue.toFixed(0) + "," + (80 - 15 * off).toFixed(0) + "%," + (60 + 6 * off).toFixed(0) + "%)";
@@ -98,6 +119,12 @@ function draw() {
     d.dataset.off = n.off;
     d.title = n.n + (n.m ? "  (" + n.m + ")" : "") + "\non-CPU " + ms(n.on) + ", off-CPU " +
       ms(n.off) + ", " + (w * 100).toFixed(2) + "% of this view";
+    if (data.base) {
+      const [now, before] = shares(n);
+      d.dataset.change = (now - before).toFixed(6);
+      d.title += "\n" + (100 * now).toFixed(2) + "% of this window, " + (100 * before).toFixed(2) +
+        "% of the window before (" + ms(n.b) + ")";
+    }
     d.textContent = n.n;
     d.addEventListener("click", () => { zoom = n; draw(); });
     frag.appendChild(d);
@@ -109,6 +136,7 @@ function draw() {
   graph.style.height = ((depthMax + 1) * 18) + "px";
   graph.appendChild(frag);
   tables();
+  said();
   let text = (data.slow !== undefined
       ? data.slow + " slow events (" + narrow.join(", ") + "): " + ms(data.root.off) + " of latency"
       : data.seconds.toFixed(0) + " s: on-CPU " + ms(data.root.on) + ", off-CPU " + ms(data.root.off)) +
@@ -171,11 +199,39 @@ function tables() {
   a.textContent = idle.shown ? "Set them apart" : "Show them";
   rule.append(a, ".");
 }
+// What the page must say of the window: less kept than asked for, and the comparison.
+function said() {
+  const time = (ms) => new Date(ms).toLocaleTimeString();
+  const asked = range ? Number(range[0][1]) : data.to_ms - 1000 * Number($("seconds").value);
+  const base = data.base ? data.base.from_ms : null;
+  $("kept").textContent = asked < data.kept_from_ms || (base !== null && base < data.kept_from_ms)
+    ? "The daemon keeps profiles from " + time(data.kept_from_ms) + " on: the range asked for " +
+      (data.base && asked >= data.kept_from_ms ? "and the window before it begin" : "begins") +
+      " earlier, and hold" + (data.base ? "" : "s") + " only what is kept."
+    : "";
+  $("diff-legend").hidden = !data.base;
+  if (data.base) {
+    $("diff-totals").textContent = "This window: " + ms(data.root.on + data.root.off) + " in " +
+      data.seconds.toFixed(0) + " s; the window before: " + ms(data.root.b) + " in " +
+      data.base.seconds.toFixed(0) + " s.";
+  }
+}
+// The largest change of share of any node (the deepest colour).
+function largestChange(n) {
+  const [now, before] = shares(n);
+  let m = Math.abs(now - before);
+  for (const c of n.c || []) m = Math.max(m, largestChange(c));
+  return m;
+}
 async function load() {
-  let q = "seconds=" + $("seconds").value + "&group=" + $("group").value;
+  const show = $("show").value;
+  // Slow events are of the last N seconds, not compared.
+  const profile = show !== "slow";
+  let q = (range && profile ? query(range).slice(1) : "seconds=" + $("seconds").value) +
+    "&group=" + $("group").value;
+  if ($("compare").value && profile) q += "&compare=" + $("compare").value;
   if ($("lines").value === "1") q += "&lines=1";
   q += query(scope);
-  const show = $("show").value;
   $("idle-choice").hidden = show === "on" || show === "slow";
   if (show === "slow") q += "&slow=1" + query(narrowing);
   else q += "&view=" + show + "&idle=" + ($("idle").checked ? "1" : "0");
@@ -187,6 +243,7 @@ async function load() {
     const r = await fetch(location.origin + "/profile/data?" + q, { credentials: "same-origin" });
     if (!r.ok) throw new Error((await r.text()).trim());
     data = await r.json();
+    maxChange = data.base ? largestChange(data.root) : 0;
     zoom = null;
     draw();
     document.body.dataset.loaded = "1";
@@ -205,8 +262,27 @@ const query = (pairs) => pairs.map(([k, v]) => "&" + k + "=" + encodeURIComponen
 const given = (names) => names.filter((k) => params.get(k)).map((k) => [k, params.get(k)]);
 const narrowing = given(["metric", "min", "stack_id"]);
 const narrow = narrowing.length ? narrowing.map(([k, v]) => k + " " + v) : ["all"];
+// A kept range (from= and to=, Unix milliseconds, as a dashboard's link gives it) in place of
+// the last N seconds.
+const range = params.get("from") && params.get("to") ? given(["from", "to"]) : null;
+if (range) {
+  $("last").hidden = true;
+  $("range").hidden = false;
+  const time = (ms) => new Date(Number(ms)).toLocaleString();
+  $("range").textContent = "from " + time(range[0][1]) + " to " + time(range[1][1]) + " (";
+  const last = document.createElement("a");
+  last.href = "?";
+  last.textContent = "the last minute";
+  $("range").append(last, ")");
+}
 // One process, thread, command or workload: the same parameters as /debug/pprof/profile's.
 const scope = given(["pid", "tid", "comm", "workload"]);
+if (range) {
+  // The same range as pprof (a kept one: answered at once).
+  const pprof = "/debug/pprof/profile?" + query(range).slice(1) + query(scope);
+  $("pprof").href = pprof;
+  $("pprof").textContent = pprof;
+}
 if (scope.length) {
   const only = scope.map(([k, v]) => k + " " + v).join(", ");
   $("scope").textContent = "Only " + only + " (";
@@ -214,10 +290,13 @@ if (scope.length) {
   all.href = "?";
   all.textContent = "everything";
   $("scope").append(all, ").");
-  const pprof = "/debug/pprof/profile?seconds=30" + query(scope);
-  $("pprof").href = pprof;
-  $("pprof").textContent = pprof;
+  if (!range) {
+    const pprof = "/debug/pprof/profile?seconds=30" + query(scope);
+    $("pprof").href = pprof;
+    $("pprof").textContent = pprof;
+  }
 }
+if (params.get("compare") === "before") $("compare").value = "before";
 if (params.get("slow") === "1") $("show").value = "slow";
 else if (["on", "off", "wall"].includes(params.get("view"))) $("show").value = params.get("view");
 // Idle waits are set apart for the whole host, shown for one process or thread.
@@ -233,6 +312,7 @@ $("group").addEventListener("change", load);
 $("lines").addEventListener("change", load);
 $("show").addEventListener("change", load);
 $("idle").addEventListener("change", load);
+$("compare").addEventListener("change", load);
 $("reload").addEventListener("click", load);
 $("reset").addEventListener("click", () => { zoom = null; draw(); });
 $("search").addEventListener("input", draw);

@@ -79,6 +79,42 @@ std::variant<std::optional<bool>, std::string> flag(const HttpRequest& req, cons
   return std::optional<bool>{*given == "1"};
 }
 
+// A kept range as a request gives it: from= and to=, Unix times in milliseconds (as
+// Grafana's ${__from} and ${__to}), both or neither, at most `max` seconds apart.
+struct Range {
+  Clock::time_point from, to;
+};
+std::variant<std::optional<Range>, std::string> kept_range(const HttpRequest& req, int max) {
+  std::uint64_t ms[2] = {};
+  bool given[2] = {};
+  const char* names[2] = {"from", "to"};
+  for (int i = 0; i < 2; ++i) {
+    const auto value = single(req, names[i]);
+    if (const auto* why = std::get_if<std::string>(&value)) return *why;
+    const auto& v = std::get<std::optional<std::string>>(value);
+    if (!v) continue;
+    given[i] = true;
+    const auto [end, ec] = std::from_chars(v->data(), v->data() + v->size(), ms[i]);
+    if (v->empty() || ec != std::errc() || end != v->data() + v->size()) {
+      return std::string(names[i]) + " is not a Unix time in milliseconds";
+    }
+  }
+  if (!given[0] && !given[1]) return std::optional<Range>();
+  if (!given[0] || !given[1]) return "from and to go together (Unix times in milliseconds)";
+  if (ms[1] <= ms[0]) return "to must be after from";
+  if (ms[1] - ms[0] > static_cast<std::uint64_t>(max) * 1000) {
+    return "from and to are at most " + std::to_string(max) + " seconds apart";
+  }
+  // On the monotonic clock the store keeps: now on both clocks, then the distance.
+  const auto wall_now = std::chrono::system_clock::now();
+  const Clock::time_point now = Clock::now();
+  const auto at = [&](std::uint64_t unix_ms) {
+    return now + std::chrono::duration_cast<Clock::duration>(std::chrono::milliseconds(unix_ms) -
+                                                             wall_now.time_since_epoch());
+  };
+  return std::optional<Range>(Range{at(ms[0]), at(ms[1])});
+}
+
 // A process or thread ID as a request gives it: a whole number from 1 to 4194304
 // (PID_MAX_LIMIT), or an error naming `name`.
 std::variant<std::uint32_t, std::string> task_id(std::string_view v, const char* name) {
@@ -176,10 +212,21 @@ std::vector<Route> profile_routes(const std::shared_ptr<ProfileStore>& store) {
   profile.max_deferred = kMaxProfileRequests;
   profile.deferred =
       [store](const HttpRequest& req) -> std::variant<HttpResponse, DeferredResponse> {
-    const auto seconds = window_seconds(req, kMaxProfileSeconds);
-    if (const auto* why = std::get_if<std::string>(&seconds)) return bad_request(*why);
     auto filter = sample_filter(req);
     if (const auto* why = std::get_if<std::string>(&filter)) return bad_request(*why);
+    // A range the store keeps: answered at once.
+    const auto range = kept_range(req, kMaxFlameGraphSeconds);
+    if (const auto* why = std::get_if<std::string>(&range)) return bad_request(*why);
+    if (const auto& r = std::get<std::optional<Range>>(range)) {
+      if (!req.params("seconds").empty()) return bad_request("give seconds, or from and to");
+      return DeferredResponse{
+          {}, std::chrono::milliseconds(0), [store, r = *r, f = std::get<SampleFilter>(filter)] {
+            store->cut();
+            return pprof_file(pprof_profile(store->window(r.from, r.to, f)), "profile");
+          }};
+    }
+    const auto seconds = window_seconds(req, kMaxProfileSeconds);
+    if (const auto* why = std::get_if<std::string>(&seconds)) return bad_request(*why);
     if (!store->running()) return not_running();
     auto from = std::make_shared<Clock::time_point>();
     return DeferredResponse{
@@ -272,18 +319,41 @@ std::vector<Route> profile_routes(const std::shared_ptr<ProfileStore>& store) {
     const auto idle = flag(req, "idle");
     if (const auto* why = std::get_if<std::string>(&idle)) return bad_request(*why);
     selection.idle = std::get<std::optional<bool>>(idle).value_or(selection.idle);
-    if (!store->running()) return not_running();
+    // from= and to= (a kept range) in place of the last `seconds`; compare=before: against
+    // the range of the same length just before (a differential flame graph).
+    const auto range = kept_range(req, kMaxFlameGraphSeconds);
+    if (const auto* why = std::get_if<std::string>(&range)) return bad_request(*why);
+    const std::optional<Range> kept = std::get<std::optional<Range>>(range);
+    if (kept && !req.params("seconds").empty()) return bad_request("give seconds, or from and to");
+    const auto compare = single(req, "compare");
+    if (const auto* why = std::get_if<std::string>(&compare)) return bad_request(*why);
+    const auto& against = std::get<std::optional<std::string>>(compare);
+    if (against && *against != "before") return bad_request("compare must be before");
+    if (!kept && !store->running()) return not_running();
     return DeferredResponse{
-        {}, std::chrono::milliseconds(0), [store, seconds, grouping, lines, f, selection] {
+        {},
+        std::chrono::milliseconds(0),
+        [store, seconds, grouping, lines, f, selection, kept, before = against.has_value()] {
           store->cut();
-          const Clock::time_point to = Clock::now();
-          const ProfileWindow w =
-              store->window(to - std::chrono::seconds(std::get<int>(seconds)), to, f);
-          HttpResponse r;
-          r.content_type = "application/json";
-          r.body = flame_graph_json(w, grouping, kMaxFlameGraphNodes, {}, lines, selection);
-          r.compressible = true;
-          return r;
+          Range r;
+          if (kept) {
+            r = *kept;
+          } else {
+            r.to = Clock::now();
+            r.from = r.to - std::chrono::seconds(std::get<int>(seconds));
+          }
+          const ProfileWindow w = store->window(r.from, r.to, f);
+          std::optional<ProfileWindow> base;
+          FlameSelection select = selection;
+          if (before) {
+            base = store->window(r.from - (r.to - r.from), r.from, f);
+            select.base = &*base;
+          }
+          HttpResponse response;
+          response.content_type = "application/json";
+          response.body = flame_graph_json(w, grouping, kMaxFlameGraphNodes, {}, lines, select);
+          response.compressible = true;
+          return response;
         }};
   };
   // The stacks of the tracers' slow events (a metric's, those over a latency, one

@@ -194,9 +194,12 @@ ProfileWindow ProfileStore::window(Clock::time_point from, Clock::time_point to,
     }
   }
   if (first) w.begin = w.end = to;
-  w.wall_begin =
-      std::chrono::system_clock::now() -
-      std::chrono::duration_cast<std::chrono::system_clock::duration>(Clock::now() - w.begin);
+  const auto wall = [now = Clock::now(),
+                     wall_now = std::chrono::system_clock::now()](Clock::time_point t) {
+    return wall_now - std::chrono::duration_cast<std::chrono::system_clock::duration>(now - t);
+  };
+  w.wall_begin = wall(w.begin);
+  w.wall_kept_from = wall(batches_.empty() ? to : batches_.front().begin);
   return w;
 }
 

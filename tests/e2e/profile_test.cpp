@@ -12,7 +12,9 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -621,6 +623,148 @@ TEST_CASE(
     CHECK(t["pid"] == w.pid);
     CHECK(t["on"].get<double>() + t["off"].get<double>() <= window_ns * 1.02);
   }
+}
+
+namespace {
+
+std::uint64_t unix_ms_now() {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        std::chrono::system_clock::now().time_since_epoch())
+                                        .count());
+}
+
+// The time `go tool pprof` gives function `name` in `top` (its lines as -top -unit=ms prints
+// them: flat flat% sum% cum cum% name), the cum column in ms; nullopt when it lists none.
+std::optional<double> pprof_cum_ms(const std::string& top, const std::string& name) {
+  std::istringstream in(top);
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream fields(line);
+    std::string flat, flat_share, sum, cum, cum_share, function;
+    if (fields >> flat >> flat_share >> sum >> cum >> cum_share >> function && function == name &&
+        cum.size() > 2 && cum.substr(cum.size() - 2) == "ms") {
+      return std::stod(cum.substr(0, cum.size() - 2));
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "before and after: a differential flame graph of two kept windows, as pprof -diff_base "
+    "-normalize says, and a range older than what is kept said plainly",
+    "[profile][browser]") {
+  ProfileDaemon p;
+  Workload w;
+  REQUIRE(wait_until(
+      [&] {
+        return p.get("/profile/data?seconds=60&view=on").second.find("hot_three") !=
+               std::string::npos;
+      },
+      30s));
+  // The known workload alone, then with a shell spinning beside it: hot_three's share of the
+  // host's CPU time shrinks (the burner takes a CPU of its own), the shell's grows from none.
+  std::this_thread::sleep_for(4s);
+  const std::uint64_t t1 = unix_ms_now();
+  pid_t burner = 0;
+  {
+    char* argv[] = {const_cast<char*>("sh"), const_cast<char*>("-c"),
+                    const_cast<char*>("while :; do :; done"), nullptr};
+    REQUIRE(posix_spawn(&burner, "/bin/sh", nullptr, nullptr, argv, environ) == 0);
+  }
+  std::this_thread::sleep_for(4s);
+  kill(burner, SIGKILL);
+  waitpid(burner, nullptr, 0);
+  const std::uint64_t t2 = unix_ms_now();
+  const std::uint64_t t0 = 2 * t1 - t2;
+  std::this_thread::sleep_for(2s);  // a read of the kernel side after t2
+  const auto range = [](std::uint64_t from, std::uint64_t to) {
+    return "from=" + std::to_string(from) + "&to=" + std::to_string(to);
+  };
+
+  // The data of the differential view: the newer window's time, and the one before's at each
+  // node ("b").
+  const std::string data_path = "/profile/data?" + range(t1, t2) + "&compare=before&view=on";
+  const auto diff = nlohmann::json::parse(p.get(data_path + "&group=none").second);
+  REQUIRE(diff.contains("base"));
+  const double total = diff["root"]["on"].get<double>(),
+               base_total = diff["root"]["b"].get<double>();
+  REQUIRE(total > 0);
+  REQUIRE(base_total > 0);
+  // hot_three's time in each window, over every node of it.
+  std::function<std::pair<double, double>(const nlohmann::json&, const std::string&)> time_of =
+      [&](const nlohmann::json& n, const std::string& name) {
+        if (n["n"] == name) return std::make_pair(n["on"].get<double>(), n["b"].get<double>());
+        std::pair<double, double> sum{0, 0};
+        for (const auto& c : n.value("c", nlohmann::json::array())) {
+          const auto [now, before] = time_of(c, name);
+          sum.first += now;
+          sum.second += before;
+        }
+        return sum;
+      };
+  const auto [now, before] = time_of(diff["root"], "hot_three");
+  const double change = now / total - before / base_total;
+  INFO("hot_three: " << now / 1e6 << " ms of " << total / 1e6 << " ms, before " << before / 1e6
+                     << " ms of " << base_total / 1e6 << " ms");
+  CHECK(change < 0);
+  const auto by_process = nlohmann::json::parse(p.get(data_path + "&group=process").second);
+  const std::string shell = "sh (" + std::to_string(burner) + ")";
+  const auto shell_node =
+      std::find_if(by_process["root"]["c"].begin(), by_process["root"]["c"].end(),
+                   [&](const auto& c) { return c["n"] == shell; });
+  REQUIRE(shell_node != by_process["root"]["c"].end());
+  CHECK((*shell_node)["on"].get<double>() > 0);
+  CHECK((*shell_node)["b"] == 0);
+
+  // The same two windows as pprof files: -diff_base with -normalize gives hot_three the same
+  // change of share (it scales the newer profile to the base's total: its ms are the change
+  // times the base's total, its cum% the change).
+  const auto fetch = [&](std::uint64_t from, std::uint64_t to, const std::string& name) {
+    const auto [status, body] = p.get("/debug/pprof/profile?" + range(from, to));
+    REQUIRE(status == "200");
+    const std::string file = p.s.dir + "/" + name;
+    std::ofstream(file) << body;
+    return file;
+  };
+  const std::string newer = fetch(t1, t2, "newer.pb.gz"), older = fetch(t0, t1, "older.pb.gz");
+  const std::string top =
+      run_capture("HOME=" + p.s.dir + " go tool pprof -top -unit=ms -nodecount=10000 -normalize " +
+                  "-sample_index=cpu -symbolize=none -diff_base " + older + " " + newer + " 2>&1");
+  INFO(top);
+  const auto pprof = pprof_cum_ms(top, "hot_three");
+  REQUIRE(pprof);
+  const double ours = change * base_total / 1e6;
+  INFO("ours " << ours << " ms, pprof " << *pprof << " ms");
+  CHECK(std::abs(*pprof - ours) <= std::max(0.5, 0.01 * std::abs(ours)));
+
+  // The page: the bars of the newer window, hot_three's coloured as shrunk, the legend said.
+  const std::string chromium = p.chromium();
+  const std::string url = p.page_url("/profile?" + range(t1, t2) + "&compare=before&view=on");
+  const std::string dom = run_capture(chromium + "--dump-dom '" + url + "' 2>/dev/null");
+  REQUIRE_THAT(dom, Contains("data-loaded=\"1\""));
+  const std::regex hot(
+      R"re(<div class="f[^"]*"[^>]*data-name="hot_three"[^>]*data-change="(-?[0-9.]+)")re");
+  std::smatch m;
+  REQUIRE(std::regex_search(dom, m, hot));
+  CHECK(std::stod(m[1]) < 0);
+  CHECK_THAT(dom, Contains("both windows are normalized to their own totals"));
+  CHECK_THAT(dom, !Contains("<p id=\"diff-legend\" hidden"));
+  keep_screenshot(chromium, url, "profile-differential.png");
+
+  // The last ten minutes, most of them from before the daemon started: what it keeps, and
+  // the page says so.
+  const std::string old_url = p.page_url("/profile?" + range(t2 - 600'000, t2) + "&view=on");
+  const std::string old_dom = run_capture(chromium + "--dump-dom '" + old_url + "' 2>/dev/null");
+  REQUIRE_THAT(old_dom, Contains("data-loaded=\"1\""));
+  CHECK_THAT(old_dom, Contains("The daemon keeps profiles from"));
+  // Bad ranges: a 400 that says why.
+  CHECK_THAT(p.get("/debug/pprof/profile?from=" + std::to_string(t1)).second,
+             Contains("from and to go together"));
+  CHECK_THAT(p.get("/debug/pprof/profile?" + range(t2, t1)).second,
+             Contains("to must be after from"));
+  CHECK_THAT(p.get("/debug/pprof/profile?seconds=3&" + range(t1, t2)).second,
+             Contains("give seconds, or from and to"));
 }
 
 namespace {

@@ -706,6 +706,30 @@ TEST_CASE("flame graph views: on-CPU, off-CPU or both; idle waits set apart by t
   CHECK(threads["threads"][2]["off"] == 20);
   CHECK(threads["threads"][3]["tid"] == 12);
   CHECK(threads["threads"][3]["pid"] == 10);
+  // Compared with a window before: each node's time there ("b"), by the same view; a
+  // function only the base has stays, of no width.
+  store.add_batch(t0 + std::chrono::seconds(2),
+                  {sample(0, SampleKind::OnCpu, 100), sample(1, SampleKind::OnCpu, 900)},
+                  {{frame("hot_three"), frame("main")}, {frame("new_code"), frame("main")}});
+  const ProfileWindow later =
+      store.window(t0 + std::chrono::seconds(1), t0 + std::chrono::seconds(2));
+  const auto diff = nlohmann::json::parse(flame_graph_json(
+      later, FlameGrouping::None, 1000, {}, false, FlameSelection{FlameView::Wall, false, &w}));
+  CHECK(diff["base"]["seconds"].get<double>() == Approx(1.0).epsilon(0.01));
+  CHECK(diff["root"]["on"] == 1000);
+  CHECK(diff["root"]["b"] == 350 + 1020);  // the idle waits apart in both
+  std::map<std::string, nlohmann::json> by_name;
+  for (const auto& c : diff["root"]["c"]) by_name[c["n"]] = c;
+  REQUIRE(by_name.size() == 3);
+  CHECK(by_name["main"]["on"] == 1000);
+  CHECK(by_name["main"]["b"] == 350);
+  CHECK(by_name["wait_on_pipe"]["off"] == 0);  // only the base has it: no width
+  CHECK(by_name["wait_on_pipe"]["b"] == 1000);
+  CHECK(by_name["touch"]["b"] == 20);
+  std::map<std::string, std::pair<int, int>> in_main;
+  for (const auto& c : by_name["main"]["c"]) in_main[c["n"]] = {c["on"], c["b"]};
+  CHECK(in_main["hot_three"] == std::make_pair(100, 350));
+  CHECK(in_main["new_code"] == std::make_pair(900, 0));
   // Slow events (no selection): none of it.
   const auto plain = nlohmann::json::parse(flame_graph_json(w, FlameGrouping::None, 1000));
   CHECK_FALSE(plain.contains("view"));
@@ -777,6 +801,24 @@ TEST_CASE("profile routes: bad parameters are a 400 that says why, no tracer a 5
   CHECK_THAT(ask_data({{"idle", "1"}, {"idle", "0"}}).body,
              Catch::Contains("idle is given more than once"));
   CHECK(ask_data({{"view", "wall"}, {"idle", "1"}, {"group", "thread"}}).status == 503);
+  // A kept range: from= and to=, Unix milliseconds, together, in order, at most 600 s apart.
+  CHECK_THAT(ask_data({{"from", "1000"}}).body, Catch::Contains("from and to go together"));
+  CHECK_THAT(ask_data({{"from", "x"}, {"to", "1000"}}).body,
+             Catch::Contains("from is not a Unix time in milliseconds"));
+  CHECK_THAT(ask_data({{"from", "2000"}, {"to", "1000"}}).body,
+             Catch::Contains("to must be after from"));
+  CHECK_THAT(ask_data({{"from", "1000"}, {"to", "700000"}}).body,
+             Catch::Contains("at most 600 seconds apart"));
+  CHECK_THAT(ask_data({{"from", "1000"}, {"to", "2000"}, {"seconds", "5"}}).body,
+             Catch::Contains("give seconds, or from and to"));
+  CHECK_THAT(ask_data({{"compare", "yesterday"}}).body, Catch::Contains("compare must be before"));
+  // A kept range needs no running tracer: what is kept (nothing here) is answered.
+  const auto kept = data.deferred(HttpRequest{
+      "GET", "/profile/data", {}, {{"from", "1000"}, {"to", "2000"}, {"compare", "before"}}});
+  REQUIRE(std::holds_alternative<DeferredResponse>(kept));
+  const auto empty = nlohmann::json::parse(std::get<DeferredResponse>(kept).answer().body);
+  CHECK(empty["root"]["on"] == 0);
+  CHECK(empty["root"]["b"] == 0);
   CHECK(ask_data({{"seconds", "x"}}).status == 400);
   CHECK_THAT(ask_data({{"seconds", "601"}}).body, Catch::Contains("at most 600"));
   CHECK(ask_data({}).status == 503);  // a good request, but no tracer runs

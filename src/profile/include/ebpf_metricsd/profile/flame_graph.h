@@ -33,10 +33,12 @@ bool idle_wait(const Sample& s, const std::vector<std::uint32_t>& stack,
                const std::vector<Frame>& frames);
 
 // What a profile's view keeps: its time (`view`), and whether idle waits stay (`idle`: else
-// they are set apart, their total said in the JSON).
+// they are set apart, their total said in the JSON); `base`, a window to compare it with
+// (a differential flame graph), by the same rules.
 struct FlameSelection {
   FlameView view = FlameView::Wall;
   bool idle = true;
+  const ProfileWindow* base = nullptr;
 };
 
 // The window as a tree of frames, root first, as JSON:
@@ -52,7 +54,10 @@ struct FlameSelection {
 // "idle":{"shown":bool,"ns":time,"waits":count} (the idle waits of the view, shown or set
 // apart), "processes":[{"pid","comm","workload","on","off"}, ...] (the kMaxProcesses with the
 // most time in the view, most first) and, for each thread of the window,
-// "threads":[{"tid","pid","comm","on","off"}, ...] when grouped by thread.
+// "threads":[{"tid","pid","comm","on","off"}, ...] when grouped by thread. With a base window,
+// every node has "b": the base window's time at that node (on and off, as the view keeps),
+// and "base":{"seconds":S} (a node only the base has stays, of no width).
+// "from_ms" and "to_ms": the window's bounds in Unix milliseconds.
 std::string flame_graph_json(const ProfileWindow& window, FlameGrouping grouping,
                              std::size_t max_nodes, std::optional<std::size_t> slow_events = {},
                              bool lines = false, std::optional<FlameSelection> selection = {});

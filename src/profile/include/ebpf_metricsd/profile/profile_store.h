@@ -55,6 +55,9 @@ using Clock = std::chrono::steady_clock;
 struct ProfileWindow {
   Clock::time_point begin, end;
   std::chrono::system_clock::time_point wall_begin;
+  // Where what the store kept began when the window was read: a window asked for from
+  // earlier holds less than was asked.
+  std::chrono::system_clock::time_point wall_kept_from;
   std::uint32_t frequency = 0;  // on-CPU samples per second and CPU
   std::vector<Sample> samples;
   std::vector<std::vector<std::uint32_t>> stacks;  // by stack id: frame ids
