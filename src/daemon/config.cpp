@@ -44,6 +44,17 @@ Config parse_config(const std::string& yaml_text, const std::string& file_name) 
   cfg.max_series = static_cast<std::size_t>(
       top.get_int("max_series", static_cast<std::int64_t>(cfg.max_series), 0, 10'000'000));
 
+  YamlMapReader profiles = top.get_map("profiles");
+  Config::Profiles& kept = cfg.profiles;
+  const auto retention = profiles.get_duration("retention", kept.retention, 1min, 1h);
+  if (retention.count() % 1000 != 0) profiles.fail("retention", "is not a whole number of seconds");
+  kept.retention = std::chrono::duration_cast<std::chrono::seconds>(retention);
+  kept.max_samples = static_cast<std::size_t>(profiles.get_int(
+      "max_samples", static_cast<std::int64_t>(kept.max_samples), 1000, 10'000'000));
+  kept.max_slow_events = static_cast<std::size_t>(profiles.get_int(
+      "max_slow_events", static_cast<std::int64_t>(kept.max_slow_events), 100, 1'000'000));
+  profiles.finish();
+
   cfg.btf_path = top.get_string("btf_path", "");
   if (!cfg.btf_path.empty()) {
     if (cfg.btf_path.front() != '/') top.fail("btf_path", "must be an absolute path");

@@ -89,6 +89,8 @@ class Daemon {
   // Re-reads the configuration and applies what changed; false when the daemon must exit
   // (--strict and a tracer down, or no web server could be had).
   bool reload();
+  // The `profiles` section: what the profile and the slow events keep (what they hold stays).
+  void keep_profiles(const Config::Profiles& kept);
   // Brings the web server to `wanted`: a new server where settings changed (the old one
   // back where the new one cannot start), else the TLS files read again. False when that
   // did not take; throws std::runtime_error when no server can be had at all.
@@ -184,6 +186,14 @@ bool Daemon::reload_web(const WebSettings& wanted) {
   return false;
 }
 
+void Daemon::keep_profiles(const Config::Profiles& kept) {
+  profiles_->set_limits({kept.retention, kept.max_samples});
+  profiling::SlowEventStore::Limits slow;
+  slow.retention = kept.retention;
+  slow.max_events = kept.max_slow_events;
+  profiles_->slow_events().set_limits(slow);
+}
+
 bool Daemon::reload() {
   sd_notifyf(0, "RELOADING=1\nMONOTONIC_USEC=%llu\nSTATUS=reloading %s",
              static_cast<unsigned long long>(monotonic_usec()), options_.config_path.c_str());
@@ -209,6 +219,7 @@ bool Daemon::reload() {
   if (!reconcile(cfg)) return false;
   drain_->set_interval(cfg.drain_interval);
   store_->set_series_limit(cfg.max_series);
+  keep_profiles(cfg.profiles);
   cfg_ = std::move(cfg);
   store_->set(reload_ok_, {}, ok ? 1 : 0);
   if (ok) {
@@ -235,6 +246,7 @@ int Daemon::run() {
 
   route_libbpf_logs();
   store_->set_series_limit(cfg_.max_series);
+  keep_profiles(cfg_.profiles);
   const auto build_info = store_->declare({"ebpf_metricsd_build_info",
                                            "Build of ebpf-metricsd; the value is always 1.",
                                            MetricType::Gauge,

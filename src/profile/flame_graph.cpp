@@ -253,6 +253,7 @@ std::string flame_graph_json(const ProfileWindow& w, FlameGrouping grouping, std
       unix_ms(w.wall_begin +
               std::chrono::duration_cast<std::chrono::system_clock::duration>(w.end - w.begin));
   j["kept_from_ms"] = unix_ms(w.wall_kept_from);
+  j["kept_s"] = w.kept_for.count();
   j["root"] = to_json(root, select.base != nullptr);
   j["nodes"] = kept;
   j["pruned"] = total - kept;

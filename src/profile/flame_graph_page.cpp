@@ -41,7 +41,7 @@ pprof:
 <span id="scope"></span></p>
 <form id="controls" onsubmit="return false">
 <label id="last">last <select id="seconds"><option>10</option><option>30</option><option selected>60</option>
-<option>300</option><option>600</option></select> seconds</label><span id="range" hidden></span>
+<option>300</option><option>600</option><option>1800</option><option>3600</option></select> seconds</label><span id="range" hidden></span>
 <label>show <select id="show"><option value="on">on-CPU time</option>
 <option value="off">off-CPU time</option><option value="wall">wall-clock time</option>
 <option value="slow">slow events</option></select></label>
@@ -244,6 +244,8 @@ async function load() {
     if (!r.ok) throw new Error((await r.text()).trim());
     data = await r.json();
     maxChange = data.base ? largestChange(data.root) : 0;
+    // No longer windows than the daemon keeps (profiles.retention).
+    for (const o of [...$("seconds").options]) if (data.kept_s && Number(o.value) > data.kept_s) o.remove();
     zoom = null;
     draw();
     document.body.dataset.loaded = "1";

@@ -79,6 +79,11 @@ std::variant<std::optional<bool>, std::string> flag(const HttpRequest& req, cons
   return std::optional<bool>{*given == "1"};
 }
 
+// How long the store keeps profiles, in seconds: the longest window a reader can ask for.
+int kept_seconds(const ProfileStore& store) {
+  return static_cast<int>(store.limits().retention.count());
+}
+
 // A kept range as a request gives it: from= and to=, Unix times in milliseconds (as
 // Grafana's ${__from} and ${__to}), both or neither, at most `max` seconds apart.
 struct Range {
@@ -161,10 +166,11 @@ std::variant<SampleFilter, std::string> sample_filter(const HttpRequest& req) {
   return f;
 }
 
-// The query of /debug/pprof/slow: metric=NAME, min=DURATION, stack_id=HEX, seconds=N.
-std::variant<SlowEventStore::Query, std::string> slow_query(const HttpRequest& req) {
+// The query of /debug/pprof/slow: metric=NAME, min=DURATION, stack_id=HEX, seconds=N (at
+// most `kept`, what the store keeps).
+std::variant<SlowEventStore::Query, std::string> slow_query(const HttpRequest& req, int kept) {
   SlowEventStore::Query q;
-  const auto seconds = window_seconds(req, kMaxFlameGraphSeconds, kMaxFlameGraphSeconds);
+  const auto seconds = window_seconds(req, kept, kept);
   if (const auto* why = std::get_if<std::string>(&seconds)) return *why;
   q.since = std::chrono::system_clock::now() - std::chrono::seconds(std::get<int>(seconds));
   const auto metric = single(req, "metric");
@@ -215,7 +221,7 @@ std::vector<Route> profile_routes(const std::shared_ptr<ProfileStore>& store) {
     auto filter = sample_filter(req);
     if (const auto* why = std::get_if<std::string>(&filter)) return bad_request(*why);
     // A range the store keeps: answered at once.
-    const auto range = kept_range(req, kMaxFlameGraphSeconds);
+    const auto range = kept_range(req, kept_seconds(*store));
     if (const auto* why = std::get_if<std::string>(&range)) return bad_request(*why);
     if (const auto& r = std::get<std::optional<Range>>(range)) {
       if (!req.params("seconds").empty()) return bad_request("give seconds, or from and to");
@@ -261,7 +267,7 @@ std::vector<Route> profile_routes(const std::shared_ptr<ProfileStore>& store) {
   data.path = "/profile/data";
   data.max_deferred = kMaxFlameGraphRequests;
   data.deferred = [store](const HttpRequest& req) -> std::variant<HttpResponse, DeferredResponse> {
-    const auto seconds = window_seconds(req, kMaxFlameGraphSeconds, 60);
+    const auto seconds = window_seconds(req, kept_seconds(*store), 60);
     if (const auto* why = std::get_if<std::string>(&seconds)) return bad_request(*why);
     FlameGrouping grouping = FlameGrouping::Process;
     const auto group = single(req, "group");
@@ -280,7 +286,7 @@ std::vector<Route> profile_routes(const std::shared_ptr<ProfileStore>& store) {
     if (const auto* why = std::get_if<std::string>(&slow)) return bad_request(*why);
     if (const auto& on = std::get<std::optional<std::string>>(slow)) {
       if (*on != "1") return bad_request("slow must be 1");
-      auto query = slow_query(req);
+      auto query = slow_query(req, kept_seconds(*store));
       if (const auto* why = std::get_if<std::string>(&query)) return bad_request(*why);
       auto filter = sample_filter(req);
       if (const auto* why = std::get_if<std::string>(&filter)) return bad_request(*why);
@@ -321,7 +327,7 @@ std::vector<Route> profile_routes(const std::shared_ptr<ProfileStore>& store) {
     selection.idle = std::get<std::optional<bool>>(idle).value_or(selection.idle);
     // from= and to= (a kept range) in place of the last `seconds`; compare=before: against
     // the range of the same length just before (a differential flame graph).
-    const auto range = kept_range(req, kMaxFlameGraphSeconds);
+    const auto range = kept_range(req, kept_seconds(*store));
     if (const auto* why = std::get_if<std::string>(&range)) return bad_request(*why);
     const std::optional<Range> kept = std::get<std::optional<Range>>(range);
     if (kept && !req.params("seconds").empty()) return bad_request("give seconds, or from and to");
@@ -363,7 +369,7 @@ std::vector<Route> profile_routes(const std::shared_ptr<ProfileStore>& store) {
   slow.path = "/debug/pprof/slow";
   slow.max_deferred = kMaxFlameGraphRequests;
   slow.deferred = [store](const HttpRequest& req) -> std::variant<HttpResponse, DeferredResponse> {
-    auto query = slow_query(req);
+    auto query = slow_query(req, kept_seconds(*store));
     if (const auto* why = std::get_if<std::string>(&query)) return bad_request(*why);
     auto filter = sample_filter(req);
     if (const auto* why = std::get_if<std::string>(&filter)) return bad_request(*why);

@@ -84,10 +84,22 @@ void ProfileStore::add_batch(Clock::time_point end, std::vector<Sample> samples,
   samples.insert(samples.end(), std::make_move_iterator(carried.begin()),
                  std::make_move_iterator(carried.end()));
   // Every read is a batch, an empty one too: the waits that span it are shared out to it.
+  samples.shrink_to_fit();  // kept for minutes: no room to grow
   samples_ += samples.size();
   batches_.push_back({last_end_, end, std::move(samples)});
   last_end_ = end;
   expire(end);
+}
+
+void ProfileStore::set_limits(Limits limits) {
+  std::lock_guard lock(mutex_);
+  limits_ = limits;
+  expire(Clock::now());
+}
+
+ProfileStore::Limits ProfileStore::limits() const {
+  std::lock_guard lock(mutex_);
+  return limits_;
 }
 
 void ProfileStore::set_source(std::function<void()> cut) {
@@ -200,6 +212,7 @@ ProfileWindow ProfileStore::window(Clock::time_point from, Clock::time_point to,
   };
   w.wall_begin = wall(w.begin);
   w.wall_kept_from = wall(batches_.empty() ? to : batches_.front().begin);
+  w.kept_for = limits_.retention;
   return w;
 }
 

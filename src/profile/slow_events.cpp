@@ -127,6 +127,12 @@ ProfileWindow slow_profile_window(const SlowWindow& w) {
   return out;
 }
 
+void SlowEventStore::set_limits(Limits limits) {
+  std::lock_guard lock(mutex_);
+  limits_ = limits;
+  expire(std::chrono::system_clock::now());
+}
+
 void SlowEventStore::expire_old() {
   std::lock_guard lock(mutex_);
   expire(std::chrono::system_clock::now());

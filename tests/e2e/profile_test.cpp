@@ -765,6 +765,18 @@ TEST_CASE(
              Contains("to must be after from"));
   CHECK_THAT(p.get("/debug/pprof/profile?seconds=3&" + range(t1, t2)).second,
              Contains("give seconds, or from and to"));
+
+  // A reload that keeps profiles longer keeps what is held: the same two windows answer
+  // alike, and windows up to the new retention are served.
+  CHECK_THAT(p.get("/profile/data?seconds=1200").second, Contains("at most 600"));
+  p.s.prepend("profiles:\n  retention: 20m\n");
+  kill(p.d->pid(), SIGHUP);
+  REQUIRE(wait_until([&] { return p.d->log().find("reload done") != std::string::npos; }, 30s));
+  const auto again = nlohmann::json::parse(p.get(data_path + "&group=none").second);
+  CHECK(again["root"]["on"] == diff["root"]["on"]);
+  CHECK(again["root"]["b"] == diff["root"]["b"]);
+  const auto longer = nlohmann::json::parse(p.get("/profile/data?seconds=1200").second);
+  CHECK(longer["kept_s"] == 1200);
 }
 
 namespace {

@@ -67,6 +67,25 @@ TEST_CASE("the shipped config is valid and enables syscall_latency") {
   CHECK(tracer(c, "syscall_latency").enabled);
 }
 
+TEST_CASE("profiles: how long and how much the profile and the slow events keep") {
+  const Config defaults = parse_config("", "test.yaml");
+  CHECK(defaults.profiles.retention == std::chrono::seconds(600));
+  CHECK(defaults.profiles.max_samples == 100000);
+  CHECK(defaults.profiles.max_slow_events == 100000);
+  const Config c = parse_config(
+      "profiles:\n  retention: 30m\n  max_samples: 20000\n  max_slow_events: 500\n", "test.yaml");
+  CHECK(c.profiles.retention == std::chrono::minutes(30));
+  CHECK(c.profiles.max_samples == 20000);
+  CHECK(c.profiles.max_slow_events == 500);
+  CHECK_THAT(error_of("profiles:\n  retention: 2h\n"),
+             Catch::Contains("test.yaml:2:14: profiles.retention"));
+  CHECK_THAT(error_of("profiles:\n  retention: 30s\n"), Catch::Contains("profiles.retention"));
+  CHECK_THAT(error_of("profiles:\n  retention: 90500ms\n"),
+             Catch::Contains("is not a whole number of seconds"));
+  CHECK_THAT(error_of("profiles:\n  max_samples: 10\n"), Catch::Contains("profiles.max_samples"));
+  CHECK_THAT(error_of("profiles:\n  keep: 1h\n"), Catch::Contains("profiles.keep"));
+}
+
 TEST_CASE("config errors name file, line, column and key") {
   SECTION("invalid YAML") {
     CHECK_THAT(error_of("web: [unclosed\n"), StartsWith("test.yaml:") && Contains("invalid YAML"));

@@ -380,6 +380,40 @@ TEST_CASE("profile store: windows, retention and the sample bound") {
                                {{frame("x")}}));
 }
 
+TEST_CASE("profile store: new limits keep what is held, within them") {
+  ProfileStore store({std::chrono::seconds(600), 1000});
+  const auto t0 = Clock::now();
+  for (int i = 1; i <= 10; ++i) {
+    store.add_batch(t0 + std::chrono::seconds(60 * i), {sample(0, SampleKind::OnCpu, 1)},
+                    {{frame("f")}});
+  }
+  // Ten batches a minute apart; a reload keeps them all with a longer retention...
+  store.set_limits({std::chrono::seconds(3600), 1000});
+  CHECK(store.samples_kept() == 10);
+  CHECK(store.limits().retention == std::chrono::seconds(3600));
+  // ...and a window of all of them answers.
+  CHECK(store.window(t0, t0 + std::chrono::seconds(600)).samples.size() == 10);
+  // A smaller budget keeps the newest (the set_limits time is now, before the batches'
+  // ends: the retention takes none); the newest batch always stays.
+  store.set_limits({std::chrono::seconds(3600), 4});
+  CHECK(store.samples_kept() == 4);
+  CHECK(store.window(t0, t0 + std::chrono::seconds(600)).samples.size() == 4);
+  store.set_limits({std::chrono::seconds(3600), 1});
+  CHECK(store.samples_kept() == 1);
+  // The slow events' store likewise.
+  SlowEventStore slow({std::chrono::seconds(3600), 100, 1000});
+  for (int i = 0; i < 5; ++i) {
+    SlowEvent e;
+    e.metric = "m";
+    e.when = std::chrono::system_clock::now() - std::chrono::minutes((4 - i) * 10);
+    slow.keep(e, {frame("g")});
+  }
+  slow.set_limits({std::chrono::seconds(1300), 100, 1000});
+  CHECK(slow.events_kept() == 3);  // 20, 10 and 0 minutes old
+  slow.set_limits({std::chrono::seconds(1300), 1, 1000});
+  CHECK(slow.events_kept() == 1);
+}
+
 TEST_CASE("profile store: a wait spanning batches is shared among them, none holds more") {
   ProfileStore::Limits limits;
   limits.retention = std::chrono::seconds(30);

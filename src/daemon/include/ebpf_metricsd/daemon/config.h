@@ -23,6 +23,13 @@ struct Config {
   std::chrono::milliseconds drain_interval{5000};
   // Label sets per metric; 0 = unlimited.
   std::size_t max_series = 2000;
+  // What the daemon keeps of the profile and the slow events for /profile and pprof: how
+  // long, and at most how much (the oldest go first past either bound).
+  struct Profiles {
+    std::chrono::seconds retention{600};
+    std::size_t max_samples = 100000;
+    std::size_t max_slow_events = 100000;
+  } profiles;
   // The kernel's BTF for kernels built without /sys/kernel/btf/vmlinux; "" = that file.
   std::string btf_path;
   // Every registered tracer, in registry order; those absent from the file are disabled.

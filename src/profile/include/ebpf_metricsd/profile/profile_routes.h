@@ -20,8 +20,8 @@ inline constexpr int kMaxProfileSeconds = 300;
 inline constexpr std::size_t kMaxProfileRequests = 4;
 // Frames the flame graph page draws at most; the smallest fold into their callers.
 inline constexpr std::size_t kMaxFlameGraphNodes = 20000;
-// The flame graph's window at most (what the store keeps), and its requests at once.
-inline constexpr int kMaxFlameGraphSeconds = 600;
+// The flame graph's requests at once (its window is at most what the store keeps: the
+// config's profiles.retention).
 inline constexpr std::size_t kMaxFlameGraphRequests = 2;
 
 std::vector<Route> profile_routes(const std::shared_ptr<ProfileStore>& store);

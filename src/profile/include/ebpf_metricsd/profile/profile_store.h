@@ -58,7 +58,8 @@ struct ProfileWindow {
   // Where what the store kept began when the window was read: a window asked for from
   // earlier holds less than was asked.
   std::chrono::system_clock::time_point wall_kept_from;
-  std::uint32_t frequency = 0;  // on-CPU samples per second and CPU
+  std::chrono::seconds kept_for{};  // the store's retention
+  std::uint32_t frequency = 0;      // on-CPU samples per second and CPU
   std::vector<Sample> samples;
   std::vector<std::vector<std::uint32_t>> stacks;  // by stack id: frame ids
   std::vector<Frame> frames;                       // by frame id
@@ -79,12 +80,18 @@ struct SampleFilter {
 
 class ProfileStore {
  public:
+  // The config's `profiles` section: how long samples are kept, and at most how many (the
+  // memory budget: the oldest batches go first past it).
   struct Limits {
     std::chrono::seconds retention{600};
-    std::size_t max_samples = 500000;  // over all kept batches
+    std::size_t max_samples = 100000;  // over all kept batches
   };
   explicit ProfileStore(Limits limits) : limits_(limits) {}
   ProfileStore() : ProfileStore(Limits{}) {}
+  // New limits (a reload): what is held stays, unless older than the new retention or past
+  // the new budget.
+  void set_limits(Limits limits);
+  Limits limits() const;
 
   // --- for the profile tracer
   // Adds what happened from the end of the previous batch to `end`: samples whose `stack`

@@ -61,6 +61,9 @@ class SlowEventStore {
   };
   explicit SlowEventStore(Limits limits) : limits_(limits) {}
   SlowEventStore() : SlowEventStore(Limits{}) {}
+  // New limits (a reload): what is held stays, unless older than the new retention or past
+  // the new bounds.
+  void set_limits(Limits limits);
 
   // Keeps the event with its frames and returns its stack id: a hash of the named frames,
   // so that the same code path has the same id in every process and over time.
