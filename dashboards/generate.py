@@ -109,6 +109,19 @@ def rate_by(metric, by):
     return f"sum by ({by}) (rate({metric}{{{SEL}}}[{RATE}]))"
 
 
+def profile_links(metric, view):
+    """Links of the last panel's series to the daemon that exported each (its instance label):
+    its profile page over the panel's time range (what the daemon keeps of it; the page says
+    when the range begins earlier), and its slow events of `metric` over that range."""
+    page = "${scheme}://${__field.labels.instance}/profile?from=${__from}&to=${__to}"
+    panels[-1]["fieldConfig"]["defaults"]["links"] = [
+        {"title": "Profile of ${__field.labels.instance} over this range",
+         "url": page + "&view=" + view, "targetBlank": True},
+        {"title": "Slow events of ${__field.labels.instance} over this range",
+         "url": page + "&slow=1&metric=" + metric, "targetBlank": True},
+    ]
+
+
 def quantiles(level, metric, legend):
     return [(f"{level}:{metric}:p50_rate5m{{{SEL}}}", f"p50 {legend}"),
             (f"{level}:{metric}:p99_rate5m{{{SEL}}}", f"p99 {legend}")]
@@ -147,6 +160,7 @@ row("Syscalls", "Time from syscall entry to exit.")
 heatmap("Syscall latency", "ebpf_syscall_latency_seconds", 0, 6)
 timeseries("Syscall latency p50 / p99, all syscalls",
            quantiles("instance", "ebpf_syscall_latency_seconds", "{{instance}}"), "s", 6, 6)
+profile_links("ebpf_syscall_latency_seconds", "wall")
 timeseries("Syscall latency p99, slowest 10", [
     (f"topk(10, instance_syscall:ebpf_syscall_latency_seconds:p99_rate5m{{{SEL}}})",
      "{{instance}} {{syscall}}")], "s", 12, 6)
@@ -160,6 +174,7 @@ heatmap("Connect latency", "ebpf_tcp_connect_latency_seconds", 0, 8)
 timeseries("Connect latency p50 / p99",
            quantiles("instance_family", "ebpf_tcp_connect_latency_seconds",
                      "{{instance}} {{family}}"), "s", 8, 8)
+profile_links("ebpf_tcp_connect_latency_seconds", "off")
 timeseries("Connects and failures per second", [
     (f"instance_family:ebpf_tcp_connect_latency_seconds_count:rate5m{{{SEL}}}",
      "established {{instance}} {{family}}"),
@@ -172,6 +187,7 @@ heatmap("Queue-to-transmit latency", "ebpf_net_xmit_queue_latency_seconds", 0, 8
 timeseries("Queue-to-transmit latency p50 / p99 by interface",
            quantiles("instance_interface", "ebpf_net_xmit_queue_latency_seconds",
                      "{{instance}} {{interface}}"), "s", 8, 8)
+profile_links("ebpf_net_xmit_queue_latency_seconds", "on")
 timeseries("Transmitted bytes per second by interface", [
     (rate_by("ebpf_net_xmit_bytes_total", "instance, interface"),
      "{{instance}} {{interface}}")], "Bps", 16, 8)
@@ -182,9 +198,11 @@ heatmap("Run-queue latency", "ebpf_runqueue_latency_seconds", 0, 6)
 timeseries("Run-queue latency p50 / p99",
            quantiles("instance", "ebpf_runqueue_latency_seconds", "{{instance}}"), "s", 6, 6,
            "p99 above 50 ms raises RunqueueLatencyHigh.")
+profile_links("ebpf_runqueue_latency_seconds", "on")
 heatmap("Off-CPU time", "ebpf_offcpu_seconds", 12, 6)
 timeseries("Off-CPU time p50 / p99",
            quantiles("instance", "ebpf_offcpu_seconds", "{{instance}}"), "s", 18, 6)
+profile_links("ebpf_offcpu_seconds", "off")
 next_line()
 timeseries("Context switches per second", [
     (rate_by("ebpf_context_switches_total", "instance, kind"),
@@ -221,6 +239,7 @@ heatmap("Block I/O latency", "ebpf_block_io_latency_seconds", 0, 8)
 timeseries("Latency p50 / p99 by device and op",
            quantiles("instance_device_op", "ebpf_block_io_latency_seconds",
                      "{{instance}} {{device}} {{op}}"), "s", 8, 8)
+profile_links("ebpf_block_io_latency_seconds", "off")
 timeseries("IOPS and throughput by device and op", [
     (f"instance_device_op:ebpf_block_io_latency_seconds_count:rate5m{{{SEL}}}",
      "IOPS {{instance}} {{device}} {{op}}"),

@@ -117,6 +117,14 @@ inline std::string temp_dir() {
   return tmpl;
 }
 
+// `s` with every `from` replaced by `to`.
+inline std::string replace_all(std::string s, const std::string& from, const std::string& to) {
+  for (std::size_t pos = 0; (pos = s.find(from, pos)) != std::string::npos; pos += to.size()) {
+    s.replace(pos, from.size(), to);
+  }
+  return s;
+}
+
 inline std::string read_file(const std::string& path) {
   std::ifstream in(path);
   std::stringstream ss;

@@ -225,11 +225,10 @@ function largestChange(n) {
 }
 async function load() {
   const show = $("show").value;
-  // Slow events are of the last N seconds, not compared.
-  const profile = show !== "slow";
-  let q = (range && profile ? query(range).slice(1) : "seconds=" + $("seconds").value) +
+  let q = (range ? query(range).slice(1) : "seconds=" + $("seconds").value) +
     "&group=" + $("group").value;
-  if ($("compare").value && profile) q += "&compare=" + $("compare").value;
+  // Slow events are not compared.
+  if ($("compare").value && show !== "slow") q += "&compare=" + $("compare").value;
   if ($("lines").value === "1") q += "&lines=1";
   q += query(scope);
   $("idle-choice").hidden = show === "on" || show === "slow";

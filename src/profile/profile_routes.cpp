@@ -84,12 +84,14 @@ int kept_seconds(const ProfileStore& store) {
   return static_cast<int>(store.limits().retention.count());
 }
 
-// A kept range as a request gives it: from= and to=, Unix times in milliseconds (as
-// Grafana's ${__from} and ${__to}), both or neither, at most `max` seconds apart.
+// A range as a request gives it: from= and to=, Unix times in milliseconds (as Grafana's
+// ${__from} and ${__to}), both or neither, at most a year apart. What the store keeps of it
+// answers (a dashboard's range is often longer than that).
 struct Range {
   Clock::time_point from, to;
+  std::chrono::system_clock::time_point wall_from, wall_to;
 };
-std::variant<std::optional<Range>, std::string> kept_range(const HttpRequest& req, int max) {
+std::variant<std::optional<Range>, std::string> kept_range(const HttpRequest& req) {
   std::uint64_t ms[2] = {};
   bool given[2] = {};
   const char* names[2] = {"from", "to"};
@@ -107,9 +109,8 @@ std::variant<std::optional<Range>, std::string> kept_range(const HttpRequest& re
   if (!given[0] && !given[1]) return std::optional<Range>();
   if (!given[0] || !given[1]) return "from and to go together (Unix times in milliseconds)";
   if (ms[1] <= ms[0]) return "to must be after from";
-  if (ms[1] - ms[0] > static_cast<std::uint64_t>(max) * 1000) {
-    return "from and to are at most " + std::to_string(max) + " seconds apart";
-  }
+  constexpr std::uint64_t kYear = 366ULL * 24 * 3600 * 1000;
+  if (ms[1] - ms[0] > kYear) return "from and to are at most a year apart";
   // On the monotonic clock the store keeps: now on both clocks, then the distance.
   const auto wall_now = std::chrono::system_clock::now();
   const Clock::time_point now = Clock::now();
@@ -117,7 +118,12 @@ std::variant<std::optional<Range>, std::string> kept_range(const HttpRequest& re
     return now + std::chrono::duration_cast<Clock::duration>(std::chrono::milliseconds(unix_ms) -
                                                              wall_now.time_since_epoch());
   };
-  return std::optional<Range>(Range{at(ms[0]), at(ms[1])});
+  const auto wall = [](std::uint64_t unix_ms) {
+    return std::chrono::system_clock::time_point(
+        std::chrono::duration_cast<std::chrono::system_clock::duration>(
+            std::chrono::milliseconds(unix_ms)));
+  };
+  return std::optional<Range>(Range{at(ms[0]), at(ms[1]), wall(ms[0]), wall(ms[1])});
 }
 
 // A process or thread ID as a request gives it: a whole number from 1 to 4194304
@@ -166,13 +172,21 @@ std::variant<SampleFilter, std::string> sample_filter(const HttpRequest& req) {
   return f;
 }
 
-// The query of /debug/pprof/slow: metric=NAME, min=DURATION, stack_id=HEX, seconds=N (at
-// most `kept`, what the store keeps).
+// The query of /debug/pprof/slow: metric=NAME, min=DURATION, stack_id=HEX, and seconds=N (at
+// most `kept`, what the store keeps) or from= and to=.
 std::variant<SlowEventStore::Query, std::string> slow_query(const HttpRequest& req, int kept) {
   SlowEventStore::Query q;
-  const auto seconds = window_seconds(req, kept, kept);
-  if (const auto* why = std::get_if<std::string>(&seconds)) return *why;
-  q.since = std::chrono::system_clock::now() - std::chrono::seconds(std::get<int>(seconds));
+  const auto range = kept_range(req);
+  if (const auto* why = std::get_if<std::string>(&range)) return *why;
+  if (const auto& r = std::get<std::optional<Range>>(range)) {
+    if (!req.params("seconds").empty()) return std::string("give seconds, or from and to");
+    q.since = r->wall_from;
+    q.until = r->wall_to;
+  } else {
+    const auto seconds = window_seconds(req, kept, kept);
+    if (const auto* why = std::get_if<std::string>(&seconds)) return *why;
+    q.since = std::chrono::system_clock::now() - std::chrono::seconds(std::get<int>(seconds));
+  }
   const auto metric = single(req, "metric");
   if (const auto* why = std::get_if<std::string>(&metric)) return *why;
   if (const auto& m = std::get<std::optional<std::string>>(metric)) {
@@ -221,7 +235,7 @@ std::vector<Route> profile_routes(const std::shared_ptr<ProfileStore>& store) {
     auto filter = sample_filter(req);
     if (const auto* why = std::get_if<std::string>(&filter)) return bad_request(*why);
     // A range the store keeps: answered at once.
-    const auto range = kept_range(req, kept_seconds(*store));
+    const auto range = kept_range(req);
     if (const auto* why = std::get_if<std::string>(&range)) return bad_request(*why);
     if (const auto& r = std::get<std::optional<Range>>(range)) {
       if (!req.params("seconds").empty()) return bad_request("give seconds, or from and to");
@@ -327,7 +341,7 @@ std::vector<Route> profile_routes(const std::shared_ptr<ProfileStore>& store) {
     selection.idle = std::get<std::optional<bool>>(idle).value_or(selection.idle);
     // from= and to= (a kept range) in place of the last `seconds`; compare=before: against
     // the range of the same length just before (a differential flame graph).
-    const auto range = kept_range(req, kept_seconds(*store));
+    const auto range = kept_range(req);
     if (const auto* why = std::get_if<std::string>(&range)) return bad_request(*why);
     const std::optional<Range> kept = std::get<std::optional<Range>>(range);
     if (kept && !req.params("seconds").empty()) return bad_request("give seconds, or from and to");

@@ -74,11 +74,11 @@ void SlowEventStore::expire(std::chrono::system_clock::time_point now) {
 
 SlowWindow SlowEventStore::query(const Query& q) const {
   SlowWindow w;
-  w.end = std::chrono::system_clock::now();
+  w.end = q.until.value_or(std::chrono::system_clock::now());
   w.begin = q.since;
   std::lock_guard lock(mutex_);
   for (const SlowEvent& e : events_) {
-    if (e.when < q.since || e.latency_ns < q.min_ns) continue;
+    if (e.when < q.since || e.when > w.end || e.latency_ns < q.min_ns) continue;
     if (!q.metric.empty() && e.metric != q.metric) continue;
     if (q.stack_id && e.stack_id != *q.stack_id) continue;
     w.events.push_back(e);

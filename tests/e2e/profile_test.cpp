@@ -766,6 +766,34 @@ TEST_CASE(
   CHECK_THAT(p.get("/debug/pprof/profile?seconds=3&" + range(t1, t2)).second,
              Contains("give seconds, or from and to"));
 
+  // The shipped dashboard's latency panels link each series to its daemon's page over the
+  // panel's range, and to its slow events there: filled in as Grafana fills them, the data
+  // of both answer (a dashboard's hour, far longer than what is kept, too).
+  const auto dashboard =
+      nlohmann::json::parse(read_file(SOURCE_DIR "/dashboards/ebpf-metricsd.json"));
+  int linked = 0;
+  for (const auto& panel : dashboard["panels"]) {
+    if (panel["title"] != "Syscall latency p50 / p99, all syscalls") continue;
+    for (const auto& l : panel["fieldConfig"]["defaults"]["links"]) {
+      std::string link = l["url"];
+      link = replace_all(link, "${scheme}", "https");
+      link =
+          replace_all(link, "${__field.labels.instance}", "127.0.0.1:" + std::to_string(p.s.port));
+      link = replace_all(link, "${__from}", std::to_string(t2 - 3'600'000));
+      link = replace_all(link, "${__to}", std::to_string(t2));
+      const std::string data_link = replace_all(link, "/profile?", "/profile/data?");
+      INFO(data_link);
+      REQUIRE(data_link != link);
+      const std::string body = run_capture("curl -sk -u " + std::string(kUser) + ":" + kPassword +
+                                           " '" + data_link + "'");
+      const auto j = nlohmann::json::parse(body, nullptr, false);
+      REQUIRE(j.is_object());
+      CHECK(j.contains("root"));
+      ++linked;
+    }
+  }
+  CHECK(linked == 2);
+
   // A reload that keeps profiles longer keeps what is held: the same two windows answer
   // alike, and windows up to the new retention are served.
   CHECK_THAT(p.get("/profile/data?seconds=1200").second, Contains("at most 600"));

@@ -67,13 +67,6 @@ class PrometheusApi {
   std::string dir_;
 };
 
-std::string replace_all(std::string s, const std::string& from, const std::string& to) {
-  for (std::size_t pos = 0; (pos = s.find(from, pos)) != std::string::npos; pos += to.size()) {
-    s.replace(pos, from.size(), to);
-  }
-  return s;
-}
-
 // What an alert's expression compares against its threshold: the part that must have data
 // even when the alert does not fire.
 std::string without_threshold(const std::string& expr) {

@@ -74,6 +74,7 @@ class SlowEventStore {
     std::uint64_t min_ns = 0;  // latency at least
     std::optional<std::uint64_t> stack_id;
     std::chrono::system_clock::time_point since{};
+    std::optional<std::chrono::system_clock::time_point> until;  // none: up to now
   };
   SlowWindow query(const Query& q) const;
 
