@@ -133,6 +133,7 @@ struct Times {
 nlohmann::json times_json(const std::map<std::uint32_t, Times>& by_id, const char* id,
                           std::size_t max) {
   std::vector<std::pair<std::uint32_t, const Times*>> most;
+  most.reserve(by_id.size());
   for (const auto& [key, t] : by_id) most.emplace_back(key, &t);
   std::stable_sort(most.begin(), most.end(), [](const auto& a, const auto& b) {
     return a.second->on + a.second->off > b.second->on + b.second->off;

@@ -78,6 +78,13 @@ void KernelSymbols::load() {
   };
   std::vector<Sym> syms;
   std::string arena;
+  // Sized as the table read last, which goes first: two tables at once (and vectors grown
+  // by doubling) would add their size to the daemon's peak memory at every reread.
+  syms.reserve(starts_.size() + 4096);
+  arena.reserve(arena_.size() + 256 * 1024);
+  std::vector<std::uint64_t>().swap(starts_);
+  std::vector<std::uint32_t>().swap(names_);
+  std::string().swap(arena_);
   std::ifstream in(kallsyms_);
   std::string line;
   while (std::getline(in, line)) {
@@ -105,8 +112,6 @@ void KernelSymbols::load() {
   }
   std::stable_sort(syms.begin(), syms.end(),
                    [](const Sym& a, const Sym& b) { return a.start < b.start; });
-  starts_.clear();
-  names_.clear();
   starts_.reserve(syms.size());
   names_.reserve(syms.size());
   for (const Sym& s : syms) {
