@@ -20,6 +20,12 @@
 
 namespace ebpf_metricsd::test {
 
+// Writes out what file `fd` holds and drops its pages from the page cache (those no process
+// maps). Whether both calls succeeded.
+inline bool evict_pages(int fd) {
+  return fsync(fd) == 0 && posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0;
+}
+
 // A file of `pages` pages filled with `fill` on a real disk (/var/tmp: tmpfs pages are never
 // read in), written out and evicted from the page cache. Unlinked at once; closed when
 // destroyed.
@@ -33,7 +39,7 @@ class EvictedFile {
     unlink(path);
     const std::string data(size_, fill);
     if (write(fd_, data.data(), data.size()) != static_cast<ssize_t>(data.size()) ||
-        fsync(fd_) != 0 || posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED) != 0) {
+        !evict_pages(fd_)) {
       close(fd_);
       throw std::runtime_error("cannot write and evict a test file");
     }
@@ -55,7 +61,7 @@ class EvictedFile {
 inline bool evict_from_page_cache(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return false;
-  bool evicted = fdatasync(fd) == 0 && posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0;
+  bool evicted = evict_pages(fd);
   const off_t size = lseek(fd, 0, SEEK_END);
   if (evicted && size > 0) {
     void* map = mmap(nullptr, static_cast<std::size_t>(size), PROT_READ, MAP_SHARED, fd, 0);

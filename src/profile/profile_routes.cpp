@@ -85,8 +85,8 @@ int kept_seconds(const ProfileStore& store) {
 }
 
 // A range as a request gives it: from= and to=, Unix times in milliseconds (as Grafana's
-// ${__from} and ${__to}), both or neither, at most a year apart. What the store keeps of it
-// answers (a dashboard's range is often longer than that).
+// ${__from} and ${__to}), both or neither, at most a year apart, in place of seconds=. What
+// the store keeps of it answers (a dashboard's range is often longer than that).
 struct Range {
   Clock::time_point from, to;
   std::chrono::system_clock::time_point wall_from, wall_to;
@@ -108,6 +108,7 @@ std::variant<std::optional<Range>, std::string> kept_range(const HttpRequest& re
   }
   if (!given[0] && !given[1]) return std::optional<Range>();
   if (!given[0] || !given[1]) return "from and to go together (Unix times in milliseconds)";
+  if (!req.params("seconds").empty()) return "give seconds, or from and to";
   if (ms[1] <= ms[0]) return "to must be after from";
   constexpr std::uint64_t kYear = 366ULL * 24 * 3600 * 1000;
   if (ms[1] - ms[0] > kYear) return "from and to are at most a year apart";
@@ -179,7 +180,6 @@ std::variant<SlowEventStore::Query, std::string> slow_query(const HttpRequest& r
   const auto range = kept_range(req);
   if (const auto* why = std::get_if<std::string>(&range)) return *why;
   if (const auto& r = std::get<std::optional<Range>>(range)) {
-    if (!req.params("seconds").empty()) return std::string("give seconds, or from and to");
     q.since = r->wall_from;
     q.until = r->wall_to;
   } else {
@@ -238,7 +238,6 @@ std::vector<Route> profile_routes(const std::shared_ptr<ProfileStore>& store) {
     const auto range = kept_range(req);
     if (const auto* why = std::get_if<std::string>(&range)) return bad_request(*why);
     if (const auto& r = std::get<std::optional<Range>>(range)) {
-      if (!req.params("seconds").empty()) return bad_request("give seconds, or from and to");
       return DeferredResponse{
           {}, std::chrono::milliseconds(0), [store, r = *r, f = std::get<SampleFilter>(filter)] {
             store->cut();
@@ -344,7 +343,6 @@ std::vector<Route> profile_routes(const std::shared_ptr<ProfileStore>& store) {
     const auto range = kept_range(req);
     if (const auto* why = std::get_if<std::string>(&range)) return bad_request(*why);
     const std::optional<Range> kept = std::get<std::optional<Range>>(range);
-    if (kept && !req.params("seconds").empty()) return bad_request("give seconds, or from and to");
     const auto compare = single(req, "compare");
     if (const auto* why = std::get_if<std::string>(&compare)) return bad_request(*why);
     const auto& against = std::get<std::optional<std::string>>(compare);
