@@ -7,56 +7,81 @@
 
 namespace ebpf_metricsd::profiling {
 
+namespace {
+
+void mix(std::size_t& h, std::size_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); }
+
+// The part of wait s (from s.began to s.ended) within [from, to), in proportion to the span.
+template <class S>
+std::uint64_t part_within(const S& s, Clock::time_point from, Clock::time_point to) {
+  const Clock::time_point ended = std::max(s.ended, s.began);
+  from = std::max(from, s.began);
+  to = std::min(to, ended);
+  if (to <= from) return 0;
+  // ns x ns can pass 2^64: the product in 128 bits.
+  __extension__ using Wide = unsigned __int128;
+  const auto span = static_cast<Wide>((ended - s.began).count());
+  return static_cast<std::uint64_t>(s.ns * static_cast<Wide>((to - from).count()) / span);
+}
+
+}  // namespace
+
+std::size_t ProfileStore::FrameIdHash::operator()(std::uint32_t id) const {
+  const Frame& f = (*frames)[id];
+  std::size_t h = std::hash<std::string>{}(f.function);
+  mix(h, std::hash<std::string>{}(f.module));
+  mix(h, std::hash<std::string>{}(f.build_id));
+  mix(h, std::hash<std::uint64_t>{}(f.address));
+  mix(h, f.kernel);
+  for (const SourceLine& l : f.lines) mix(h, std::hash<std::string>{}(l.function) ^ l.line);
+  return h;
+}
+
+std::size_t ProfileStore::StackIdHash::operator()(std::uint32_t id) const {
+  std::size_t h = 0;
+  for (std::uint32_t f : (*stacks)[id]) mix(h, f);
+  return h;
+}
+
 std::uint32_t ProfileStore::intern(const std::vector<Frame>& frames) {
   std::vector<std::uint32_t> ids;
   ids.reserve(frames.size());
   for (const Frame& f : frames) {
-    auto [it, fresh] = frame_ids_.try_emplace(f, static_cast<std::uint32_t>(frames_.size()));
-    if (fresh) frames_.push_back(f);
-    ids.push_back(it->second);
+    // A candidate at the end of the table: kept when new, taken back when known.
+    frames_.push_back(f);
+    const auto [it, fresh] = frame_ids_.insert(static_cast<std::uint32_t>(frames_.size() - 1));
+    if (!fresh) frames_.pop_back();
+    ids.push_back(*it);
   }
-  auto [it, fresh] = stack_ids_.try_emplace(ids, static_cast<std::uint32_t>(stacks_.size()));
-  if (fresh) stacks_.push_back(std::move(ids));
+  stacks_.push_back(std::move(ids));
+  const auto [it, fresh] = stack_ids_.insert(static_cast<std::uint32_t>(stacks_.size() - 1));
+  if (!fresh) stacks_.pop_back();
+  return *it;
+}
+
+std::uint32_t ProfileStore::intern_who(const Sample& s) {
+  std::string key = s.comm;
+  for (const std::string* part : {&s.workload.cgroup, &s.workload.pod, &s.workload.container}) {
+    key += '\0';
+    key += *part;
+  }
+  const auto [it, fresh] = who_ids_.try_emplace(std::move(key), whos_.size());
+  if (fresh) whos_.push_back({s.comm, s.workload});
   return it->second;
 }
 
-void ProfileStore::share_out(Sample& s, Clock::time_point begin, Clock::time_point end) {
-  const Clock::time_point to = std::max(s.ended, s.began);
-  // ns x ns can pass 2^64: the product in 128 bits.
-  __extension__ using Wide = unsigned __int128;
-  const auto span = static_cast<Wide>((to - s.began).count());
-  const auto part_of = [&](Clock::time_point from, Clock::time_point until) -> std::uint64_t {
-    from = std::max(from, s.began);
-    if (span == 0 || until <= from) return 0;
-    return static_cast<std::uint64_t>(s.ns * static_cast<Wide>((until - from).count()) / span);
-  };
-  // A part of s's time as a sample of its own: the wait is counted where it ended.
-  const auto part_sample = [&](std::uint64_t part) {
-    Sample p = s;
-    p.count = 0;
-    p.ns = part;
-    p.began = p.ended = {};
-    return p;
-  };
-  std::uint64_t given = 0;
-  // Before the oldest kept batch: gone with it.
-  const Clock::time_point kept_from = batches_.empty() ? begin : batches_.front().begin;
-  given += part_of(s.began, std::min(kept_from, begin));
-  for (Batch& b : batches_) {
-    if (b.end <= s.began) continue;
-    const std::uint64_t part = part_of(b.begin, std::min(b.end, begin));
-    if (part == 0) continue;
-    b.samples.push_back(part_sample(part));
-    ++samples_;
-    given += part;
-  }
-  // After this batch (a wait that ended while it was being read): the next one's.
-  if (const std::uint64_t later = part_of(end, to); later > 0) {
-    carry_.push_back(part_sample(later));
-    given += later;
-  }
-  s.ns -= std::min(given, s.ns);
-  s.began = s.ended = {};
+Sample ProfileStore::unpack(const Kept& k) const {
+  Sample s;
+  s.pid = k.pid;
+  s.tid = k.tid;
+  s.comm = whos_[k.who].comm;
+  s.workload = whos_[k.who].workload;
+  s.kind = k.kind;
+  s.syscall = k.syscall;
+  s.count = k.count;
+  s.ns = k.ns;
+  s.stack = k.stack;
+  return s;
 }
 
 void ProfileStore::add_batch(Clock::time_point end, std::vector<Sample> samples,
@@ -65,28 +90,26 @@ void ProfileStore::add_batch(Clock::time_point end, std::vector<Sample> samples,
     if (s.stack >= stacks.size()) throw std::out_of_range("profile sample without its stack");
   }
   std::lock_guard lock(mutex_);
-  // The parts of waits the previous batch held that fell after its end.
-  std::vector<Sample> carried = std::exchange(carry_, {});
   if (samples.size() > limits_.max_samples) {
     dropped_ += samples.size() - limits_.max_samples;
     samples.resize(limits_.max_samples);
   }
   std::vector<std::uint32_t> ids(stacks.size(), 0);
   std::vector<char> interned(stacks.size(), 0);
-  for (Sample& s : samples) {
+  std::vector<Kept> kept;
+  kept.reserve(samples.size());  // kept for minutes: no room to grow
+  for (const Sample& s : samples) {
     if (!interned[s.stack]) {
       ids[s.stack] = intern(stacks[s.stack]);
       interned[s.stack] = 1;
     }
-    s.stack = ids[s.stack];
-    if (s.began != Clock::time_point{}) share_out(s, last_end_, end);
+    kept.push_back({s.pid, s.tid, intern_who(s), ids[s.stack], s.syscall, s.kind, s.count, s.ns,
+                    s.began, s.ended});
   }
-  samples.insert(samples.end(), std::make_move_iterator(carried.begin()),
-                 std::make_move_iterator(carried.end()));
-  // Every read is a batch, an empty one too: the waits that span it are shared out to it.
-  samples.shrink_to_fit();  // kept for minutes: no room to grow
-  samples_ += samples.size();
-  batches_.push_back({last_end_, end, std::move(samples)});
+  // Every read is a batch, an empty one too: windows of it get their part of the waits
+  // that span it.
+  samples_ += kept.size();
+  batches_.push_back({last_end_, end, std::move(kept)});
   last_end_ = end;
   expire(end);
 }
@@ -131,45 +154,54 @@ void ProfileStore::expire(Clock::time_point now) {
 void ProfileStore::compact() {
   // Keep the tables when most of them is still in use; rebuild them from the kept
   // batches when at least half is not.
-  std::vector<char> used(stacks_.size(), 0);
-  std::size_t in_use = 0;
-  const auto use = [&](const Sample& s) {
-    if (!used[s.stack]) {
-      used[s.stack] = 1;
-      ++in_use;
-    }
-  };
+  std::vector<char> used(stacks_.size(), 0), used_who(whos_.size(), 0);
+  std::size_t in_use = 0, whos_in_use = 0;
   for (const Batch& b : batches_) {
-    for (const Sample& s : b.samples) use(s);
-  }
-  for (const Sample& s : carry_) use(s);
-  if (in_use * 2 > stacks_.size()) return;
-  std::vector<Frame> frames;
-  std::map<Frame, std::uint32_t> frame_ids;
-  std::vector<std::vector<std::uint32_t>> stacks;
-  std::map<std::vector<std::uint32_t>, std::uint32_t> stack_ids;
-  std::vector<std::uint32_t> new_stack(stacks_.size(), 0);
-  for (std::size_t i = 0; i < stacks_.size(); ++i) {
-    if (!used[i]) continue;
-    std::vector<std::uint32_t> ids;
-    for (std::uint32_t f : stacks_[i]) {
-      auto [it, fresh] =
-          frame_ids.try_emplace(frames_[f], static_cast<std::uint32_t>(frames.size()));
-      if (fresh) frames.push_back(frames_[f]);
-      ids.push_back(it->second);
+    for (const Kept& k : b.samples) {
+      if (!used[k.stack]) {
+        used[k.stack] = 1;
+        ++in_use;
+      }
+      if (!used_who[k.who]) {
+        used_who[k.who] = 1;
+        ++whos_in_use;
+      }
     }
-    auto [it, fresh] = stack_ids.try_emplace(ids, static_cast<std::uint32_t>(stacks.size()));
-    if (fresh) stacks.push_back(std::move(ids));
-    new_stack[i] = it->second;
+  }
+  if (whos_in_use * 2 <= whos_.size()) {
+    std::vector<Who> whos = std::move(whos_);
+    whos_.clear();
+    who_ids_.clear();
+    std::vector<std::uint32_t> new_who(whos.size(), 0);
+    Sample s;
+    for (std::size_t i = 0; i < whos.size(); ++i) {
+      if (!used_who[i]) continue;
+      s.comm = std::move(whos[i].comm);
+      s.workload = std::move(whos[i].workload);
+      new_who[i] = intern_who(s);
+    }
+    for (Batch& b : batches_) {
+      for (Kept& k : b.samples) k.who = new_who[k.who];
+    }
+  }
+  if (in_use * 2 > stacks_.size()) return;
+  std::vector<Frame> frames = std::move(frames_);
+  std::vector<std::vector<std::uint32_t>> stacks = std::move(stacks_);
+  frames_.clear();
+  stacks_.clear();
+  frame_ids_.clear();
+  stack_ids_.clear();
+  std::vector<std::uint32_t> new_stack(stacks.size(), 0);
+  std::vector<Frame> frames_of;
+  for (std::size_t i = 0; i < stacks.size(); ++i) {
+    if (!used[i]) continue;
+    frames_of.clear();
+    for (std::uint32_t f : stacks[i]) frames_of.push_back(frames[f]);
+    new_stack[i] = intern(frames_of);
   }
   for (Batch& b : batches_) {
-    for (Sample& s : b.samples) s.stack = new_stack[s.stack];
+    for (Kept& k : b.samples) k.stack = new_stack[k.stack];
   }
-  for (Sample& s : carry_) s.stack = new_stack[s.stack];
-  frames_ = std::move(frames);
-  frame_ids_ = std::move(frame_ids);
-  stacks_ = std::move(stacks);
-  stack_ids_ = std::move(stack_ids);
 }
 
 ProfileWindow ProfileStore::window(Clock::time_point from, Clock::time_point to,
@@ -177,32 +209,44 @@ ProfileWindow ProfileStore::window(Clock::time_point from, Clock::time_point to,
   ProfileWindow w;
   w.frequency = frequency_;
   std::lock_guard lock(mutex_);
-  std::unordered_map<std::uint32_t, std::uint32_t> stack_map, frame_map;
   bool first = true;
   for (const Batch& b : batches_) {
     if (b.end <= from || b.end > to) continue;
-    if (first) {
-      w.begin = b.begin;
-      first = false;
-    }
+    if (first) w.begin = b.begin;
+    first = false;
     w.end = b.end;
-    for (const Sample& kept : b.samples) {
-      if (!filter.matches(kept)) continue;
-      Sample s = kept;
-      auto [it, fresh] =
-          stack_map.try_emplace(s.stack, static_cast<std::uint32_t>(w.stacks.size()));
-      if (fresh) {
-        std::vector<std::uint32_t> ids;
-        for (std::uint32_t f : stacks_[s.stack]) {
-          auto [fit, ffresh] =
-              frame_map.try_emplace(f, static_cast<std::uint32_t>(w.frames.size()));
-          if (ffresh) w.frames.push_back(frames_[f]);
-          ids.push_back(fit->second);
-        }
-        w.stacks.push_back(std::move(ids));
+  }
+  std::unordered_map<std::uint32_t, std::uint32_t> stack_map, frame_map;
+  const auto add = [&](Sample s) {
+    auto [it, fresh] = stack_map.try_emplace(s.stack, static_cast<std::uint32_t>(w.stacks.size()));
+    if (fresh) {
+      std::vector<std::uint32_t> ids;
+      for (std::uint32_t f : stacks_[s.stack]) {
+        auto [fit, ffresh] = frame_map.try_emplace(f, static_cast<std::uint32_t>(w.frames.size()));
+        if (ffresh) w.frames.push_back(frames_[f]);
+        ids.push_back(fit->second);
       }
-      s.stack = it->second;
-      w.samples.push_back(std::move(s));
+      w.stacks.push_back(std::move(ids));
+    }
+    s.stack = it->second;
+    s.began = s.ended = {};
+    w.samples.push_back(std::move(s));
+  };
+  for (const Batch& b : batches_) {
+    if (first) break;
+    // A wait is kept in the batch it came with, from the batch where it ended (or the one
+    // read while it ended): any batch's may overlap the window.
+    const bool inside = b.end > w.begin && b.end <= w.end;
+    for (const Kept& kept : b.samples) {
+      const bool spans = kept.began != Clock::time_point{};
+      if (!spans && !inside) continue;
+      const std::uint64_t part = spans ? part_within(kept, w.begin, w.end) : kept.ns;
+      if (!inside && part == 0) continue;
+      Sample s = unpack(kept);
+      if (!filter.matches(s)) continue;
+      s.ns = part;
+      if (!inside) s.count = 0;  // counted in the window where it ended
+      add(std::move(s));
     }
   }
   if (first) w.begin = w.end = to;

@@ -844,15 +844,17 @@ std::vector<Frame> Symbolizer::kernel_frames(std::span<const std::uint64_t> ips,
     machinery = false;
     frames.push_back(std::move(f));
   }
+  frames.shrink_to_fit();  // the tracing machinery's frames left room
   return frames;
 }
 
 std::vector<Frame> Symbolizer::user_frames(std::uint32_t pid_number,
                                            std::span<const std::uint64_t> ips, bool lines,
                                            std::uint64_t taken_by_ns) {
+  // Not reserved for all of `ips`: a walk without frame pointers ends early, and callers
+  // keep what is returned.
   std::vector<Frame> frames;
   if (ips.empty()) return frames;
-  frames.reserve(ips.size());
   const auto pid = static_cast<pid_t>(pid_number);
   std::lock_guard lock(mutex_);
   install_captured();

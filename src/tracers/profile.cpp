@@ -324,7 +324,7 @@ class ProfileTracer final : public Tracer {
       unwind_ns_ += cpu;
       // A wait that began in this batch ends in it (the record is of the next batch once
       // the cut that ends this one has taken the records): it adds up with others of its
-      // stack; one that began before keeps when (and is shared out).
+      // stack; one that began before keeps when (windows take their part).
       const std::uint64_t began = r.began && monotonic(r.began) < batch_begun_ ? r.began : 0;
       RecordKey key{r.tgid,    r.tid, fixed_name(r.comm), r.cgroup, kind,
                     r.syscall, began, std::move(frames)};
@@ -431,8 +431,8 @@ class ProfileTracer final : public Tracer {
       throw BpfError(bpf_error_text("profile: swap the aggregate maps", swap_errno));
     }
     ++generation_;
-    // A wait from `began` to `ended`: within this batch, or to be shared among the
-    // batches it spans (Sample::began).
+    // A wait from `began` to `ended`: within this batch, or spanning batches, whose
+    // windows each take their part (Sample::began).
     const auto span = [&](Sample& s, std::uint64_t began, std::uint64_t ended) {
       if (began == 0 || (monotonic(began) >= begun && monotonic(ended) <= end)) return;
       s.began = monotonic(began);

@@ -966,10 +966,10 @@ TEST_CASE("hostile files mapped by a process: refused and counted, scrapes and p
 
 TEST_CASE("the profile's memory budget: 200 distinct binaries starting and exiting",
           "[profile][budget]") {
-  // Unwinding with CFI at 99 Hz while 2,000 short processes run from 200 copies of the
+  // Unwinding with CFI at 997 Hz while 2,000 short processes run from 200 copies of the
   // workload built without frame pointers (a file each: its own ELF to check, name and
   // unwind with). The daemon's peak RSS (anonymous and file-backed) and its BPF maps'
-  // memory stay under 100 MiB.
+  // memory stay under 100 MiB, each page counted once.
   ProfileDaemon p("    unwind: cfi\n");
   const std::string bins = p.s.dir + "/bins";
   REQUIRE(run_command("mkdir -p " + bins + " && for i in $(seq 200); do cp " +
@@ -1000,7 +1000,23 @@ TEST_CASE("the profile's memory budget: 200 distinct binaries starting and exiti
     }
     if (map) maps_kib += memlock;
   }
-  const double peak = kib("VmHWM");
+  // What of them the daemon maps (rings, skeletons' globals) is in its RSS too: counted
+  // once, with the maps. Mapped pages stay resident while the daemon runs, so the end's
+  // figure is what the peak held (the rings had wrapped long before).
+  double mapped_maps_kib = 0;
+  {
+    std::ifstream smaps("/proc/" + std::to_string(p.d->pid()) + "/smaps");
+    bool bpf_map = false;
+    for (std::string line; std::getline(smaps, line);) {
+      if (!line.empty() && std::isxdigit(static_cast<unsigned char>(line[0])) &&
+          line.find('-') < line.find(' ')) {
+        bpf_map = line.find("anon_inode:bpf-map") != std::string::npos;
+      } else if (bpf_map && line.rfind("Rss:", 0) == 0) {
+        mapped_maps_kib += std::stod(line.substr(4));
+      }
+    }
+  }
+  const double peak = kib("VmHWM") - mapped_maps_kib;
   const auto metrics = p.get("/metrics", true, "5").second;
   std::string caches;
   const std::regex cache_line("\nebpf_metricsd_profile_(cache_entries|memory_bytes)[^\n]*");
@@ -1012,10 +1028,12 @@ TEST_CASE("the profile's memory budget: 200 distinct binaries starting and exiti
       "bpftool map show 2>/dev/null | grep -B0 -A2 '' | "
       "awk '/memlock/ {print prev \" \" $0} {prev=$0}' | "
       "sort -k2 -t'k' | tail -n 8");
-  INFO("peak RSS " << peak / 1024 << " MiB, BPF maps " << maps_kib / 1024 << " MiB" << caches
+  INFO("peak RSS " << peak / 1024 << " MiB without " << mapped_maps_kib / 1024
+                   << " MiB of mapped BPF maps, BPF maps " << maps_kib / 1024 << " MiB" << caches
                    << "\n"
                    << rollup);
   REQUIRE(peak > 0);
   CHECK(peak + maps_kib < 100 * 1024);
-  WARN("peak RSS " << peak / 1024 << " MiB, BPF maps " << maps_kib / 1024 << " MiB");
+  WARN("peak RSS " << peak / 1024 << " MiB without " << mapped_maps_kib / 1024
+                   << " MiB of mapped BPF maps, BPF maps " << maps_kib / 1024 << " MiB");
 }

@@ -414,7 +414,7 @@ TEST_CASE("profile store: new limits keep what is held, within them") {
   CHECK(slow.events_kept() == 1);
 }
 
-TEST_CASE("profile store: a wait spanning batches is shared among them, none holds more") {
+TEST_CASE("profile store: a wait spanning batches gives each window its part, none more") {
   ProfileStore::Limits limits;
   limits.retention = std::chrono::seconds(30);
   ProfileStore store(limits);
@@ -471,6 +471,8 @@ TEST_CASE("profile store: a wait spanning batches is shared among them, none hol
   CHECK(off(10000, 11000) == std::pair<std::uint64_t, std::uint64_t>{500000000ULL, 1});
   store.add_batch(at(12000), {}, {});
   CHECK(off(11000, 12000) == std::pair<std::uint64_t, std::uint64_t>{500000000ULL, 0});
+  // Each wait is kept once, however many batches it spans: 4 waits and 2 on-CPU samples.
+  CHECK(store.samples_kept() == 6);
   // Of its 60 s, what the kept batches span: from the first's start (a moment before t0).
   const auto kept_since = store.window(at(-60000), at(1000)).begin;
   CHECK(off(-60000, 10000).first == 3000000000ULL + 2000000000ULL + 10000000000ULL +

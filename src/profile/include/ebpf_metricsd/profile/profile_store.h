@@ -19,6 +19,8 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "ebpf_metricsd/base/cgroup_names.h"
@@ -39,9 +41,10 @@ struct Sample {
   std::uint64_t count = 0;    // samples, or waits
   std::uint64_t ns = 0;       // CPU time, or time blocked
   // A wait that began before the batch it is added with: when it began and ended (for
-  // several waits of one system call, the first began and the last ended). add_batch gives
-  // each batch it keeps its part of `ns`, in proportion to its share of the span, and the
-  // sample keeps the rest. The epoch (the default): the sample is within its batch.
+  // several waits of one system call, the first began and the last ended). The store keeps
+  // it whole in the batch it came with; a window gets the part of `ns` that falls in it, in
+  // proportion to its share of the span, and `count` where the batch is in the window. The
+  // epoch (the default): the sample is within its batch. Windows' samples are all so.
   std::chrono::steady_clock::time_point began{}, ended{};
   // Which stack: an index into the stacks given with the sample to add_batch, and in a
   // ProfileWindow into its `stacks`.
@@ -96,11 +99,8 @@ class ProfileStore {
   // --- for the profile tracer
   // Adds what happened from the end of the previous batch to `end`: samples whose `stack`
   // indexes `stacks` (each innermost frame first). Samples beyond max_samples are not kept
-  // and counted (dropped_samples()). A wait that began before (Sample::began) is shared
-  // out: each kept batch it overlaps gets its part (a sample of no count), the part from
-  // before the oldest kept batch goes, the part after `end` goes to the next batch, and
-  // the new batch keeps the rest, so that no batch holds more of a thread's time than it
-  // lasted.
+  // and counted (dropped_samples()). A wait that began before (Sample::began) is kept
+  // whole, once: windows take their part of it (window()).
   void add_batch(Clock::time_point end, std::vector<Sample> samples,
                  const std::vector<std::vector<Frame>>& stacks);
   // The running profile tracer reads its kernel maps into a batch when called; set while
@@ -116,7 +116,8 @@ class ProfileStore {
   // Whether a profile tracer runs now (no waiting for a cut in progress).
   bool running() const { return running_; }
   // The samples of batches that ended after `from` and by `to` that `filter` keeps, with
-  // the stacks and frames they use.
+  // the stacks and frames they use. A wait that spans the window's edges brings only its
+  // part within them, so no window holds more off-CPU time than its threads lasted.
   ProfileWindow window(Clock::time_point from, Clock::time_point to,
                        const SampleFilter& filter = {}) const;
 
@@ -130,17 +131,30 @@ class ProfileStore {
   std::uint64_t dropped_samples() const;
 
  private:
+  // A sample as kept: its command name and workload an index into whos_ (a few distinct
+  // ones among many samples), its stack into stacks_.
+  struct Kept {
+    std::uint32_t pid = 0, tid = 0;
+    std::uint32_t who = 0;
+    std::uint32_t stack = 0;
+    std::int32_t syscall = -1;
+    SampleKind kind = SampleKind::OnCpu;
+    std::uint64_t count = 0, ns = 0;
+    Clock::time_point began{}, ended{};
+  };
+  struct Who {
+    std::string comm;
+    CgroupLabel workload;
+  };
   struct Batch {
     Clock::time_point begin, end;
-    std::vector<Sample> samples;
+    std::vector<Kept> samples;
   };
   std::uint32_t intern(const std::vector<Frame>& frames);  // caller holds mutex_
-  // Gives the kept batches their parts of wait s, which spans more than the batch from
-  // `begin` to `end` it is added with, and the next batch (carry_) the part after `end`;
-  // s keeps the rest. Caller holds mutex_.
-  void share_out(Sample& s, Clock::time_point begin, Clock::time_point end);
-  void expire(Clock::time_point now);  // caller holds mutex_
-  void compact();                      // caller holds mutex_
+  std::uint32_t intern_who(const Sample& s);               // caller holds mutex_
+  Sample unpack(const Kept& k) const;                      // caller holds mutex_
+  void expire(Clock::time_point now);                      // caller holds mutex_
+  void compact();                                          // caller holds mutex_
 
   Limits limits_;
   Symbolizer symbolizer_;
@@ -151,14 +165,35 @@ class ProfileStore {
   std::atomic<std::uint32_t> frequency_{0};
   mutable std::mutex mutex_;
   std::deque<Batch> batches_;
-  std::vector<Sample> carry_;  // for the next batch: parts of waits after the last one
   Clock::time_point last_end_ = Clock::now();
   std::size_t samples_ = 0;
   std::uint64_t dropped_ = 0;
+  // Each frame and stack once, by id; the sets index them by content (ids, hashed and
+  // compared through the tables).
+  struct FrameIdHash {
+    const std::vector<Frame>* frames;
+    std::size_t operator()(std::uint32_t id) const;
+  };
+  struct FrameIdEq {
+    const std::vector<Frame>* frames;
+    bool operator()(std::uint32_t a, std::uint32_t b) const { return (*frames)[a] == (*frames)[b]; }
+  };
+  struct StackIdHash {
+    const std::vector<std::vector<std::uint32_t>>* stacks;
+    std::size_t operator()(std::uint32_t id) const;
+  };
+  struct StackIdEq {
+    const std::vector<std::vector<std::uint32_t>>* stacks;
+    bool operator()(std::uint32_t a, std::uint32_t b) const { return (*stacks)[a] == (*stacks)[b]; }
+  };
+  std::vector<Who> whos_;
+  std::unordered_map<std::string, std::uint32_t> who_ids_;  // by comm and labels, joined
   std::vector<Frame> frames_;
-  std::map<Frame, std::uint32_t> frame_ids_;
+  std::unordered_set<std::uint32_t, FrameIdHash, FrameIdEq> frame_ids_{0, FrameIdHash{&frames_},
+                                                                       FrameIdEq{&frames_}};
   std::vector<std::vector<std::uint32_t>> stacks_;
-  std::map<std::vector<std::uint32_t>, std::uint32_t> stack_ids_;
+  std::unordered_set<std::uint32_t, StackIdHash, StackIdEq> stack_ids_{0, StackIdHash{&stacks_},
+                                                                       StackIdEq{&stacks_}};
 };
 
 }  // namespace ebpf_metricsd::profiling
