@@ -568,11 +568,14 @@ TEST_CASE("profile: workloads keeps only the named cgroup and what is below it, 
       &store);
   REQUIRE(store.cut());
   const auto from = profiling::Clock::now();
-  // The same workload at once inside (in a cgroup below the named one) and outside.
-  const pid_t inside = inner.spawn([] {
+  // The same workload at once inside (in a cgroup below the named one) and outside, each
+  // with the CPU time of the other tests' runs: where a guest's CPUs are starved by its
+  // host, a thread's CPU time as its kernel accounts it holds few samples.
+  const std::string cpu = std::to_string(kCpuMs);  // made here: the child only execs
+  const pid_t inside = inner.spawn([&cpu] {
     const int null = open("/dev/null", O_WRONLY);
     dup2(null, STDOUT_FILENO);
-    execl(PROFILE_WORKLOAD_FP, PROFILE_WORKLOAD_FP, "300", "5", static_cast<char*>(nullptr));
+    execl(PROFILE_WORKLOAD_FP, PROFILE_WORKLOAD_FP, cpu.c_str(), "5", static_cast<char*>(nullptr));
     _exit(127);
   });
   const WorkloadRun outside = run_workload(PROFILE_WORKLOAD_FP);
@@ -741,12 +744,22 @@ TEST_CASE("profile: perf --call-graph dwarf on the same workload agrees on whole
     }
   }
   const double agree = overlap(ours, theirs);
+  // Our samples whose chain from the leaf to main is one perf found too.
+  double known = 0;
+  for (const auto& [c, n] : ours) known += theirs.contains(c) ? n : 0;
+  const double known_share = known / static_cast<double>(copies);
   INFO("stacks, leaf to main: ours" << heaviest(ours) << "\n  perf's" << heaviest(theirs)
-                                    << "\n  agreement " << agree);
+                                    << "\n  agreement " << agree << ", chains perf found too "
+                                    << known_share);
   REQUIRE(copies > 200);
   REQUIRE(theirs.size() > 0);
-  // At least 95% of the samples have the same function names from the leaf to main.
-  CHECK(agree >= 0.95);
+  // At least 95% of the samples have the same function names from the leaf to main as
+  // perf's do.
+  CHECK(known_share >= 0.95);
+  // And the two profilers' shares of each chain agree within what two samplers of 2,000
+  // samples each differ by: each samples the workload's rounds of about 1 ms at its own phase, and
+  // with another process busy on a CPU the overlap was measured from 0.94 to 0.99.
+  CHECK(agree >= 0.9);
 }
 
 // A distribution's own binary, built without frame pointers as Debian builds: Python's
