@@ -24,7 +24,8 @@ TEST_PKGS=(
   systemd                            # systemd-analyze verify and security on the unit
   dpkg-dev file                      # cpack -G DEB with dpkg-shlibdeps
   qemu-system-x86 busybox-static cpio kmod e2fsprogs  # the kernel matrix: guests under qemu
-  golang-go linux-perf chromium      # profiles: go tool pprof reads them, perf agrees, the page in a browser
+  golang-go linux-perf chromium     # profiles: go tool pprof reads them, perf agrees, the page in a browser
+  python3-websocket                  # the page driven key by key over the DevTools protocol
   libc6-dbg                          # profiles: the C library's debug file, found by build ID
   libclang-rt-14-dev                 # tests/fuzz.sh: libFuzzer
   clang-format clang-tidy            # tests/hygiene.sh

@@ -19,7 +19,8 @@ form>*{margin-right:.6em}
 .f{position:absolute;height:17px;line-height:17px;font:12px monospace;overflow:hidden;
 white-space:nowrap;box-sizing:border-box;border-right:1px solid #fff;padding-left:3px;
 cursor:pointer}
-.f:hover{filter:brightness(.9)}
+.f:hover,.f:focus{filter:brightness(.9)}
+.f:focus{outline:2px solid #222;outline-offset:-2px}
 .f.match{background:hsl(300,70%,70%)!important}
 #status{color:#555}
 #idle-rule,#diff-legend,#kept{color:#555;font-size:.9em;margin:.3em 0}
@@ -35,8 +36,9 @@ caption{text-align:left;font-weight:bold;padding:.2em 0}
 <p><a href="/">ebpf-metricsd</a> &middot; each bar is a function (one inlined into another is
 a bar of its own, where the program's debug info is on the host), as wide as the time in it and
 in what it called: <span id="legend"><span class="on">on-CPU</span><span class="off">off-CPU
-(blocked)</span></span>, in proportion in the wall-clock view. Click to zoom. The same data as
-pprof:
+(blocked)</span></span>, in proportion in the wall-clock view. Click a bar (or Enter on it) to
+zoom, Escape or the browser's Back to return; <kbd>/</kbd> searches, the arrow keys move from bar
+to bar. The same data as pprof:
 <a id="pprof" href="/debug/pprof/profile?seconds=30">/debug/pprof/profile?seconds=30</a>.
 <span id="scope"></span></p>
 <form id="controls" onsubmit="return false">
@@ -72,6 +74,8 @@ larger than its share of the window before's, <span class="shrank">blue</span> w
 "use strict";
 const $ = (id) => document.getElementById(id);
 let data = null, zoom = null, maxChange = 0;
+// Each node's parent (the root's is null), and the bar drawn for each node.
+let parents = new Map(), bars = new Map();
 
 function ms(ns) { return (ns / 1e6).toFixed(1) + " ms"; }
 function hash(s) { let h = 7; for (const c of s) h = (h * 31 + c.charCodeAt(0)) | 0; return Math.abs(h); }
@@ -102,6 +106,7 @@ function draw() {
   if (!data) return;
   const base = zoom || data.root, total = base.on + base.off, re = pattern();
   let depthMax = 0, matched = 0;
+  bars = new Map();
   const frag = document.createDocumentFragment();
   function place(n, depth, left, inMatch) {
     const w = total ? (n.on + n.off) / total : 0;
@@ -110,23 +115,20 @@ function draw() {
     if (hit && !inMatch) matched += n.on + n.off;
     const d = document.createElement("div");
     d.className = "f" + (hit ? " match" : "");
-    d.style.left = (left * 100).toFixed(4) + "%";
-    d.style.width = (w * 100).toFixed(4) + "%";
-    d.style.top = (depth * 18) + "px";
-    d.style.background = colour(n);
+    d.style.cssText = "left:" + (left * 100).toFixed(4) + "%;width:" + (w * 100).toFixed(4) +
+      "%;top:" + (depth * 18) + "px;background:" + colour(n);
     d.dataset.name = n.n;
     d.dataset.on = n.on;
     d.dataset.off = n.off;
-    d.title = n.n + (n.m ? "  (" + n.m + ")" : "") + "\non-CPU " + ms(n.on) + ", off-CPU " +
-      ms(n.off) + ", " + (w * 100).toFixed(2) + "% of this view";
     if (data.base) {
       const [now, before] = shares(n);
       d.dataset.change = (now - before).toFixed(6);
-      d.title += "\n" + (100 * now).toFixed(2) + "% of this window, " + (100 * before).toFixed(2) +
-        "% of the window before (" + ms(n.b) + ")";
     }
     d.textContent = n.n;
-    d.addEventListener("click", () => { zoom = n; draw(); });
+    d.tabIndex = 0;
+    d.setAttribute("role", "button");
+    d.node = n;
+    bars.set(n, d);
     frag.appendChild(d);
     depthMax = Math.max(depthMax, depth);
     let x = left;
@@ -144,6 +146,66 @@ function draw() {
   if (re) text += "; matched: " + (total ? (100 * matched / total).toFixed(1) : "0") + "% of this view";
   $("status").textContent = text;
 }
+// Zooms to node n (null: the whole view), as a step the browser's Back undoes.
+function zoomTo(n) {
+  zoom = n === data.root ? null : n;
+  const path = [];
+  for (let m = zoom; m && parents.get(m); m = parents.get(m)) path.unshift(parents.get(m).c.indexOf(m));
+  history.pushState({ zoom: path }, "");
+  draw();
+  const bar = bars.get(zoom || data.root);
+  if (bar) bar.focus({ preventScroll: true });
+}
+window.addEventListener("popstate", (e) => {
+  if (!data) return;
+  let n = data.root;
+  for (const i of (e.state && e.state.zoom) || []) n = (n && n.c && n.c[i]) || null;
+  zoom = n === data.root ? null : n;
+  draw();
+});
+$("graph").addEventListener("click", (e) => { if (e.target.node) zoomTo(e.target.node); });
+// A bar's details, made when the pointer or the focus first reaches it.
+function describe(e) {
+  const d = e.target, n = d.node;
+  if (!n || d.title) return;
+  const total = (zoom || data.root).on + (zoom || data.root).off, w = total ? (n.on + n.off) / total : 0;
+  d.title = n.n + (n.m ? "  (" + n.m + ")" : "") + "\non-CPU " + ms(n.on) + ", off-CPU " +
+    ms(n.off) + ", " + (w * 100).toFixed(2) + "% of this view";
+  if (data.base) {
+    const [now, before] = shares(n);
+    d.title += "\n" + (100 * now).toFixed(2) + "% of this window, " + (100 * before).toFixed(2) +
+      "% of the window before (" + ms(n.b) + ")";
+  }
+}
+$("graph").addEventListener("mouseover", describe);
+$("graph").addEventListener("focusin", describe);
+// On a bar: Enter or space zooms; the arrows go to its caller, its widest callee drawn, and
+// the bars beside it.
+$("graph").addEventListener("keydown", (e) => {
+  const n = e.target.node;
+  if (!n) return;
+  const parent = parents.get(n), siblings = parent ? parent.c : [n];
+  const drawn = (list) => list.filter((m) => bars.has(m));
+  let next = null;
+  if (e.key === "Enter" || e.key === " ") { zoomTo(n); e.preventDefault(); return; }
+  if (e.key === "ArrowUp") next = parent;
+  else if (e.key === "ArrowDown") {
+    for (const c of drawn(n.c || [])) if (!next || c.on + c.off > next.on + next.off) next = c;
+  }
+  else if (e.key === "ArrowLeft" || e.key === "ArrowRight") {
+    const row = drawn(siblings), i = row.indexOf(n) + (e.key === "ArrowLeft" ? -1 : 1);
+    next = row[i];
+  } else return;
+  e.preventDefault();
+  if (next && bars.has(next)) bars.get(next).focus();
+});
+// Anywhere: / to search; Escape clears the search from its box, else zooms back out.
+document.addEventListener("keydown", (e) => {
+  const typing = ["INPUT", "SELECT"].includes(e.target.tagName);
+  if (e.key === "/" && !typing) { $("search").focus(); e.preventDefault(); }
+  else if (e.key === "Escape" && e.target === $("search")) { $("search").value = ""; draw(); }
+  else if (e.key === "Escape" && !typing && zoom) history.back();
+});
 // The page's own link with parameters `change` ({name: value}, null removes one).
 function link(change) {
   const p = new URLSearchParams(location.search);
@@ -243,6 +305,9 @@ async function load() {
     if (!r.ok) throw new Error((await r.text()).trim());
     data = await r.json();
     maxChange = data.base ? largestChange(data.root) : 0;
+    parents = new Map([[data.root, null]]);
+    const index = (n) => { for (const c of n.c || []) { parents.set(c, n); index(c); } };
+    index(data.root);
     // No longer windows than the daemon keeps (profiles.retention).
     for (const o of [...$("seconds").options]) if (data.kept_s && Number(o.value) > data.kept_s) o.remove();
     zoom = null;
@@ -315,7 +380,7 @@ $("show").addEventListener("change", load);
 $("idle").addEventListener("change", load);
 $("compare").addEventListener("change", load);
 $("reload").addEventListener("click", load);
-$("reset").addEventListener("click", () => { zoom = null; draw(); });
+$("reset").addEventListener("click", () => { if (data) zoomTo(data.root); });
 $("search").addEventListener("input", draw);
 load();
 </script>
