@@ -19,7 +19,7 @@
  * A wait that began before the batch it ends in (batch_begin_ns, set at each
  * read), or that ends while user space swaps the maps (the swap takes effect at
  * some moment of it), says when it began and ended (profile_key.began), for
- * user space to share its time among the batches it spans; a wait sent as a
+ * user space to share its time among the windows it spans; a wait sent as a
  * record always does.
  * Stacks are kept once each by a 64-bit hash of their frames
  * (common/stacks.bpf.h); aggregates in the inner map that `counts_slot`

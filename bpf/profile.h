@@ -22,7 +22,7 @@ enum profile_kind {
  * monotonic clock of the last read): those that began in the batch they end
  * in add up under began 0; one that began before it, or ended while the maps
  * were swapped, has a key of its own, with when it began, and its value says
- * when it ended, for user space to give each batch it spans its part.
+ * when it ended, for user space to give each window it spans its part.
  */
 struct profile_key {
 	__u32 tgid;

@@ -76,6 +76,9 @@ const $ = (id) => document.getElementById(id);
 let data = null, zoom = null, maxChange = 0;
 // Each node's parent (the root's is null), and the bar drawn for each node.
 let parents = new Map(), bars = new Map();
+// Which data a history entry's zoom is of: this page's load and its count of loads.
+const page = Math.random().toString(36).slice(2);
+let loads = 0;
 
 function ms(ns) { return (ns / 1e6).toFixed(1) + " ms"; }
 function hash(s) { let h = 7; for (const c of s) h = (h * 31 + c.charCodeAt(0)) | 0; return Math.abs(h); }
@@ -148,20 +151,30 @@ function draw() {
 }
 // Zooms to node n (null: the whole view), as a step the browser's Back undoes.
 function zoomTo(n) {
-  zoom = n === data.root ? null : n;
-  const path = [];
-  for (let m = zoom; m && parents.get(m); m = parents.get(m)) path.unshift(parents.get(m).c.indexOf(m));
-  history.pushState({ zoom: path }, "");
-  draw();
+  const to = n === data.root ? null : n;
+  if (to !== zoom) {
+    zoom = to;
+    const path = [];
+    for (let m = zoom; m && parents.get(m); m = parents.get(m)) path.unshift(parents.get(m).c.indexOf(m));
+    history.pushState({ page, load: loads, zoom: path }, "");
+    draw();
+  }
+  focusZoom();
+}
+function focusZoom() {
   const bar = bars.get(zoom || data.root);
   if (bar) bar.focus({ preventScroll: true });
 }
+// Back and Forward: a zoom of the data shown is drawn again; an entry of other data (an
+// earlier window or view) is loaded as its address says.
 window.addEventListener("popstate", (e) => {
-  if (!data) return;
+  const s = e.state;
+  if (!data || !s || s.page !== page || s.load !== loads) { location.reload(); return; }
   let n = data.root;
-  for (const i of (e.state && e.state.zoom) || []) n = (n && n.c && n.c[i]) || null;
-  zoom = n === data.root ? null : n;
+  for (const i of s.zoom) n = (n && n.c && n.c[i]) || null;
+  zoom = n === data.root || n === null ? null : n;
   draw();
+  focusZoom();
 });
 $("graph").addEventListener("click", (e) => { if (e.target.node) zoomTo(e.target.node); });
 // A bar's details, made when the pointer or the focus first reaches it.
@@ -183,7 +196,7 @@ $("graph").addEventListener("focusin", describe);
 // the bars beside it.
 $("graph").addEventListener("keydown", (e) => {
   const n = e.target.node;
-  if (!n) return;
+  if (!n || e.altKey || e.ctrlKey || e.metaKey) return;  // the browser's own keys
   const parent = parents.get(n), siblings = parent ? parent.c : [n];
   const drawn = (list) => list.filter((m) => bars.has(m));
   let next = null;
@@ -202,6 +215,7 @@ $("graph").addEventListener("keydown", (e) => {
 // Anywhere: / to search; Escape clears the search from its box, else zooms back out.
 document.addEventListener("keydown", (e) => {
   const typing = ["INPUT", "SELECT"].includes(e.target.tagName);
+  if (e.altKey || e.ctrlKey || e.metaKey) return;
   if (e.key === "/" && !typing) { $("search").focus(); e.preventDefault(); }
   else if (e.key === "Escape" && e.target === $("search")) { $("search").value = ""; draw(); }
   else if (e.key === "Escape" && !typing && zoom) history.back();
@@ -296,7 +310,8 @@ async function load() {
   $("idle-choice").hidden = show === "on" || show === "slow";
   if (show === "slow") q += "&slow=1" + query(narrowing);
   else q += "&view=" + show + "&idle=" + ($("idle").checked ? "1" : "0");
-  history.replaceState(null, "", "?" + q);
+  loads++;
+  history.replaceState({ page, load: loads, zoom: [] }, "", "?" + q);
   $("status").textContent = "loading";
   try {
     // From the origin (a page opened as https://user:password@host/ may not fetch a URL

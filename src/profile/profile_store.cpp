@@ -242,8 +242,14 @@ ProfileWindow ProfileStore::window(Clock::time_point from, Clock::time_point to,
       if (!spans && !inside) continue;
       const std::uint64_t part = spans ? part_within(kept, w.begin, w.end) : kept.ns;
       if (!inside && part == 0) continue;
+      const Who& who = whos_[kept.who];
+      const struct {
+        std::uint32_t pid, tid;
+        const std::string& comm;
+        const CgroupLabel& workload;
+      } named{kept.pid, kept.tid, who.comm, who.workload};
+      if (!filter.matches(named)) continue;
       Sample s = unpack(kept);
-      if (!filter.matches(s)) continue;
       s.ns = part;
       if (!inside) s.count = 0;  // counted in the window where it ended
       add(std::move(s));

@@ -33,24 +33,41 @@ class Page:
              "--ignore-certificate-errors", "--remote-debugging-port=0",
              "--user-data-dir=" + user_dir, "--window-size=1400,900", "about:blank"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        port_file = os.path.join(user_dir, "DevToolsActivePort")
-        deadline = time.monotonic() + 60
-        while not os.path.exists(port_file) or not open(port_file).read().strip():
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                raise RuntimeError("chromium gave no DevTools port")
-            time.sleep(0.05)
-        port = open(port_file).read().split()[0]
-        with urllib.request.urlopen("http://127.0.0.1:%s/json/list" % port) as r:
-            pages = [t for t in json.load(r) if t["type"] == "page"]
-        self.ws = create_connection(pages[0]["webSocketDebuggerUrl"], timeout=120,
-                                    suppress_origin=True)
+        try:
+            port = self._port(os.path.join(user_dir, "DevToolsActivePort"))
+            with urllib.request.urlopen("http://127.0.0.1:%s/json/list" % port) as r:
+                pages = [t for t in json.load(r) if t["type"] == "page"]
+            self.ws = create_connection(pages[0]["webSocketDebuggerUrl"], timeout=120,
+                                        suppress_origin=True)
+        except BaseException:
+            self._stop()
+            raise
         self.next_id = 0
         self.events = []
 
+    def _port(self, port_file):
+        deadline = time.monotonic() + 60
+        while True:
+            if os.path.exists(port_file):
+                with open(port_file) as f:
+                    words = f.read().split()
+                if words:
+                    return words[0]
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError("chromium gave no DevTools port")
+            time.sleep(0.05)
+
+    def _stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
     def close(self):
         self.ws.close()
-        self.proc.kill()
-        self.proc.wait()
+        self._stop()
 
     def call(self, method, **params):
         self.next_id += 1
@@ -170,18 +187,25 @@ def keyboard(page, url, shots):
     page.key("Enter")
     out["zoomed"] = page.eval(TOP)
     out["zoomed_focus"] = page.eval(FOCUSED_NAME)
+    # Enter again on the zoomed bar: no new step in the history.
+    entries = len(page.call("Page.getNavigationHistory")["entries"])
+    page.key("Enter")
+    out["history_steps_of_second_enter"] = \
+        len(page.call("Page.getNavigationHistory")["entries"]) - entries
     page.screenshot(os.path.join(shots, "profile-keyboard-zoom.png"))
     # The browser's Back returns to the whole view, Forward to the zoom; Escape zooms out.
     page.history(-1)
     page.wait_for("document.querySelector('#graph .f').dataset.name !== 'hot_one'")
     out["after_back"] = page.eval(TOP)
+    out["focus_after_back"] = page.eval(FOCUSED_NAME)
     page.history(+1)
     page.wait_for("document.querySelector('#graph .f').dataset.name === 'hot_one'")
     out["after_forward"] = page.eval(TOP)
-    page.eval("document.querySelector('#graph .f').focus()")
+    out["focus_after_forward"] = page.eval(FOCUSED_NAME)
     page.key("Escape")
     page.wait_for("document.querySelector('#graph .f').dataset.name !== 'hot_one'")
     out["after_escape"] = page.eval(TOP)
+    out["focus_after_escape"] = page.eval(FOCUSED_NAME)
     out["bars_after_escape"] = page.eval("document.querySelectorAll('#graph .f').length")
     return out
 
@@ -231,13 +255,15 @@ def render(page, url, base, auth, nodes, shots):
     page.screenshot(os.path.join(shots, "profile-render-cap.png"))
     frame = "new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)))"
     # A redraw (the reset button: the same data drawn again), to the frame after it.
-    # The page's script alone (the click returns once the bars are made), and to the frame.
+    # A redraw (as each key typed in the search box makes; the event returns once the bars
+    # are made, the page's script alone), and to the frame after it.
     draws = []
     for _ in range(5):
         draws.append(page.eval(
             "(async () => { const t0 = performance.now();"
-            " document.getElementById('reset').click(); const t1 = performance.now(); await " +
-            frame + "; return [performance.now() - t0, t1 - t0]; })()", await_promise=True))
+            " document.getElementById('search').dispatchEvent(new Event('input'));"
+            " const t1 = performance.now(); await " + frame +
+            "; return [performance.now() - t0, t1 - t0]; })()", await_promise=True))
     draws.sort()
     out["draw_ms"], out["script_ms"] = draws[len(draws) // 2]
     # A reload: fetch, parse, index and draw, to the frame after it.
@@ -255,7 +281,7 @@ def main():
     mode, base, user, password, path, shots = sys.argv[1:7]
     auth = "Basic " + base64.b64encode((user + ":" + password).encode()).decode()
     os.makedirs(shots, exist_ok=True)
-    with tempfile.TemporaryDirectory() as user_dir:
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as user_dir:
         page = Page(user_dir)
         try:
             page.call("Page.enable")

@@ -1061,7 +1061,8 @@ TEST_CASE("the page by keyboard: search, zoom, back; and its render time at the 
       30s);
   REQUIRE(seen);
   std::this_thread::sleep_for(2s);
-  const std::string driver = "/usr/bin/python3 " SOURCE_DIR "/tests/e2e/page_driver.py ";
+  const std::string driver =
+      "timeout 300 /usr/bin/python3 " SOURCE_DIR "/tests/e2e/page_driver.py ";
   const std::string args = p.base + " " + kUser + " " + kPassword + " ";
   const std::string shots = BINARY_DIR "/test-artifacts";
   const std::string keys =
@@ -1082,10 +1083,15 @@ TEST_CASE("the page by keyboard: search, zoom, back; and its render time at the 
   // Enter zooms: hot_one is the whole width, and keeps the focus.
   CHECK(k["zoomed"] == nlohmann::json::array({"hot_one", "100%"}));
   CHECK(k["zoomed_focus"] == "hot_one");
+  CHECK(k["history_steps_of_second_enter"] == 0);  // already there: no step to undo
   // The browser's Back returns to the whole view, Forward to the zoom, Escape zooms out.
+  // The focus stays on the view's top bar, for the keys that follow.
   CHECK(k["after_back"] == k["top"]);
+  CHECK(k["focus_after_back"] == k["top"][0]);
   CHECK(k["after_forward"] == nlohmann::json::array({"hot_one", "100%"}));
+  CHECK(k["focus_after_forward"] == "hot_one");
   CHECK(k["after_escape"] == k["top"]);
+  CHECK(k["focus_after_escape"] == k["top"][0]);
   CHECK(k["bars_after_escape"] == k["bars"]);
 
   // At the node cap: the daemon's data for the window with a tree of that many nodes in

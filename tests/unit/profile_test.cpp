@@ -479,6 +479,59 @@ TEST_CASE("profile store: a wait spanning batches gives each window its part, no
                                         static_cast<std::uint64_t>((at(0) - kept_since).count()));
 }
 
+TEST_CASE("profile store: names, frames and stacks survive the tables' rebuild") {
+  // 40 batches a second apart, each of its own process, command, workload and stack of 50
+  // frames (2,000 frames in all: the sets grow and rehash); a retention of 10 s expires the
+  // older three quarters, and the tables are rebuilt from what is left.
+  ProfileStore::Limits limits;
+  limits.retention = std::chrono::seconds(10);
+  ProfileStore store(limits);
+  const auto t0 = Clock::now();
+  const auto name = [](const char* what, int i) { return std::string(what) + std::to_string(i); };
+  for (int i = 0; i < 40; ++i) {
+    Sample s = sample(0, SampleKind::OnCpu, 10, 100 + static_cast<std::uint32_t>(i));
+    s.comm = name("comm-", i);
+    s.workload.cgroup = name("/workload.slice/unit-", i) + ".service";
+    s.workload.pod = name("pod-", i);
+    std::vector<Frame> stack;
+    for (int d = 0; d < 50; ++d) stack.push_back(frame(name("f", i) + name("_", d)));
+    store.add_batch(t0 + std::chrono::seconds(i + 1), {s}, {stack});
+  }
+  CHECK(store.samples_kept() == 11);  // the newest and the 10 s before it
+  const std::size_t frames = store.frames_kept();
+  CHECK(frames < 40 * 50);  // rebuilt (when half of the stacks were unused)
+  CHECK(frames >= 11 * 50);
+  const ProfileWindow w = store.window(t0, t0 + std::chrono::seconds(41));
+  REQUIRE(w.samples.size() == 11);
+  for (const Sample& s : w.samples) {
+    const int i = static_cast<int>(s.pid) - 100;
+    INFO("sample of batch " << i);
+    CHECK(i >= 29);
+    CHECK(s.comm == name("comm-", i));
+    CHECK(s.workload.cgroup == name("/workload.slice/unit-", i) + ".service");
+    CHECK(s.workload.pod == name("pod-", i));
+    REQUIRE(w.stacks[s.stack].size() == 50);
+    for (int d = 0; d < 50; ++d) {
+      CHECK(w.frames[w.stacks[s.stack][static_cast<std::size_t>(d)]].function ==
+            name("f", i) + name("_", d));
+    }
+  }
+  // The same names again are found, not added.
+  Sample again = sample(0, SampleKind::OnCpu, 10, 139);
+  again.comm = "comm-39";
+  again.workload.cgroup = "/workload.slice/unit-39.service";
+  again.workload.pod = "pod-39";
+  std::vector<Frame> stack;
+  for (int d = 0; d < 50; ++d) stack.push_back(frame(name("f", 39) + name("_", d)));
+  store.add_batch(t0 + std::chrono::seconds(42), {again}, {stack});
+  CHECK(store.frames_kept() <= frames);  // none added (an older batch may have gone)
+  const ProfileWindow last =
+      store.window(t0 + std::chrono::seconds(41), t0 + std::chrono::seconds(42));
+  REQUIRE(last.samples.size() == 1);
+  CHECK(last.samples[0].comm == "comm-39");
+  CHECK(last.samples[0].workload.pod == "pod-39");
+}
+
 TEST_CASE("profile store: a window of one process, thread, command or workload") {
   ProfileStore store;
   const auto t0 = Clock::now();
