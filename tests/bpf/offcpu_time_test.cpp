@@ -265,6 +265,26 @@ TEST_CASE(
       CHECK(test::holds_in_order(user, {"wait_for_signal", "wait_all", "waiter", "start_thread"}));
     }
   }
+  // Where one is missing: every slow event of the workload, and how the tracer's unwinds
+  // ended and what it dropped.
+  std::string events, counts;
+  for (const auto& e : found.window.events) {
+    if (e.pid != pid) continue;
+    events += "\n  tid " + std::to_string(e.tid) + ", " + std::to_string(e.latency_ns / 1000) +
+              " us" + (e.stack_at_start ? ", stack at start" : "") + ": " +
+              test::chain_text(test::user_functions(e, found.window));
+  }
+  for (const auto& f : test::collect(store)) {
+    if (f.name != "ebpf_metricsd_slow_unwinds_total" &&
+        f.name != "ebpf_metricsd_dropped_events_total")
+      continue;
+    for (const auto& m : f.metric) {
+      std::string labels;
+      for (const auto& l : m.label) labels += l.name + "=" + l.value + " ";
+      counts += "\n  " + f.name + " " + labels + std::to_string(m.counter.value);
+    }
+  }
+  INFO("slow events of the workload:" << events << "\ncounts:" << counts);
   CHECK(reads == kWaits);
   CHECK(conds >= 1);
   const auto fams = test::collect(store);
