@@ -10,8 +10,8 @@
 //    -fno-omit-frame-pointer -mno-omit-leaf-frame-pointer;
 //  - a reader thread blocks in read(2), called through the C library from wait_on_pipe()
 //    (reader -> read_all -> wait_on_pipe -> read), until a feeder thread writes a byte,
-//    which it does only once the reader has switched out, and 20 ms later: every read
-//    blocks;
+//    which it does only once the reader has switched out inside read(2), and 20 ms later:
+//    every read blocks;
 //  - a waiter thread blocks in pthread_cond_wait() from wait_for_signal() (waiter ->
 //    wait_all -> wait_for_signal), signalled by the feeder the same way.
 // Usage: profile_workload CPU_MS READS: rounds until the main thread has used CPU_MS of
@@ -161,13 +161,30 @@ static int blocked_since(volatile pid_t *tid, volatile long *before) {
   if ((at = strstr(text, "\nvoluntary_ctxt_switches:"))) switches = strtol(at + 25, NULL, 10);
   return state == 'S' && *before >= 0 && switches > *before;
 }
+// Whether thread tid is inside system call nr (its /proc syscall file starts with it): a
+// thread can switch out asleep elsewhere first (a lock of the dynamic loader), and then find
+// its byte waiting when it reaches the call.
+static int in_syscall(volatile pid_t *tid, int nr) {
+  char path[64], text[64];
+  ssize_t n;
+  int fd;
+  snprintf(path, sizeof path, "/proc/self/task/%d/syscall", (int)*tid);
+  fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  n = pread(fd, text, sizeof text - 1, 0);
+  close(fd);
+  if (n <= 0) return 0;
+  text[n] = 0;
+  return (int)strtol(text, NULL, 10) == nr && text[0] >= '0' && text[0] <= '9';
+}
 
 static void *feeder(void *arg) {
   const struct timespec wait = {0, 20 * 1000 * 1000}, poll = {0, 100 * 1000};
 
   (void)arg;
   for (int i = 0; i < reads; i++) {
-    while (!blocked_since(&reader_tid, &reader_switches_before)) nanosleep(&poll, NULL);
+    while (!blocked_since(&reader_tid, &reader_switches_before) || !in_syscall(&reader_tid, 0))
+      nanosleep(&poll, NULL);
     nanosleep(&wait, NULL);
     reader_switches_before = -1;
     if (write(fds[1], "x", 1) != 1) exit(2);
