@@ -138,25 +138,32 @@ static void *waiter(void *arg) {
   return NULL;
 }
 
-// Whether thread tid has switched out since it stored its count in *before (state S
-// alone shows before the switch).
-static int blocked_since(volatile pid_t *tid, volatile long *before) {
-  char path[64], text[2048];
-  const char *at;
-  long switches = -1;
-  char state = '?';
+// Thread tid's /proc/self/task/TID/`file` into text (NUL-terminated); 0 when unread.
+// pread(2), not read(2): the reader's reads are the process's only read(2) calls.
+static int task_file(volatile pid_t *tid, const char *file, char *text, size_t size) {
+  char path[64];
   ssize_t n;
   int fd;
 
   if (!*tid) return 0;
-  snprintf(path, sizeof path, "/proc/self/task/%d/status", (int)*tid);
-  /* pread(2), not read(2): the reader's reads are the process's only read(2) calls. */
+  snprintf(path, sizeof path, "/proc/self/task/%d/%s", (int)*tid, file);
   fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return 0;
-  n = pread(fd, text, sizeof text - 1, 0);
+  n = pread(fd, text, size - 1, 0);
   close(fd);
   if (n <= 0) return 0;
   text[n] = 0;
+  return 1;
+}
+// Whether thread tid has switched out since it stored its count in *before (state S
+// alone shows before the switch).
+static int blocked_since(volatile pid_t *tid, volatile long *before) {
+  char text[2048];
+  const char *at;
+  long switches = -1;
+  char state = '?';
+
+  if (!task_file(tid, "status", text, sizeof text)) return 0;
   if ((at = strstr(text, "\nState:"))) sscanf(at + 7, " %c", &state);
   if ((at = strstr(text, "\nvoluntary_ctxt_switches:"))) switches = strtol(at + 25, NULL, 10);
   return state == 'S' && *before >= 0 && switches > *before;
@@ -165,17 +172,10 @@ static int blocked_since(volatile pid_t *tid, volatile long *before) {
 // thread can switch out asleep elsewhere first (a lock of the dynamic loader), and then find
 // its byte waiting when it reaches the call.
 static int in_syscall(volatile pid_t *tid, int nr) {
-  char path[64], text[64];
-  ssize_t n;
-  int fd;
-  snprintf(path, sizeof path, "/proc/self/task/%d/syscall", (int)*tid);
-  fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  n = pread(fd, text, sizeof text - 1, 0);
-  close(fd);
-  if (n <= 0) return 0;
-  text[n] = 0;
-  return (int)strtol(text, NULL, 10) == nr && text[0] >= '0' && text[0] <= '9';
+  char text[64];
+
+  if (!task_file(tid, "syscall", text, sizeof text)) return 0;
+  return text[0] >= '0' && text[0] <= '9' && (int)strtol(text, NULL, 10) == nr;
 }
 
 static void *feeder(void *arg) {
