@@ -20,12 +20,16 @@
 #     `unwind: cfi` (registers and a copy of the stack's top, a ring record) and
 #     `frame_pointers` (the walk, an in-kernel count), against bpftrace's `profile:hz:99`
 #     probe counting user and kernel stacks; the CPU-bound workload on CPU 0. With it, the
-#     daemon's CPU per sample unwound (ebpf_metricsd_profile_unwind_cpu_seconds_total).
+#     daemon's CPU per sample unwound (ebpf_metricsd_profile_unwind_cpu_seconds_total);
+#  6. the read of every thread at each cut (the task iterator profile_threads: the threads'
+#     accounting and the waits in progress): kernel time per thread visited, and the daemon's
+#     CPU time a second (one cut every 5 s drain) with the host's threads alone and with
+#     10,000 idle threads more.
 # Root; run from the repository root after building.
-#   bash bench/profile_bench.sh [rounds] ["sections"]   (e.g. 3 "1 5"; all five by default)
+#   bash bench/profile_bench.sh [rounds] ["sections"]   (e.g. 3 "1 5"; all six by default)
 set -euo pipefail
 rounds=${1:-5}
-sections=${2:-1 2 3 4 5}
+sections=${2:-1 2 3 4 5 6}
 want() { [[ " $sections " == *" $1 "* ]]; }
 build=${BUILD:-build}
 workload=$build/tests/profile_workload_nofp
@@ -174,27 +178,28 @@ echo "  before ${rss0} KiB, peak ${peak} KiB, after $(rss) KiB"
 curl -s "$url" | grep -E '^ebpf_metricsd_profile_cache_entries' | sed 's/^/  /'
 fi
 
-if want 5; then
-# 5. Kernel ns per on-CPU sample, ours against bpftrace's profile:hz.
-prog_ns() {  # prog_ns NAME: "run_time_ns run_cnt" of the perf_event program NAME
+prog_ns() {  # prog_ns TYPE NAME: "run_time_ns run_cnt" of the TYPE programs named NAME
   bpftool prog show --json | python3 -c '
 import json, sys
 ns = cnt = 0
 for p in json.load(sys.stdin):
-    if p.get("type") == "perf_event" and p.get("name") == sys.argv[1]:
+    if p.get("type") == sys.argv[1] and p.get("name") == sys.argv[2]:
         ns += p.get("run_time_ns", 0); cnt += p.get("run_cnt", 0)
-print(ns, cnt)' "$1"
-}
-metric_sum() { curl -s "$url" | awk -v m="$1" 'index($0, m) == 1 {s += $NF} END {print s + 0}'; }
-per_sample() {  # per_sample NAME: ns per run of NAME (every CPU's samples) over 3 s of the workload's CPU
-  read -r a0 c0 < <(prog_ns "$1")
-  taskset -c 0 "$workload" 3000 0 >/dev/null
-  read -r a1 c1 < <(prog_ns "$1")
-  echo "($a1 - $a0) / ($c1 - $c0)" | bc -l
+print(ns, cnt)' "$1" "$2"
 }
 stats_before=$(sysctl -n kernel.bpf_stats_enabled)
-sysctl -q kernel.bpf_stats_enabled=1
 trap 'sysctl -q kernel.bpf_stats_enabled='"$stats_before"'; if [[ -n $pid ]]; then kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; fi; rm -rf "$dir"' EXIT
+
+if want 5; then
+# 5. Kernel ns per on-CPU sample, ours against bpftrace's profile:hz.
+metric_sum() { curl -s "$url" | awk -v m="$1" 'index($0, m) == 1 {s += $NF} END {print s + 0}'; }
+per_sample() {  # per_sample NAME: ns per run of NAME (every CPU's samples) over 3 s of the workload's CPU
+  read -r a0 c0 < <(prog_ns perf_event "$1")
+  taskset -c 0 "$workload" 3000 0 >/dev/null
+  read -r a1 c1 < <(prog_ns perf_event "$1")
+  echo "($a1 - $a0) / ($c1 - $c0)" | bc -l
+}
+sysctl -q kernel.bpf_stats_enabled=1
 config "$dir/s_cfi.yaml" 99 true false cfi
 config "$dir/s_fp.yaml" 99 true false frame_pointers
 : >"$dir/s_cfi"; : >"$dir/s_fp"; : >"$dir/s_bt"; : >"$dir/s_unwind"
@@ -223,7 +228,7 @@ for _ in $(seq "$rounds"); do
   bpftrace -e 'profile:hz:99 { @[ustack, kstack] = count(); }' >/dev/null 2>&1 &
   bt=$!
   for _ in $(seq 100); do
-    [[ $(prog_ns 99) != "0 0" ]] && break
+    [[ $(prog_ns perf_event 99) != "0 0" ]] && break
     sleep 0.1
   done
   per_sample 99 >>"$dir/s_bt"
@@ -234,4 +239,46 @@ printf '  profile, unwind: cfi             %.0f ns  (registers, the stack top co
 printf '  profile, unwind: frame_pointers  %.0f ns  (the walk, counted in the kernel)\n' "$(median <"$dir/s_fp")"
 printf '  bpftrace profile:hz:99           %.0f ns  (@[ustack, kstack] = count())\n' "$(median <"$dir/s_bt")"
 printf '  daemon CPU per sample unwound    %.0f ns  (cfi: CFI unwinding and naming, a warm workload; other processes sampled meanwhile count too)\n' "$(median <"$dir/s_unwind")"
+fi
+
+if want 6; then
+# 6. The threads read at each cut: kernel ns per thread visited by the iterator (it runs once
+#    a thread), and the daemon's CPU a second over 30 s (six drains), without and with 10,000
+#    idle threads more (a Python process whose threads wait on one event).
+sysctl -q kernel.bpf_stats_enabled=1
+config "$dir/threads.yaml" 19 true true
+daemon_ns() { awk '{print $1}' "/proc/$pid/schedstat"; }
+threads_run() {  # prints "daemon_ns_per_s iterator_ns_per_thread threads_on_host"
+  start_daemon "$dir/threads.yaml"
+  sleep 6
+  read -r a0 c0 < <(prog_ns tracing profile_threads)
+  local d0; d0=$(daemon_ns)
+  sleep 30
+  read -r a1 c1 < <(prog_ns tracing profile_threads)
+  local d1; d1=$(daemon_ns)
+  stop_daemon
+  echo "$(( (d1 - d0) / 30 )) $(echo "($a1 - $a0) / ($c1 - $c0)" | bc -l) $(ls /proc/[0-9]*/task | grep -c '^[0-9]')"
+}
+: >"$dir/t_base"; : >"$dir/t_many"
+for _ in $(seq "$rounds"); do
+  threads_run >>"$dir/t_base"
+  /usr/bin/python3 -c '
+import threading
+threading.stack_size(32768)
+e = threading.Event()
+for _ in range(10000):
+    threading.Thread(target=e.wait, daemon=True).start()
+print("ready", flush=True)
+e.wait()' >"$dir/idle.out" &
+  idle=$!
+  for _ in $(seq 600); do grep -q ready "$dir/idle.out" 2>/dev/null && break; sleep 0.1; done
+  threads_run >>"$dir/t_many"
+  kill "$idle"; wait "$idle" 2>/dev/null || true
+done
+col() { awk -v c="$1" '{print $c}' | median; }
+echo "Threads read at each cut (median of $rounds, 30 s each):"
+printf '  host alone         %s threads, iterator %.0f ns a thread, daemon %.2f ms of CPU a second\n' \
+  "$(col 3 <"$dir/t_base")" "$(col 2 <"$dir/t_base")" "$(echo "$(col 1 <"$dir/t_base") / 1000000" | bc -l)"
+printf '  + 10,000 threads   %s threads, iterator %.0f ns a thread, daemon %.2f ms of CPU a second\n' \
+  "$(col 3 <"$dir/t_many")" "$(col 2 <"$dir/t_many")" "$(echo "$(col 1 <"$dir/t_many") / 1000000" | bc -l)"
 fi

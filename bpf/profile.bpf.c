@@ -16,6 +16,11 @@
  *    the thread's own context and only for the long waits; where it blocked
  *    elsewhere (a page fault), or without `unwind: cfi`, it is walked by frame
  *    pointer when it blocks. A shorter wait costs one comparison more.
+ * The system call a thread blocks in is recorded with its wait in both modes.
+ * At each read, user space runs the task iterator profile_threads: every
+ * thread's scheduler accounting (time on a CPU, time runnable) and the wait
+ * it is in now, which windows ending then count up to then; a thread that
+ * exits leaves its last accounting in thread_ends.
  * A wait that began before the batch it ends in (batch_begin_ns, set at each
  * read), or that ends while user space swaps the maps (the swap takes effect at
  * some moment of it), says when it began and ended (profile_key.began), for
@@ -351,12 +356,16 @@ static __always_inline int on_switch(void *ctx, bool preempt,
 				     PROFILE_DROP_WAKE_MISSED);
 		if (s) {
 			bool user = !(EMD_READ(raw, prev, flags) & PF_KTHREAD);
+			/* The system call it waits in, recorded with the
+			 * wait in both modes (where it returns to: the
+			 * CFI mode's sys_exit takes the stack there). */
+			bool in_call =
+			    user && emd_syscall_site_here(&s->site, prev_state);
 
 			if (waits_at_sys_exit && user &&
 			    (prev_state & EMD_TASK_STOPPED_OR_TRACED))
 				emd_count_drop(&drops, PROFILE_DROP_STOPPED);
-			if (waits_at_sys_exit && user &&
-			    emd_syscall_site_here(&s->site, prev_state)) {
+			if (waits_at_sys_exit && in_call) {
 				if (raw)
 					s->kstack = emd_stack_take(ctx, 2, 0);
 			} else {
@@ -379,7 +388,7 @@ static __always_inline int on_switch(void *ctx, bool preempt,
 		key.cgroup = EMD_READ(raw, next, cgroups, dfl_cgrp, kn, id);
 	BPF_CORE_READ_STR_INTO(&key.comm, next, comm);
 	kstack = emd_offcpu_kstack(next, s, raw, 2);
-	if (s->site.nr >= 0) {
+	if (waits_at_sys_exit && s->site.nr >= 0) {
 		/* In a system call: its user stack when it returns. */
 		loss = emd_syscall_wait_add(s, now, waited, kstack, &flush);
 		if (loss != EMD_SYSCALL_WAIT_KEPT)
@@ -507,6 +516,96 @@ SEC("raw_tp/sched_process_exit")
 int BPF_PROG(profile_thread_exit_raw, struct task_struct *p)
 {
 	thread_exits(true);
+	return 0;
+}
+
+/* The last accounting of threads that exited since the last read, by thread
+ * id: read and emptied by user space at each cut. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, struct profile_thread);
+} thread_ends SEC(".maps");
+
+/* The scheduler's accounting of task t, seen at `now`. Profiled threads only:
+ * with `workloads`, those of processes the profile has seen (announced). */
+static __always_inline bool thread_accounting(struct task_struct *t, __u64 now,
+					      struct profile_thread *r)
+{
+	r->tgid = BPF_CORE_READ(t, tgid);
+	r->tid = BPF_CORE_READ(t, pid);
+	r->kernel = !!(BPF_CORE_READ(t, flags) & PF_KTHREAD);
+	if (nr_workloads &&
+	    (r->kernel || !bpf_map_lookup_elem(&announced, &r->tgid)))
+		return false;
+	r->start = BPF_CORE_READ(t, start_time);
+	r->on_cpu = BPF_CORE_READ(t, se.sum_exec_runtime);
+	if (bpf_core_field_exists(t->sched_info.run_delay))
+		r->run_delay = BPF_CORE_READ(t, sched_info.run_delay);
+	r->now = now;
+	r->syscall = -1;
+	if (emd_by_cgroup)
+		r->cgroup = BPF_CORE_READ(t, cgroups, dfl_cgrp, kn, id);
+	BPF_CORE_READ_STR_INTO(&r->comm, t, comm);
+	return true;
+}
+
+/*
+ * Every thread of the host as it is now, for user space to read at each cut
+ * (bpf_iter): its accounting, and the wait it is in, with the stacks known of
+ * it so far (the kernel stack where it sleeps; its user stack where it was
+ * taken when it blocked, else only where the call returns to).
+ */
+static __always_inline int threads_now(struct bpf_iter__task *ctx, bool raw)
+{
+	struct task_struct *t = ctx->task;
+	struct profile_thread r = {};
+	struct emd_offcpu *s;
+
+	if (!t || !thread_accounting(t, bpf_ktime_get_ns(), &r))
+		return 0;
+	/* Asleep now: a stamp on a thread that runs (or was woken and waits
+	 * for a CPU) is not a wait that goes on. */
+	if (off_cpu_on && emd_task_state(t) != TASK_RUNNING) {
+		s = emd_offcpu_of(t, false, raw, &drops, 0);
+		if (s && s->blocked && r.now - s->blocked >= offcpu_min_ns) {
+			r.blocked = s->blocked;
+			r.syscall = s->site.nr;
+			r.ip = s->site.ip;
+			r.ustack = s->ustack;
+			r.kstack = raw ? s->kstack : emd_stack_take_task(t, 4);
+		}
+	}
+	bpf_seq_write(ctx->meta->seq, &r, sizeof(r));
+	return 0;
+}
+
+SEC("iter/task")
+int profile_threads_btf(struct bpf_iter__task *ctx)
+{
+	return threads_now(ctx, false);
+}
+
+SEC("iter/task")
+int profile_threads_raw(struct bpf_iter__task *ctx)
+{
+	return threads_now(ctx, true);
+}
+
+/* A thread exits: its last accounting, for the time it ran since the last
+ * read. Every kernel has raw_tp; no task state is used. */
+SEC("raw_tp/sched_process_exit")
+int BPF_PROG(profile_thread_end, struct task_struct *p)
+{
+	struct task_struct *t = (struct task_struct *)bpf_get_current_task();
+	struct profile_thread r = {};
+
+	if (!thread_accounting(t, bpf_ktime_get_ns(), &r))
+		return 0;
+	if (bpf_map_update_elem(&thread_ends, &r.tid, &r, BPF_ANY))
+		emd_count_drop(&drops, PROFILE_DROP_THREAD_END);
 	return 0;
 }
 

@@ -64,6 +64,29 @@ struct profile_record {
 	struct emd_ustack ustack; /* last: sent up to the bytes copied */
 };
 
+/*
+ * A thread as the iterator profile_threads sees it when user space reads
+ * (each cut), or as it exits (the map thread_ends): the scheduler's own
+ * accounting of it, and the wait it is in now (blocked 0: none), which counts
+ * up to `now` in the windows that end then.
+ */
+struct profile_thread {
+	__u32 tgid;
+	__u32 tid;
+	__u64 cgroup;
+	__u64 start;	 /* when it began (monotonic ns, task->start_time) */
+	__u64 on_cpu;	 /* ns on a CPU so far (se.sum_exec_runtime) */
+	__u64 run_delay; /* ns runnable, waiting for a CPU (sched_info) */
+	__u64 now;	 /* when it was seen */
+	__u64 blocked;	 /* since when it is blocked, at least offcpu_min; 0 */
+	__u64 kstack;	 /* the wait's stacks (ustack 0: with `unwind: cfi` */
+	__u64 ustack;	 /* inside a system call, taken when it returns) */
+	__u64 ip;	 /* inside a system call: where it returns to */
+	__s32 syscall;	 /* the system call it waits in, -1: none */
+	__u32 kernel;	 /* a kernel thread */
+	char comm[16];
+};
+
 /* A process announced to user space (ring new_processes): seen for the first
  * time (again: 0), or again since it exec'd or mapped more code (again: 1),
  * for its mappings to be read (again). */
@@ -100,6 +123,8 @@ enum profile_drop_reason {
 	PROFILE_DROP_STOPPED = 7,     /* a signal or tracer stop: not the call's
 					 wait; kept with the frame-pointer walk */
 	PROFILE_DROP_WAKE_MISSED = 8, /* a wait whose end was not seen */
+	PROFILE_DROP_THREAD_END = 9,  /* a thread's last accounting not kept
+					 (thread_ends full) */
 	PROFILE_DROP__COUNT,
 };
 

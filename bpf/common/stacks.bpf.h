@@ -24,7 +24,7 @@
 #include "common/maps.bpf.h"
 #include "common/stacks.h"
 
-#define EMD_STACK_SCRATCH_SLOTS 4
+#define EMD_STACK_SCRATCH_SLOTS 5
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);

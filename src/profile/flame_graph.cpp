@@ -128,6 +128,7 @@ struct Times {
   std::uint32_t pid = 0;
   std::string comm, workload;
   std::uint64_t on = 0, off = 0;
+  std::optional<std::uint64_t> runq;  // runnable, waiting for a CPU (the kernel's accounting)
 };
 
 nlohmann::json times_json(const std::map<std::uint32_t, Times>& by_id, const char* id,
@@ -143,6 +144,7 @@ nlohmann::json times_json(const std::map<std::uint32_t, Times>& by_id, const cha
   for (const auto& [key, t] : most) {
     nlohmann::json j = {{id, key}, {"comm", t->comm}, {"on", t->on}, {"off", t->off}};
     if (std::string_view(id) == "tid") j["pid"] = t->pid;
+    if (t->runq) j["runq"] = *t->runq;
     if (!t->workload.empty()) j["workload"] = t->workload;
     out.push_back(std::move(j));
   }
@@ -224,6 +226,20 @@ std::string flame_graph_json(const ProfileWindow& w, FlameGrouping grouping, std
   };
   add_window(w, false);
   if (select.base) add_window(*select.base, true);
+  // Each thread's on-CPU time from the scheduler's accounting where the window has it (not
+  // from the samples), and its time runnable, waiting for a CPU.
+  if (selection && w.accounted) {
+    for (auto& [tid, t] : threads) t.on = 0;
+    for (const ThreadTime& a : w.threads) {
+      Times& t = threads[a.tid];
+      if (t.comm.empty()) {
+        t.pid = a.pid;
+        t.comm = a.comm;
+      }
+      t.on = a.on_cpu_ns;
+      t.runq = a.run_delay_ns;
+    }
+  }
   // Keep the heaviest nodes, parents before children, up to max_nodes (by the time shown;
   // a node only the base window has comes last).
   const auto weight = [](const Node* n) { return std::make_pair(n->on + n->off, n->base); };
@@ -266,7 +282,10 @@ std::string flame_graph_json(const ProfileWindow& w, FlameGrouping grouping, std
                  {"waits", idle_waits},
                  {"syscalls", idle_syscalls()}};
     j["processes"] = times_json(processes, "pid", kMaxProcesses);
-    if (grouping == FlameGrouping::Thread) j["threads"] = times_json(threads, "tid", max_nodes);
+    if (grouping == FlameGrouping::Thread) {
+      j["threads"] = times_json(threads, "tid", max_nodes);
+      j["threads_exact"] = w.accounted;
+    }
     if (select.base) {
       j["base"] = {{"seconds", seconds(*select.base)},
                    {"from_ms", unix_ms(select.base->wall_begin)}};

@@ -256,10 +256,11 @@ function tables() {
     profile && !scope.some(([k]) => k === "pid" || k === "tid") ? data.processes.slice(0, 10).map((p) => [[String(p.pid), link({ pid: p.pid, tid: null, group: "thread", idle: null })],
       [p.comm], [p.workload || ""], [s(p.on), null, true], [s(p.off), null, true]]) : []);
   table($("threads"), "Threads: time in the window (" + data.seconds.toFixed(0) +
-    " s) on and off the CPU, and its coverage (both / the window)",
-    ["tid", "command", "on-CPU", "off-CPU", "coverage"],
+    " s) on the CPU (" + (data.threads_exact ? "the scheduler's accounting" : "from samples") +
+    "), runnable waiting for a CPU, off the CPU (waits of at least offcpu_min), and coverage ((on + off) / the window)",
+    ["tid", "command", "on-CPU", "runnable", "off-CPU", "coverage"],
     profile && data.threads ? data.threads.map((t) => [[String(t.tid), link({ tid: t.tid })], [t.comm],
-      [s(t.on), null, true], [s(t.off), null, true],
+      [s(t.on), null, true], [t.runq === undefined ? "" : s(t.runq), null, true], [s(t.off), null, true],
       [(100 * (t.on + t.off) / 1e9 / data.seconds).toFixed(1) + "%", null, true]]) : []);
   const rule = $("idle-rule");
   rule.textContent = "";

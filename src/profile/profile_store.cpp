@@ -1,6 +1,7 @@
 #include "ebpf_metricsd/profile/profile_store.h"
 
 #include <algorithm>
+#include <map>
 #include <stdexcept>
 #include <unordered_map>
 #include <utility>
@@ -59,15 +60,20 @@ std::uint32_t ProfileStore::intern(const std::vector<Frame>& frames) {
   return *it;
 }
 
-std::uint32_t ProfileStore::intern_who(const Sample& s) {
-  std::string key = s.comm;
-  for (const std::string* part : {&s.workload.cgroup, &s.workload.pod, &s.workload.container}) {
+std::uint32_t ProfileStore::intern_who(const std::string& comm, const CgroupLabel& workload) {
+  std::string key = comm;
+  for (const std::string* part : {&workload.cgroup, &workload.pod, &workload.container}) {
     key += '\0';
     key += *part;
   }
   const auto [it, fresh] = who_ids_.try_emplace(std::move(key), whos_.size());
-  if (fresh) whos_.push_back({s.comm, s.workload});
+  if (fresh) whos_.push_back({comm, workload});
   return it->second;
+}
+
+ProfileStore::Kept ProfileStore::keep(const Sample& s, std::uint32_t stack) {
+  return {s.pid,   s.tid,  intern_who(s.comm, s.workload), stack, s.syscall, s.kind, s.count, s.ns,
+          s.began, s.ended};
 }
 
 Sample ProfileStore::unpack(const Kept& k) const {
@@ -85,31 +91,51 @@ Sample ProfileStore::unpack(const Kept& k) const {
 }
 
 void ProfileStore::add_batch(Clock::time_point end, std::vector<Sample> samples,
-                             const std::vector<std::vector<Frame>>& stacks) {
-  for (const Sample& s : samples) {
-    if (s.stack >= stacks.size()) throw std::out_of_range("profile sample without its stack");
+                             const std::vector<std::vector<Frame>>& stacks,
+                             std::optional<std::vector<ThreadTime>> threads,
+                             std::vector<Sample> waiting) {
+  for (const std::vector<Sample>* list : {&samples, &waiting}) {
+    for (const Sample& s : *list) {
+      if (s.stack >= stacks.size()) throw std::out_of_range("profile sample without its stack");
+    }
   }
   std::lock_guard lock(mutex_);
-  if (samples.size() > limits_.max_samples) {
-    dropped_ += samples.size() - limits_.max_samples;
-    samples.resize(limits_.max_samples);
+  // Samples first, then the threads' accounting, within max_samples.
+  std::size_t room = limits_.max_samples;
+  if (samples.size() > room) {
+    dropped_ += samples.size() - room;
+    samples.resize(room);
+  }
+  room -= samples.size();
+  if (threads && threads->size() > room) {
+    dropped_ += threads->size() - room;
+    threads->resize(room);
   }
   std::vector<std::uint32_t> ids(stacks.size(), 0);
   std::vector<char> interned(stacks.size(), 0);
-  std::vector<Kept> kept;
-  kept.reserve(samples.size());  // kept for minutes: no room to grow
-  for (const Sample& s : samples) {
-    if (!interned[s.stack]) {
-      ids[s.stack] = intern(stacks[s.stack]);
-      interned[s.stack] = 1;
+  const auto stack_id = [&](std::uint32_t i) {
+    if (!interned[i]) {
+      ids[i] = intern(stacks[i]);
+      interned[i] = 1;
     }
-    kept.push_back({s.pid, s.tid, intern_who(s), ids[s.stack], s.syscall, s.kind, s.count, s.ns,
-                    s.began, s.ended});
+    return ids[i];
+  };
+  Batch batch{last_end_, end, {}, {}, threads.has_value()};
+  batch.samples.reserve(samples.size());  // kept for minutes: no room to grow
+  for (const Sample& s : samples) batch.samples.push_back(keep(s, stack_id(s.stack)));
+  if (threads) {
+    batch.threads.reserve(threads->size());
+    for (const ThreadTime& t : *threads) {
+      batch.threads.push_back(
+          {t.pid, t.tid, intern_who(t.comm, t.workload), t.on_cpu_ns, t.run_delay_ns});
+    }
   }
+  waiting_.clear();
+  for (const Sample& s : waiting) waiting_.push_back(keep(s, stack_id(s.stack)));
   // Every read is a batch, an empty one too: windows of it get their part of the waits
   // that span it.
-  samples_ += kept.size();
-  batches_.push_back({last_end_, end, std::move(kept)});
+  samples_ += batch.samples.size() + batch.threads.size();
+  batches_.push_back(std::move(batch));
   last_end_ = end;
   expire(end);
 }
@@ -144,7 +170,7 @@ void ProfileStore::expire(Clock::time_point now) {
   bool removed = false;
   while (batches_.size() > 1 &&
          (batches_.front().end + limits_.retention < now || samples_ > limits_.max_samples)) {
-    samples_ -= batches_.front().samples.size();
+    samples_ -= batches_.front().samples.size() + batches_.front().threads.size();
     batches_.pop_front();
     removed = true;
   }
@@ -156,33 +182,37 @@ void ProfileStore::compact() {
   // batches when at least half is not.
   std::vector<char> used(stacks_.size(), 0), used_who(whos_.size(), 0);
   std::size_t in_use = 0, whos_in_use = 0;
-  for (const Batch& b : batches_) {
-    for (const Kept& k : b.samples) {
-      if (!used[k.stack]) {
-        used[k.stack] = 1;
-        ++in_use;
-      }
-      if (!used_who[k.who]) {
-        used_who[k.who] = 1;
-        ++whos_in_use;
-      }
+  const auto use_who = [&](std::uint32_t who) {
+    if (!used_who[who]) {
+      used_who[who] = 1;
+      ++whos_in_use;
     }
+  };
+  const auto use = [&](const Kept& k) {
+    if (!used[k.stack]) {
+      used[k.stack] = 1;
+      ++in_use;
+    }
+    use_who(k.who);
+  };
+  for (const Batch& b : batches_) {
+    for (const Kept& k : b.samples) use(k);
+    for (const KeptTime& t : b.threads) use_who(t.who);
   }
+  for (const Kept& k : waiting_) use(k);
   if (whos_in_use * 2 <= whos_.size()) {
     std::vector<Who> whos = std::move(whos_);
     whos_.clear();
     who_ids_.clear();
     std::vector<std::uint32_t> new_who(whos.size(), 0);
-    Sample s;
     for (std::size_t i = 0; i < whos.size(); ++i) {
-      if (!used_who[i]) continue;
-      s.comm = std::move(whos[i].comm);
-      s.workload = std::move(whos[i].workload);
-      new_who[i] = intern_who(s);
+      if (used_who[i]) new_who[i] = intern_who(whos[i].comm, whos[i].workload);
     }
     for (Batch& b : batches_) {
       for (Kept& k : b.samples) k.who = new_who[k.who];
+      for (KeptTime& t : b.threads) t.who = new_who[t.who];
     }
+    for (Kept& k : waiting_) k.who = new_who[k.who];
   }
   if (in_use * 2 > stacks_.size()) return;
   std::vector<Frame> frames = std::move(frames_);
@@ -202,6 +232,7 @@ void ProfileStore::compact() {
   for (Batch& b : batches_) {
     for (Kept& k : b.samples) k.stack = new_stack[k.stack];
   }
+  for (Kept& k : waiting_) k.stack = new_stack[k.stack];
 }
 
 ProfileWindow ProfileStore::window(Clock::time_point from, Clock::time_point to,
@@ -232,29 +263,56 @@ ProfileWindow ProfileStore::window(Clock::time_point from, Clock::time_point to,
     s.began = s.ended = {};
     w.samples.push_back(std::move(s));
   };
+  const auto wanted = [&](std::uint32_t pid, std::uint32_t tid, std::uint32_t who_id) {
+    const Who& who = whos_[who_id];
+    const struct {
+      std::uint32_t pid, tid;
+      const std::string& comm;
+      const CgroupLabel& workload;
+    } named{pid, tid, who.comm, who.workload};
+    return filter.matches(named);
+  };
+  // A kept sample or wait into the window: `inside`, it is of a batch of the window.
+  const auto take = [&](const Kept& kept, bool inside) {
+    const bool spans = kept.began != Clock::time_point{};
+    if (!spans && !inside) return;
+    const std::uint64_t part = spans ? part_within(kept, w.begin, w.end) : kept.ns;
+    if (!inside && part == 0) return;
+    if (!wanted(kept.pid, kept.tid, kept.who)) return;
+    Sample s = unpack(kept);
+    s.ns = part;
+    if (!inside) s.count = 0;  // counted in the window where it ended
+    add(std::move(s));
+  };
+  std::map<std::uint32_t, ThreadTime> threads;
+  w.accounted = !first;
   for (const Batch& b : batches_) {
     if (first) break;
     // A wait is kept in the batch it came with, from the batch where it ended (or the one
     // read while it ended): any batch's may overlap the window.
     const bool inside = b.end > w.begin && b.end <= w.end;
-    for (const Kept& kept : b.samples) {
-      const bool spans = kept.began != Clock::time_point{};
-      if (!spans && !inside) continue;
-      const std::uint64_t part = spans ? part_within(kept, w.begin, w.end) : kept.ns;
-      if (!inside && part == 0) continue;
-      const Who& who = whos_[kept.who];
-      const struct {
-        std::uint32_t pid, tid;
-        const std::string& comm;
-        const CgroupLabel& workload;
-      } named{kept.pid, kept.tid, who.comm, who.workload};
-      if (!filter.matches(named)) continue;
-      Sample s = unpack(kept);
-      s.ns = part;
-      if (!inside) s.count = 0;  // counted in the window where it ended
-      add(std::move(s));
+    for (const Kept& kept : b.samples) take(kept, inside);
+    if (!inside) continue;
+    w.accounted = w.accounted && b.accounted;
+    for (const KeptTime& t : b.threads) {
+      if (!wanted(t.pid, t.tid, t.who)) continue;
+      ThreadTime& sum = threads[t.tid];
+      if (sum.pid != t.pid || sum.comm.empty()) {
+        sum.pid = t.pid;
+        sum.tid = t.tid;
+        sum.comm = whos_[t.who].comm;
+        sum.workload = whos_[t.who].workload;
+      }
+      sum.on_cpu_ns += t.on_cpu_ns;
+      sum.run_delay_ns += t.run_delay_ns;
     }
   }
+  // The waits still in progress at the newest batch's end: their part up to then. None ended,
+  // so none is counted.
+  if (!first) {
+    for (const Kept& kept : waiting_) take(kept, false);
+  }
+  for (auto& [tid, t] : threads) w.threads.push_back(std::move(t));
   if (first) w.begin = w.end = to;
   const auto wall = [now = Clock::now(),
                      wall_now = std::chrono::system_clock::now()](Clock::time_point t) {

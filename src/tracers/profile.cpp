@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <tuple>
 #include <unordered_map>
@@ -132,7 +133,7 @@ class ProfileTracer final : public Tracer {
         drops_(scope,
                drop_reasons<PROFILE_DROP__COUNT>(
                    {"map_full", "thread_state", "announce_full", "syscall_mismatch", "syscall_exec",
-                    "syscall_exited", "syscall_kstack", "stopped", "wake_missed"})),
+                    "syscall_exited", "syscall_kstack", "stopped", "wake_missed", "thread_end"})),
         caches_(scope.declare({"ebpf_metricsd_profile_cache_entries",
                                "Entries of the profile's symbolization caches and tables: "
                                "ELF files open, processes whose mappings are kept, names "
@@ -217,6 +218,12 @@ class ProfileTracer final : public Tracer {
       const bool at_exit = off && waits_at_sys_exit();
       hooks.push_back({p.profile_sys_exit_btf, p.profile_sys_exit_raw, at_exit});
       hooks.push_back({p.profile_thread_exit_btf, p.profile_thread_exit_raw, at_exit});
+      // The threads now (an iterator each cut runs) and as they exit. The iterator reads
+      // the off-CPU state where the switch programs keep it: task storage with tp_btf.
+      const bool storage = off && kind == HookKind::TpBtf;
+      hooks.push_back({p.profile_threads_btf, p.profile_threads_btf, storage, false});
+      hooks.push_back({p.profile_threads_raw, p.profile_threads_raw, !storage, false});
+      hooks.push_back({p.profile_thread_end, p.profile_thread_end});
       return hooks;
     };
     if (options_.off_cpu) {
@@ -254,6 +261,7 @@ class ProfileTracer final : public Tracer {
           skel_->maps.samples, [this](std::span<const std::byte> record) { on_record(record); },
           "profile: samples with user stacks");
     }
+    attach_thread_iterator();
     store_->set_frequency(options_.on_cpu ? options_.frequency : 0);
     store_->set_source([this] { cut(); });
     started_ = true;
@@ -449,6 +457,8 @@ class ProfileTracer final : public Tracer {
       prev = &key;
     }
     for (const auto& e : entries) bpf_map_delete_elem(full, &e.first);
+    // The threads now: before the stacks are read, for the kernel stacks of their waits.
+    std::vector<profile_thread> now = threads_now();
     read_stacks(end);
 
     std::vector<Sample> samples;
@@ -510,10 +520,155 @@ class ProfileTracer final : public Tracer {
       stacks.push_back(k.frames.empty() ? std::vector<Frame>{no_stack()} : k.frames);
       samples.push_back(std::move(s));
     }
-    store_->add_batch(end, std::move(samples), stacks);
+    std::optional<std::vector<profiling::ThreadTime>> accounting;
+    std::vector<Sample> waiting;
+    if (threads_link_) accounting = account(now, waiting, stacks);
+    store_->add_batch(end, std::move(samples), stacks, std::move(accounting), std::move(waiting));
     pending_.on_cpu += on;
     pending_.off_cpu += off;
     forget_unused();
+  }
+
+  // The iterator of the threads now (profile_threads_*), where the kernel has task iterators
+  // (5.8): without it, windows have no accounting of threads and no waits in progress.
+  void attach_thread_iterator() {
+    for (bpf_program* p : {skel_->progs.profile_threads_btf, skel_->progs.profile_threads_raw}) {
+      if (!bpf_program__autoload(p)) continue;
+      threads_link_.reset(bpf_program__attach_iter(p, nullptr));
+      if (!threads_link_) {
+        spdlog::warn(
+            "profile: no task iterator ({}): threads' time comes from samples, and waits count "
+            "once they end",
+            std::strerror(errno));
+      }
+    }
+    threads_seen_at_ = ns_of(profiling::Clock::now());
+  }
+
+  // Every thread's accounting and wait now (the iterator), then those that exited since the
+  // last cut (thread_ends, emptied).
+  std::vector<profile_thread> threads_now() {
+    std::vector<profile_thread> out;
+    if (!threads_link_) return out;
+    const int fd = bpf_iter_create(bpf_link__fd(threads_link_.get()));
+    if (fd < 0) {
+      spdlog::warn("profile: read the threads: {}", std::strerror(errno));
+      return out;
+    }
+    std::vector<std::byte> bytes;
+    std::array<std::byte, 64 * 1024> buf;
+    for (;;) {
+      const ssize_t n = read(fd, buf.data(), buf.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      bytes.insert(bytes.end(), buf.begin(), buf.begin() + n);
+    }
+    close(fd);
+    out.resize(bytes.size() / sizeof(profile_thread));
+    std::memcpy(out.data(), bytes.data(), out.size() * sizeof(profile_thread));
+    const std::size_t alive = out.size();
+    const int ends = bpf_map__fd(skel_->maps.thread_ends);
+    std::vector<__u32> tids;
+    __u32 key = 0, next_key = 0;
+    const void* prev = nullptr;
+    while (bpf_map_get_next_key(ends, prev, &next_key) == 0) {
+      tids.push_back(next_key);
+      key = next_key;
+      prev = &key;
+    }
+    for (__u32 tid : tids) {
+      profile_thread t{};
+      if (bpf_map_lookup_and_delete_elem(ends, &tid, &t) == 0 ||
+          (bpf_map_lookup_elem(ends, &tid, &t) == 0 && bpf_map_delete_elem(ends, &tid) == 0)) {
+        t.blocked = 0;  // exited: its waits are over
+        out.push_back(t);
+      }
+    }
+    exited_from_ = alive;
+    return out;
+  }
+
+  // The threads' time since the last cut, by the kernel's accounting (each thread's from
+  // when it was last seen, or from its start when it began since), and the waits in
+  // progress now, with their stacks appended to `stacks`.
+  std::vector<profiling::ThreadTime> account(const std::vector<profile_thread>& now,
+                                             std::vector<Sample>& waiting,
+                                             std::vector<std::vector<Frame>>& stacks) {
+    std::vector<profiling::ThreadTime> out;
+    const __u64 since = threads_seen_at_;
+    std::unordered_map<__u32, SeenThread> seen;
+    seen.reserve(exited_from_);
+    for (std::size_t i = 0; i < now.size(); ++i) {
+      const profile_thread& t = now[i];
+      const bool exited = i >= exited_from_;
+      // Its values when last seen: by this pass (a thread that exited since), or the last;
+      // none for a thread that began since (all its time counts); else from now on.
+      SeenThread before{};
+      const auto last = [&](const std::unordered_map<__u32, SeenThread>& m) {
+        const auto it = m.find(t.tid);
+        if (it == m.end() || it->second.start != t.start) return false;
+        before = it->second;
+        return true;
+      };
+      if (!last(seen) && !last(threads_seen_) && t.start < since)
+        before = {t.start, t.on_cpu, t.run_delay};
+      if (!exited)
+        seen[t.tid] = {t.start, t.on_cpu, t.run_delay};
+      else
+        seen.erase(t.tid);
+      const __u64 on = t.on_cpu > before.on_cpu ? t.on_cpu - before.on_cpu : 0;
+      const __u64 delay = t.run_delay > before.run_delay ? t.run_delay - before.run_delay : 0;
+      if (on || delay) {
+        profiling::ThreadTime x;
+        x.pid = t.tgid;
+        x.tid = t.tid;
+        x.comm = fixed_name(t.comm);
+        if (options_.cgroup) x.workload = names_.label(t.cgroup);
+        x.on_cpu_ns = on;
+        x.run_delay_ns = delay;
+        out.push_back(std::move(x));
+      }
+      if (exited || t.blocked == 0 || t.now <= t.blocked) continue;
+      Sample w;
+      w.pid = t.tgid;
+      w.tid = t.tid;
+      w.comm = fixed_name(t.comm);
+      if (options_.cgroup) w.workload = names_.label(t.cgroup);
+      w.kind = SampleKind::OffCpu;
+      w.syscall = t.syscall;
+      w.count = 0;  // counted when it ends
+      w.ns = t.now - t.blocked;
+      w.began = monotonic(t.blocked);
+      w.ended = monotonic(t.now);
+      w.stack = static_cast<std::uint32_t>(stacks.size());
+      stacks.push_back(waiting_stack(t));
+      waiting.push_back(std::move(w));
+    }
+    threads_seen_ = std::move(seen);
+    if (!now.empty()) threads_seen_at_ = now.front().now;
+    return out;
+  }
+
+  // The stack of a wait in progress: where it sleeps in the kernel, and its user stack as
+  // far as known now. Inside a system call with `unwind: cfi` that is taken when the call
+  // returns: until then, the function the call returns to, under a frame that says so.
+  std::vector<Frame> waiting_stack(const profile_thread& t) {
+    std::vector<Frame> frames;
+    if (const std::vector<Frame>* k = kernel_frames(t.kstack, SampleKind::OffCpu)) frames = *k;
+    if (t.ustack != 0) {
+      if (const std::vector<Frame>* u = user_frames(t.tgid, t.ustack))
+        frames.insert(frames.end(), u->begin(), u->end());
+    } else if (t.ip != 0 && !t.kernel) {
+      const std::vector<std::uint64_t> ip = {t.ip};
+      std::vector<Frame> leaf = store_->symbolizer().user_frames(t.tgid, ip, options_.lines);
+      frames.insert(frames.end(), leaf.begin(), leaf.end());
+      Frame callers;
+      callers.function = "[waiting: callers known when the call returns]";
+      callers.module = "[unknown]";
+      frames.push_back(std::move(callers));
+    }
+    if (frames.empty()) frames.push_back(no_stack());
+    return frames;
   }
 
   // A bpf_ktime_get_ns() time on the daemon's clock (both are CLOCK_MONOTONIC), and back.
@@ -703,6 +858,15 @@ class ProfileTracer final : public Tracer {
   profiling::UserSymbols::Refusals refused_seen_{};
   Skeleton skel_;
   std::vector<BpfLink> perf_links_;
+  // The threads' accounting: the iterator, each thread's values when last seen, when that
+  // was, and where the exited threads begin in what threads_now() returned.
+  BpfLink threads_link_;
+  struct SeenThread {
+    __u64 start = 0, on_cpu = 0, run_delay = 0;
+  };
+  std::unordered_map<__u32, SeenThread> threads_seen_;
+  __u64 threads_seen_at_ = 0;
+  std::size_t exited_from_ = 0;
   bool started_ = false;
 
   std::mutex cut_mutex_;  // one cut at a time: the drain's and a reader's

@@ -479,6 +479,82 @@ TEST_CASE("profile store: a wait spanning batches gives each window its part, no
                                         static_cast<std::uint64_t>((at(0) - kept_since).count()));
 }
 
+TEST_CASE("profile store: waits in progress count up to the newest batch, then as they end") {
+  ProfileStore store;
+  const auto t0 = Clock::now();
+  const auto at = [&](int ms) { return t0 + std::chrono::milliseconds(ms); };
+  const auto off = [&](int from_ms, int to_ms) {
+    std::uint64_t ns = 0, count = 0;
+    for (const Sample& s : store.window(at(from_ms), at(to_ms)).samples) {
+      if (s.kind != SampleKind::OffCpu) continue;
+      ns += s.ns;
+      count += s.count;
+    }
+    return std::pair{ns, count};
+  };
+  // A thread blocked since 0.5 s, seen so at the reads of 1 s and 2 s (a moment after each).
+  const auto in_progress = [&](int seen_ms) {
+    Sample w = sample(0, SampleKind::OffCpu, static_cast<std::uint64_t>(seen_ms - 500) * 1000000);
+    w.count = 0;
+    w.began = at(500);
+    w.ended = at(seen_ms);
+    return w;
+  };
+  store.add_batch(at(1000), {}, {{frame("pipe_read", true), frame("read")}}, std::nullopt,
+                  {in_progress(1001)});
+  CHECK(off(0, 1000) == std::pair<std::uint64_t, std::uint64_t>{500000000ULL, 0});
+  store.add_batch(at(2000), {}, {{frame("pipe_read", true), frame("read")}}, std::nullopt,
+                  {in_progress(2001)});
+  // The newest read replaced the one before: counted once, up to the window's end.
+  CHECK(off(0, 2000) == std::pair<std::uint64_t, std::uint64_t>{1500000000ULL, 0});
+  CHECK(off(1000, 2000) == std::pair<std::uint64_t, std::uint64_t>{1000000000ULL, 0});
+  // It ends at 2.5 s: kept whole with the batch of its end, counted once; nothing in progress.
+  Sample ended = in_progress(2500);
+  ended.count = 1;
+  store.add_batch(at(3000), {ended}, {{frame("pipe_read", true), frame("read")}});
+  CHECK(off(0, 3000) == std::pair<std::uint64_t, std::uint64_t>{2000000000ULL, 1});
+  CHECK(off(1000, 2000) == std::pair<std::uint64_t, std::uint64_t>{1000000000ULL, 0});
+  CHECK(store.samples_kept() == 1);
+}
+
+TEST_CASE("profile store: the threads' accounting adds up by thread over a window's batches") {
+  ProfileStore store;
+  const auto t0 = Clock::now();
+  const auto at = [&](int ms) { return t0 + std::chrono::milliseconds(ms); };
+  const auto time = [](std::uint32_t pid, std::uint32_t tid, std::uint64_t on, std::uint64_t q) {
+    ThreadTime t;
+    t.pid = pid;
+    t.tid = tid;
+    t.comm = "worker";
+    t.on_cpu_ns = on;
+    t.run_delay_ns = q;
+    return t;
+  };
+  store.add_batch(at(1000), {}, {}, std::vector<ThreadTime>{time(7, 7, 100, 1), time(7, 8, 50, 2)});
+  store.add_batch(at(2000), {}, {}, std::vector<ThreadTime>{time(7, 7, 300, 4), time(9, 9, 10, 0)});
+  const ProfileWindow all = store.window(at(0), at(2000));
+  CHECK(all.accounted);
+  REQUIRE(all.threads.size() == 3);
+  CHECK(all.threads[0].tid == 7);
+  CHECK(all.threads[0].on_cpu_ns == 400);
+  CHECK(all.threads[0].run_delay_ns == 5);
+  CHECK(all.threads[1].on_cpu_ns == 50);
+  CHECK(all.threads[2].pid == 9);
+  // Narrowed to one process, and to the second batch.
+  SampleFilter one;
+  one.pid = 7;
+  CHECK(store.window(at(0), at(2000), one).threads.size() == 2);
+  const ProfileWindow second = store.window(at(1000), at(2000));
+  REQUIRE(second.threads.size() == 2);
+  CHECK(second.threads[0].on_cpu_ns == 300);
+  // Each entry is kept as a sample is, within max_samples.
+  CHECK(store.samples_kept() == 4);
+  // A batch without accounting (no task iterator): a window with it says so.
+  store.add_batch(at(3000), {}, {});
+  CHECK_FALSE(store.window(at(0), at(3000)).accounted);
+  CHECK(store.window(at(0), at(2000)).accounted);
+}
+
 TEST_CASE("profile store: names, frames and stacks survive the tables' rebuild") {
   // 40 batches a second apart, each of its own process, command, workload and stack of 50
   // frames (2,000 frames in all: the sets grow and rehash); a retention of 10 s expires the

@@ -54,6 +54,18 @@ struct Sample {
 // The monotonic clock, which bpf_ktime_get_ns() reads too.
 using Clock = std::chrono::steady_clock;
 
+// The scheduler's own accounting of a thread over a batch (or a window): the time it ran on
+// a CPU and the time it was runnable but waited for one, exact to the nanosecond (not
+// sampled).
+struct ThreadTime {
+  std::uint32_t pid = 0;
+  std::uint32_t tid = 0;
+  std::string comm;
+  CgroupLabel workload;
+  std::uint64_t on_cpu_ns = 0;
+  std::uint64_t run_delay_ns = 0;
+};
+
 // The samples of one window, with the frames their stacks use: a copy, read without locks.
 struct ProfileWindow {
   Clock::time_point begin, end;
@@ -66,6 +78,10 @@ struct ProfileWindow {
   std::vector<Sample> samples;
   std::vector<std::vector<std::uint32_t>> stacks;  // by stack id: frame ids
   std::vector<Frame> frames;                       // by frame id
+  // The threads' accounting in the window, by thread, those the filter keeps; `accounted`:
+  // every batch of the window had it (the kernel side could report it).
+  std::vector<ThreadTime> threads;
+  bool accounted = false;
 };
 
 // Which samples (or slow events) a reader wants: those of one process, one thread, one
@@ -101,8 +117,15 @@ class ProfileStore {
   // indexes `stacks` (each innermost frame first). Samples beyond max_samples are not kept
   // and counted (dropped_samples()). A wait that began before (Sample::began) is kept
   // whole, once: windows take their part of it (window()).
+  // `threads`: the threads' accounting over the batch (nullopt: none could be had), each
+  // entry kept as a sample is against max_samples. `waiting`: the waits in progress at
+  // `end` (Sample::began when each began, ended when it was seen, count 0), indexing
+  // `stacks` too; they replace the previous batch's, and windows take their part of them
+  // as of waits that ended then.
   void add_batch(Clock::time_point end, std::vector<Sample> samples,
-                 const std::vector<std::vector<Frame>>& stacks);
+                 const std::vector<std::vector<Frame>>& stacks,
+                 std::optional<std::vector<ThreadTime>> threads = std::nullopt,
+                 std::vector<Sample> waiting = {});
   // The running profile tracer reads its kernel maps into a batch when called; set while
   // it runs, cleared (nullptr) before it goes.
   void set_source(std::function<void()> cut);
@@ -146,15 +169,24 @@ class ProfileStore {
     std::string comm;
     CgroupLabel workload;
   };
+  struct KeptTime {
+    std::uint32_t pid = 0, tid = 0;
+    std::uint32_t who = 0;
+    std::uint64_t on_cpu_ns = 0, run_delay_ns = 0;
+  };
   struct Batch {
     Clock::time_point begin, end;
     std::vector<Kept> samples;
+    std::vector<KeptTime> threads;
+    bool accounted = false;
   };
   std::uint32_t intern(const std::vector<Frame>& frames);  // caller holds mutex_
-  std::uint32_t intern_who(const Sample& s);               // caller holds mutex_
-  Sample unpack(const Kept& k) const;                      // caller holds mutex_
-  void expire(Clock::time_point now);                      // caller holds mutex_
-  void compact();                                          // caller holds mutex_
+  // caller holds mutex_
+  std::uint32_t intern_who(const std::string& comm, const CgroupLabel& workload);
+  Kept keep(const Sample& s, std::uint32_t stack);  // caller holds mutex_
+  Sample unpack(const Kept& k) const;               // caller holds mutex_
+  void expire(Clock::time_point now);               // caller holds mutex_
+  void compact();                                   // caller holds mutex_
 
   Limits limits_;
   Symbolizer symbolizer_;
@@ -165,6 +197,7 @@ class ProfileStore {
   std::atomic<std::uint32_t> frequency_{0};
   mutable std::mutex mutex_;
   std::deque<Batch> batches_;
+  std::vector<Kept> waiting_;  // the waits in progress at the newest batch's end
   Clock::time_point last_end_ = Clock::now();
   std::size_t samples_ = 0;
   std::uint64_t dropped_ = 0;
