@@ -178,12 +178,15 @@ echo "  before ${rss0} KiB, peak ${peak} KiB, after $(rss) KiB"
 curl -s "$url" | grep -E '^ebpf_metricsd_profile_cache_entries' | sed 's/^/  /'
 fi
 
-prog_ns() {  # prog_ns TYPE NAME: "run_time_ns run_cnt" of the TYPE programs named NAME
+prog_ns() {  # prog_ns TYPE NAME: "run_time_ns run_cnt" of the TYPE programs named NAME (a
+             # name ending in * : those it begins)
   bpftool prog show --json | python3 -c '
 import json, sys
 ns = cnt = 0
+want = sys.argv[2]
 for p in json.load(sys.stdin):
-    if p.get("type") == sys.argv[1] and p.get("name") == sys.argv[2]:
+    name = p.get("name", "")
+    if p.get("type") == sys.argv[1] and (name == want or (want.endswith("*") and name.startswith(want[:-1]))):
         ns += p.get("run_time_ns", 0); cnt += p.get("run_cnt", 0)
 print(ns, cnt)' "$1" "$2"
 }
@@ -247,17 +250,17 @@ if want 6; then
 #    idle threads more (a Python process whose threads wait on one event).
 sysctl -q kernel.bpf_stats_enabled=1
 config "$dir/threads.yaml" 19 true true
-daemon_ns() { awk '{print $1}' "/proc/$pid/schedstat"; }
+daemon_ns() { cat /proc/"$pid"/task/*/schedstat | awk '{s += $1} END {print s}'; }  # all its threads
 threads_run() {  # prints "daemon_ns_per_s iterator_ns_per_thread threads_on_host"
   start_daemon "$dir/threads.yaml"
   sleep 6
-  read -r a0 c0 < <(prog_ns tracing profile_threads)
+  read -r a0 c0 < <(prog_ns tracing 'profile_threads*')
   local d0; d0=$(daemon_ns)
   sleep 30
-  read -r a1 c1 < <(prog_ns tracing profile_threads)
+  read -r a1 c1 < <(prog_ns tracing 'profile_threads*')
   local d1; d1=$(daemon_ns)
   stop_daemon
-  echo "$(( (d1 - d0) / 30 )) $(echo "($a1 - $a0) / ($c1 - $c0)" | bc -l) $(ls /proc/[0-9]*/task | grep -c '^[0-9]')"
+  echo "$(( (d1 - d0) / 30 )) $(echo "($a1 - $a0) / ($c1 - $c0)" | bc -l) $(ls -d /proc/[0-9]*/task/[0-9]* | wc -l)"
 }
 : >"$dir/t_base"; : >"$dir/t_many"
 for _ in $(seq "$rounds"); do
