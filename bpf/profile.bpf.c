@@ -524,7 +524,7 @@ int BPF_PROG(profile_thread_exit_raw, struct task_struct *p)
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(max_entries, 16384);
+	__uint(max_entries, 8192);
 	__type(key, __u32);
 	__type(value, struct profile_thread);
 } thread_ends SEC(".maps");

@@ -220,9 +220,11 @@ class ProfileTracer final : public Tracer {
       hooks.push_back({p.profile_thread_exit_btf, p.profile_thread_exit_raw, at_exit});
       // The threads now (an iterator each cut runs) and as they exit. The iterator reads
       // the off-CPU state where the switch programs keep it: task storage with tp_btf.
+      // An iterator attaches by the kernel's BTF: a kernel without it (btf_path) has none.
       const bool storage = off && kind == HookKind::TpBtf;
-      hooks.push_back({p.profile_threads_btf, p.profile_threads_btf, storage, false});
-      hooks.push_back({p.profile_threads_raw, p.profile_threads_raw, !storage, false});
+      const bool iterate = libbpf_find_vmlinux_btf_id("task", BPF_TRACE_ITER) >= 0;
+      hooks.push_back({p.profile_threads_btf, p.profile_threads_btf, iterate && storage, false});
+      hooks.push_back({p.profile_threads_raw, p.profile_threads_raw, iterate && !storage, false});
       hooks.push_back({p.profile_thread_end, p.profile_thread_end});
       return hooks;
     };
@@ -532,17 +534,18 @@ class ProfileTracer final : public Tracer {
   // The iterator of the threads now (profile_threads_*), where the kernel has task iterators
   // (5.8): without it, windows have no accounting of threads and no waits in progress.
   void attach_thread_iterator() {
-    for (bpf_program* p : {skel_->progs.profile_threads_btf, skel_->progs.profile_threads_raw}) {
-      if (!bpf_program__autoload(p)) continue;
-      threads_link_.reset(bpf_program__attach_iter(p, nullptr));
-      if (!threads_link_) {
-        spdlog::warn(
-            "profile: no task iterator ({}): threads' time comes from samples, and waits count "
-            "once they end",
-            std::strerror(errno));
-      }
-    }
     threads_seen_at_ = ns_of(profiling::Clock::now());
+    bpf_program* iterator = nullptr;
+    for (bpf_program* p : {skel_->progs.profile_threads_btf, skel_->progs.profile_threads_raw}) {
+      if (bpf_program__autoload(p)) iterator = p;
+    }
+    if (iterator) threads_link_.reset(bpf_program__attach_iter(iterator, nullptr));
+    if (!threads_link_) {
+      spdlog::warn(
+          "profile: no task iterator ({}): threads' time comes from samples, and waits count "
+          "once they end",
+          iterator ? std::strerror(errno) : "the kernel's own BTF is not available");
+    }
   }
 
   // Every thread's accounting and wait now (the iterator), then those that exited since the

@@ -8,6 +8,7 @@
 #include "ebpf_metricsd/base/config_error.h"
 #include "ebpf_metricsd/core/tracer.h"
 #include "ebpf_metricsd/http/web_settings.h"
+#include "ebpf_metricsd/profile/profile_store.h"
 
 namespace ebpf_metricsd {
 
@@ -26,9 +27,9 @@ struct Config {
   // What the daemon keeps of the profile and the slow events for /profile and pprof: how
   // long, and at most how much (the oldest go first past either bound).
   struct Profiles {
-    std::chrono::seconds retention{600};
-    std::size_t max_samples = 100000;
-    std::size_t max_slow_events = 100000;
+    std::chrono::seconds retention = profiling::kDefaultRetention;
+    std::size_t max_samples = profiling::ProfileStore::Limits{}.max_samples;
+    std::size_t max_slow_events = profiling::SlowEventStore::Limits{}.max_events;
   } profiles;
   // The kernel's BTF for kernels built without /sys/kernel/btf/vmlinux; "" = that file.
   std::string btf_path;

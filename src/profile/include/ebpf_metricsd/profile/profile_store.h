@@ -102,7 +102,7 @@ class ProfileStore {
   // The config's `profiles` section: how long samples are kept, and at most how many (the
   // memory budget: the oldest batches go first past it).
   struct Limits {
-    std::chrono::seconds retention{600};
+    std::chrono::seconds retention = kDefaultRetention;
     std::size_t max_samples = 100000;  // over all kept batches
   };
   explicit ProfileStore(Limits limits) : limits_(limits) {}

@@ -52,10 +52,13 @@ struct SlowWindow {
 std::string stack_id_text(std::uint64_t id);
 std::optional<std::uint64_t> parse_stack_id(std::string_view text);
 
+// How long profiles and slow events are kept unless `profiles.retention` says otherwise.
+inline constexpr std::chrono::seconds kDefaultRetention{600};
+
 class SlowEventStore {
  public:
   struct Limits {
-    std::chrono::seconds retention{600};
+    std::chrono::seconds retention = kDefaultRetention;
     std::size_t max_events = 100000;
     std::size_t max_frames = 500000;  // over all kept stacks: about 50 MB of names at most
   };
