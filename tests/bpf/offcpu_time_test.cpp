@@ -90,9 +90,13 @@ TEST_CASE("off-CPU time of a sleeping thread matches its sleeps", "[scheduler]")
                 << " returns from blocking), sum " << m->histogram.sample_sum
                 << " s (oracle: " << blocked_s << " s), slept " << slept << " s in the reads");
   // One off-CPU period per return from blocking, as the oracle on the same tracepoint counts
-  // them; every read blocked, so there are at least as many.
+  // them, exactly. Every read blocked: the oracle saw each read's blocked switch-out. Under a
+  // busy host one return that followed was once seen by no program at the tracepoint (39 at
+  // the tracer and the oracle alike, as once in the cgroup test), so the periods are at
+  // least the reads less one.
   CHECK(m->histogram.sample_count == blocked);
-  CHECK(blocked >= kSleeps);
+  CHECK(oracle.blocked_switch_outs() >= kSleeps);
+  CHECK(blocked + 1 >= kSleeps);
   // The same periods' time as the oracle measures it at the same switches: the two programs'
   // clock reads differ by their run time, and where a host stalls a guest's CPU between them,
   // by the stall (5.7 ms in 0.5 s seen). The thread may block outside its reads too (a page
