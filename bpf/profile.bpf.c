@@ -126,6 +126,16 @@ struct {
 
 EMD_DROPS_MAP(PROFILE_DROP__COUNT);
 
+/* The last accounting of threads that exited since the last read, by thread
+ * id: read and emptied by user space at each cut. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 8192);
+	__type(key, __u32);
+	__type(value, struct profile_thread);
+} thread_ends SEC(".maps");
+
 /* Tells user space about process tgid unless it knows it already: the first
  * time it is seen, and again after it exec'd or mapped more code (at most every
  * PROFILE_REANNOUNCE_NS), for its mappings to be read again. */
@@ -326,6 +336,23 @@ keep_without_ustack(struct profile_key *key, const struct emd_syscall_wait *w,
 	add_n(key, w->waits, w->ns, w->began, w->ended);
 }
 
+#define TASK_DEAD_STATE 0x0080
+
+/* A thread's last switch-out (it is dead): its time on a CPU is final only
+ * now, after the rest of its exit, so the counts its exit left in thread_ends
+ * take it (the thread_end program runs before that rest). */
+static __always_inline void thread_final(struct task_struct *prev)
+{
+	__u32 tid = BPF_CORE_READ(prev, pid);
+	struct profile_thread *e = bpf_map_lookup_elem(&thread_ends, &tid);
+
+	if (!e || e->start != BPF_CORE_READ(prev, start_time))
+		return;
+	e->on_cpu = BPF_CORE_READ(prev, se.sum_exec_runtime);
+	if (bpf_core_field_exists(prev->sched_info.run_delay))
+		e->run_delay = BPF_CORE_READ(prev, sched_info.run_delay);
+}
+
 static __always_inline int on_switch(void *ctx, bool preempt,
 				     struct task_struct *prev,
 				     struct task_struct *next,
@@ -339,6 +366,8 @@ static __always_inline int on_switch(void *ctx, bool preempt,
 
 	if (!off_cpu_on)
 		return 0;
+	if (prev_state & TASK_DEAD_STATE)
+		thread_final(prev);
 	now = bpf_ktime_get_ns();
 
 	/* prev, the current task, blocks: its stacks are where it waits. A task
@@ -519,15 +548,6 @@ int BPF_PROG(profile_thread_exit_raw, struct task_struct *p)
 	return 0;
 }
 
-/* The last accounting of threads that exited since the last read, by thread
- * id: read and emptied by user space at each cut. */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(max_entries, 8192);
-	__type(key, __u32);
-	__type(value, struct profile_thread);
-} thread_ends SEC(".maps");
 
 /* The scheduler's accounting of task t, seen at `now`. Profiled threads only:
  * with `workloads`, those of processes the profile has seen (announced). */
