@@ -152,6 +152,17 @@ bool has_function_containing(const ProfileWindow& w, std::uint32_t stack, const 
   return false;
 }
 
+// Whether process `pid` is asleep inside read() (system call 0), as /proc reports it.
+bool asleep_in_read(pid_t pid) {
+  const std::string proc = "/proc/" + std::to_string(pid);
+  std::ifstream stat(proc + "/stat"), call(proc + "/syscall");
+  const std::string text((std::istreambuf_iterator<char>(stat)), {});
+  std::string nr;
+  call >> nr;
+  const auto paren = text.rfind(')');
+  return paren != std::string::npos && text.compare(paren + 1, 3, " S ") == 0 && nr == "0";
+}
+
 // Where a stack ends: innermost first, its outermost user frame.
 bool reaches(const ProfileWindow& w, std::uint32_t stack, const std::string& root) {
   return has_function(w, stack, root, false);
@@ -476,17 +487,7 @@ TEST_CASE("profile: a wait across reads is shared among the windows it spans, cl
   }
   close(report[1]);
   // Blocked: asleep inside read() (system call 0), as the kernel reports it.
-  const std::string proc = "/proc/" + std::to_string(child);
-  REQUIRE(test::wait_until(
-      [&] {
-        std::ifstream stat(proc + "/stat"), call(proc + "/syscall");
-        const std::string text((std::istreambuf_iterator<char>(stat)), {});
-        std::string nr;
-        call >> nr;
-        const auto paren = text.rfind(')');
-        return paren != std::string::npos && text.compare(paren + 1, 3, " S ") == 0 && nr == "0";
-      },
-      std::chrono::seconds(30)));
+  REQUIRE(test::wait_until([&] { return asleep_in_read(child); }, std::chrono::seconds(30)));
   std::vector<profiling::Clock::time_point> marks = {t0};
   for (int i = 0; i < 3; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
@@ -635,16 +636,8 @@ TEST_CASE(
     posix_spawn_file_actions_destroy(&actions);
   }
   const std::string proc = "/proc/" + std::to_string(shell);
-  const bool asleep = test::wait_until(
-      [&] {
-        std::ifstream stat(proc + "/stat"), call(proc + "/syscall");
-        const std::string status((std::istreambuf_iterator<char>(stat)), {});
-        std::string nr;
-        call >> nr;
-        const auto paren = status.rfind(')');
-        return paren != std::string::npos && status.compare(paren + 1, 3, " S ") == 0 && nr == "0";
-      },
-      std::chrono::seconds(60));
+  const bool asleep =
+      test::wait_until([&] { return asleep_in_read(shell); }, std::chrono::seconds(60));
   const auto runtime = [&] {
     std::uint64_t ns = 0;
     std::ifstream(proc + "/schedstat") >> ns;  // se.sum_exec_runtime (one thread)

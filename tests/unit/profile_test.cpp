@@ -414,6 +414,21 @@ TEST_CASE("profile store: new limits keep what is held, within them") {
   CHECK(slow.events_kept() == 1);
 }
 
+namespace {
+
+// A window's off-CPU time and waits.
+std::pair<std::uint64_t, std::uint64_t> off_cpu_in(const ProfileWindow& w) {
+  std::uint64_t ns = 0, count = 0;
+  for (const Sample& s : w.samples) {
+    if (s.kind != SampleKind::OffCpu) continue;
+    ns += s.ns;
+    count += s.count;
+  }
+  return {ns, count};
+}
+
+}  // namespace
+
 TEST_CASE("profile store: a wait spanning batches gives each window its part, none more") {
   ProfileStore::Limits limits;
   limits.retention = std::chrono::seconds(30);
@@ -430,13 +445,7 @@ TEST_CASE("profile store: a wait spanning batches gives each window its part, no
   wait.ended = at(3500);
   store.add_batch(at(4000), {wait}, {{frame("read"), frame("main")}});
   const auto off = [&](int from_ms, int to_ms) {
-    std::uint64_t ns = 0, count = 0;
-    for (const Sample& s : store.window(at(from_ms), at(to_ms)).samples) {
-      if (s.kind != SampleKind::OffCpu) continue;
-      ns += s.ns;
-      count += s.count;
-    }
-    return std::pair{ns, count};
+    return off_cpu_in(store.window(at(from_ms), at(to_ms)));
   };
   // The first batch began when the store was made, a moment before t0: its part of the
   // wait is from 0.5 s to 1 s.
@@ -484,13 +493,7 @@ TEST_CASE("profile store: waits in progress count up to the newest batch, then a
   const auto t0 = Clock::now();
   const auto at = [&](int ms) { return t0 + std::chrono::milliseconds(ms); };
   const auto off = [&](int from_ms, int to_ms) {
-    std::uint64_t ns = 0, count = 0;
-    for (const Sample& s : store.window(at(from_ms), at(to_ms)).samples) {
-      if (s.kind != SampleKind::OffCpu) continue;
-      ns += s.ns;
-      count += s.count;
-    }
-    return std::pair{ns, count};
+    return off_cpu_in(store.window(at(from_ms), at(to_ms)));
   };
   // A thread blocked since 0.5 s, seen so at the reads of 1 s and 2 s (a moment after each).
   const auto in_progress = [&](int seen_ms) {
