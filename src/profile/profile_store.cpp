@@ -107,9 +107,11 @@ void ProfileStore::add_batch(Clock::time_point end, std::vector<Sample> samples,
     samples.resize(room);
   }
   room -= samples.size();
+  bool accounted = threads.has_value();
   if (threads && threads->size() > room) {
     dropped_ += threads->size() - room;
     threads->resize(room);
+    accounted = false;  // some threads' time is not in it
   }
   std::vector<std::uint32_t> ids(stacks.size(), 0);
   std::vector<char> interned(stacks.size(), 0);
@@ -120,7 +122,7 @@ void ProfileStore::add_batch(Clock::time_point end, std::vector<Sample> samples,
     }
     return ids[i];
   };
-  Batch batch{last_end_, end, {}, {}, threads.has_value()};
+  Batch batch{last_end_, end, {}, {}, accounted};
   batch.samples.reserve(samples.size());  // kept for minutes: no room to grow
   for (const Sample& s : samples) batch.samples.push_back(keep(s, stack_id(s.stack)));
   if (threads) {

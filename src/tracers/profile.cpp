@@ -225,7 +225,7 @@ class ProfileTracer final : public Tracer {
       const bool iterate = libbpf_find_vmlinux_btf_id("task", BPF_TRACE_ITER) >= 0;
       hooks.push_back({p.profile_threads_btf, p.profile_threads_btf, iterate && storage, false});
       hooks.push_back({p.profile_threads_raw, p.profile_threads_raw, iterate && !storage, false});
-      hooks.push_back({p.profile_thread_end, p.profile_thread_end});
+      hooks.push_back({p.profile_thread_end, p.profile_thread_end, iterate});
       return hooks;
     };
     if (options_.off_cpu) {
@@ -545,7 +545,14 @@ class ProfileTracer final : public Tracer {
           "profile: no task iterator ({}): threads' time comes from samples, and waits count "
           "once they end",
           iterator ? std::strerror(errno) : "the kernel's own BTF is not available");
+      return;
     }
+    // Every thread's counts now, for the first cut to count from: the time threads ran
+    // before the profile started is not the first window's.
+    const std::vector<profile_thread> now = threads_now();
+    for (std::size_t i = 0; i < exited_from_; ++i)
+      threads_seen_[now[i].tid] = {now[i].start, now[i].on_cpu, now[i].run_delay};
+    if (!now.empty()) threads_seen_at_ = now.front().now;
   }
 
   // Every thread's accounting and wait now (the iterator), then those that exited since the
@@ -563,6 +570,7 @@ class ProfileTracer final : public Tracer {
     for (;;) {
       const ssize_t n = read(fd, buf.data(), buf.size());
       if (n < 0 && errno == EINTR) continue;
+      if (n < 0) spdlog::warn("profile: read the threads: {}", std::strerror(errno));
       if (n <= 0) break;
       bytes.insert(bytes.end(), buf.begin(), buf.begin() + n);
     }
@@ -615,10 +623,11 @@ class ProfileTracer final : public Tracer {
       };
       if (!last(seen) && !last(threads_seen_) && t.start < since)
         before = {t.start, t.on_cpu, t.run_delay};
-      if (!exited)
+      if (!exited) {
         seen[t.tid] = {t.start, t.on_cpu, t.run_delay};
-      else
-        seen.erase(t.tid);
+      } else if (auto it = seen.find(t.tid); it != seen.end() && it->second.start == t.start) {
+        seen.erase(it);  // not another thread that has its id since
+      }
       const __u64 on = t.on_cpu > before.on_cpu ? t.on_cpu - before.on_cpu : 0;
       const __u64 delay = t.run_delay > before.run_delay ? t.run_delay - before.run_delay : 0;
       if (on || delay) {
