@@ -124,6 +124,20 @@ std::uint64_t thread_cpu_ns() {
          static_cast<std::uint64_t>(t.tv_nsec);
 }
 
+// The keys of BPF hash map `fd` as they are now.
+template <class Key>
+std::vector<Key> map_keys(int fd) {
+  std::vector<Key> keys;
+  Key key{}, next_key{};
+  const void* prev = nullptr;
+  while (bpf_map_get_next_key(fd, prev, &next_key) == 0) {
+    keys.push_back(next_key);
+    key = next_key;
+    prev = &key;
+  }
+  return keys;
+}
+
 class ProfileTracer final : public Tracer {
  public:
   using Options = ProfileOptions;
@@ -579,15 +593,7 @@ class ProfileTracer final : public Tracer {
     std::memcpy(out.data(), bytes.data(), out.size() * sizeof(profile_thread));
     const std::size_t alive = out.size();
     const int ends = bpf_map__fd(skel_->maps.thread_ends);
-    std::vector<__u32> tids;
-    __u32 key = 0, next_key = 0;
-    const void* prev = nullptr;
-    while (bpf_map_get_next_key(ends, prev, &next_key) == 0) {
-      tids.push_back(next_key);
-      key = next_key;
-      prev = &key;
-    }
-    for (__u32 tid : tids) {
+    for (__u32 tid : map_keys<__u32>(ends)) {
       profile_thread t{};
       if (bpf_map_lookup_and_delete_elem(ends, &tid, &t) == 0 ||
           (bpf_map_lookup_elem(ends, &tid, &t) == 0 && bpf_map_delete_elem(ends, &tid) == 0)) {
@@ -764,15 +770,7 @@ class ProfileTracer final : public Tracer {
   // found here later too, also when a program found it in the map just before it was
   // deleted.
   void read_stacks(profiling::Clock::time_point now) {
-    std::vector<__u64> keys;
-    __u64 key = 0, next_key = 0;
-    const void* prev = nullptr;
-    while (bpf_map_get_next_key(stacks_fd_, prev, &next_key) == 0) {
-      keys.push_back(next_key);
-      key = next_key;
-      prev = &key;
-    }
-    for (__u64 k : keys) {
+    for (__u64 k : map_keys<__u64>(stacks_fd_)) {
       emd_stack s{};
       if (bpf_map_lookup_elem(stacks_fd_, &k, &s) == 0) {
         auto [at, fresh] = raw_.try_emplace(k);
