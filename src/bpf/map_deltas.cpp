@@ -8,6 +8,8 @@
 #include <ctime>
 #include <span>
 
+#include "ebpf_metricsd/base/clock.h"
+
 namespace ebpf_metricsd {
 
 MapReader& PerCpuDeltas::reader(const bpf_map* map) {
@@ -142,10 +144,7 @@ void SeriesDrain::drain_hash(const bpf_map* map, std::size_t key_size, const Lab
 }
 
 std::uint64_t sweep_stale_stamps(const bpf_map* map, std::chrono::nanoseconds max_age) {
-  timespec now{};
-  clock_gettime(CLOCK_MONOTONIC, &now);  // the clock of bpf_ktime_get_ns()
-  const std::uint64_t now_ns = static_cast<std::uint64_t>(now.tv_sec) * 1'000'000'000ULL +
-                               static_cast<std::uint64_t>(now.tv_nsec);
+  const std::uint64_t now_ns = monotonic_ns();
   const std::uint64_t limit = static_cast<std::uint64_t>(max_age.count());
   const auto r = read_map(map);
   // The stamp is the value's first u64 (some maps keep the event's owner after it).

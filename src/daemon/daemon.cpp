@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "ebpf_metricsd/base/clock.h"
 #include "ebpf_metricsd/bpf/bpf_support.h"
 #include "ebpf_metricsd/core/drain_loop.h"
 #include "ebpf_metricsd/core/tracer_set.h"
@@ -66,13 +67,6 @@ namespace {
 std::string status_line(std::size_t up, std::size_t enabled, std::size_t series) {
   return std::to_string(up) + "/" + std::to_string(enabled) + " tracers up, " +
          std::to_string(series) + " series";
-}
-
-std::uint64_t monotonic_usec() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000 +
-         static_cast<std::uint64_t>(ts.tv_nsec) / 1000;
 }
 
 class Daemon {
@@ -196,7 +190,7 @@ void Daemon::keep_profiles(const Config::Profiles& kept) {
 
 bool Daemon::reload() {
   sd_notifyf(0, "RELOADING=1\nMONOTONIC_USEC=%llu\nSTATUS=reloading %s",
-             static_cast<unsigned long long>(monotonic_usec()), options_.config_path.c_str());
+             static_cast<unsigned long long>(monotonic_ns() / 1000), options_.config_path.c_str());
   spdlog::info("SIGHUP: reloading {}", options_.config_path);
   Config cfg;
   try {

@@ -11,6 +11,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include "ebpf_metricsd/base/clock.h"
 #include "ebpf_metricsd/base/yaml_reader.h"
 #include "ebpf_metricsd/bpf/bpf_support.h"
 #include "ebpf_metricsd/metrics/log2_histogram.h"
@@ -127,10 +128,7 @@ void SlowCapture::hold_from(bpf_map* held, bpf_map* stacks, __u64* swept) {
 void SlowCapture::sweep_held() {
   if (!held_) return;
   const int fd = bpf_map__fd(held_);
-  timespec mono{};
-  clock_gettime(CLOCK_MONOTONIC, &mono);
-  const std::uint64_t now = static_cast<std::uint64_t>(mono.tv_sec) * 1000000000ULL +
-                            static_cast<std::uint64_t>(mono.tv_nsec);
+  const std::uint64_t now = monotonic_ns();
   const std::uint64_t max_hold = std::chrono::nanoseconds(kMaxHold).count();
   std::vector<__u32> tids;
   __u32 key = 0, next = 0;

@@ -25,6 +25,8 @@
 #include <string_view>
 #include <utility>
 
+#include "ebpf_metricsd/base/clock.h"
+
 namespace ebpf_metricsd::profiling {
 
 namespace {
@@ -334,13 +336,6 @@ std::size_t UserSymbols::names() const {
 
 namespace {
 
-// Now on the clock of bpf_ktime_get_ns() (steady_clock is CLOCK_MONOTONIC).
-std::uint64_t monotonic_now_ns() {
-  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                        std::chrono::steady_clock::now().time_since_epoch())
-                                        .count());
-}
-
 // Field 22 of /proc/PID/stat, the start time in clock ticks since boot; 0 when gone.
 std::uint64_t start_time(pid_t tgid) {
   const std::string stat = read_file("/proc/" + std::to_string(tgid) + "/stat");
@@ -553,7 +548,7 @@ struct UserSymbols::Snapshot {
 std::shared_ptr<UserSymbols::Snapshot> UserSymbols::snapshot(pid_t tgid) {
   auto snap = std::make_shared<Snapshot>();
   snap->tgid = tgid;
-  snap->read_ns = monotonic_now_ns();
+  snap->read_ns = monotonic_ns();
   snap->start_time = start_time(tgid);
   if (snap->start_time == 0) return snap;
   std::ifstream maps("/proc/" + std::to_string(tgid) + "/maps");
@@ -644,7 +639,7 @@ void UserSymbols::refresh(pid_t tgid, std::uint64_t taken_by_ns) {
   if (it == processes_.end()) return capture(tgid);
   if (taken_by_ns != 0 && taken_by_ns < it->second.read_ns) return;  // read after the stack
   const auto pause = it->second.refresh_pause;
-  const std::uint64_t now = monotonic_now_ns();
+  const std::uint64_t now = monotonic_ns();
   if (now - it->second.read_ns <
       static_cast<std::uint64_t>(std::chrono::nanoseconds(pause).count())) {
     return;

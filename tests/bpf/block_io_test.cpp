@@ -19,6 +19,7 @@
 #include "../kernel_fixtures.h"
 #include "../metrics_lookup.h"
 #include "../slow_reads.h"
+#include "ebpf_metricsd/base/clock.h"
 #include "ebpf_metricsd/metrics/exposition_format.h"
 #include "ebpf_metricsd/profile/profile_store.h"
 #include "oracle_tool.h"
@@ -302,14 +303,12 @@ TEST_CASE(
   }
   REQUIRE(held >= 0);
   // An event its thread has waited 20 s to return from: as the kernel side holds one.
-  timespec now{};
-  clock_gettime(CLOCK_MONOTONIC, &now);
   emd_slow_held h{};
   h.origin.tgid = 1;
   h.origin.tid = 4000000;  // above pid_max: no thread of the host has it
   std::strcpy(h.origin.comm, "stuck-in-fsync");
   h.origin.site.nr = 74;  // fsync
-  h.ts = static_cast<__u64>(now.tv_sec - 20) * 1000000000ULL + static_cast<__u64>(now.tv_nsec);
+  h.ts = monotonic_ns() - 20'000'000'000ULL;
   h.latency_ns = 3'000'000'000;
   h.slot = 0;
   h.key = 1;  // write

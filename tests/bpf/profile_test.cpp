@@ -27,6 +27,7 @@
 #include "../cgroup_fixture.h"
 #include "../metrics_lookup.h"
 #include "../test_support.h"
+#include "ebpf_metricsd/base/clock.h"
 #include "ebpf_metricsd/bpf/bpf_support.h"
 #include "ebpf_metricsd/profile/pprof.h"
 #include "ebpf_metricsd/profile/profile_store.h"
@@ -477,12 +478,9 @@ TEST_CASE("profile: a wait across reads is shared among the windows it spans, cl
   REQUIRE(child >= 0);
   if (child == 0) {
     char c;
-    timespec b{}, e{};
-    clock_gettime(CLOCK_MONOTONIC, &b);
+    const std::uint64_t begun = monotonic_ns();
     const ssize_t n = read(feed[0], &c, 1);
-    clock_gettime(CLOCK_MONOTONIC, &e);
-    const long long t[2] = {b.tv_sec * 1000000000LL + b.tv_nsec,
-                            e.tv_sec * 1000000000LL + e.tv_nsec};
+    const long long t[2] = {static_cast<long long>(begun), static_cast<long long>(monotonic_ns())};
     _exit(n == 1 && write(report[1], t, sizeof t) == sizeof t ? 0 : 1);
   }
   close(report[1]);

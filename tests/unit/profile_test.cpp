@@ -16,6 +16,7 @@
 #include <set>
 #include <string>
 
+#include "ebpf_metricsd/base/clock.h"
 #include "ebpf_metricsd/base/syscall_names.h"
 #include "ebpf_metricsd/profile/flame_graph.h"
 #include "ebpf_metricsd/profile/pprof.h"
@@ -133,12 +134,6 @@ TEST_CASE("user symbols: code mapped after the mappings were read is named at on
   const std::string modules = temp_file("modules-mapped", "");
   Symbolizer sym({}, kallsyms, modules);
   const auto marker = reinterpret_cast<std::uint64_t>(&emd_profile_unit_marker);
-  const auto now_ns = [] {
-    timespec ts{};
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ULL +
-           static_cast<std::uint64_t>(ts.tv_nsec);
-  };
   // A copy of this binary, mapped after the mappings were read (as a library is by dlopen,
   // or by the dynamic loader just after an exec): the marker at its file offset in it.
   std::uint64_t file_offset = 0;
@@ -160,7 +155,7 @@ TEST_CASE("user symbols: code mapped after the mappings were read is named at on
   const int fd = open(copy.c_str(), O_RDONLY | O_CLOEXEC);
   REQUIRE(fd >= 0);
   const auto size = static_cast<std::size_t>(lseek(fd, 0, SEEK_END));
-  const std::uint64_t before_read = now_ns();
+  const std::uint64_t before_read = monotonic_ns();
   REQUIRE(sym.user_frames(getpid(), std::vector<std::uint64_t>{marker + 1}).size() == 1);
   void* map = mmap(nullptr, size, PROT_READ | PROT_EXEC, MAP_PRIVATE, fd, 0);
   close(fd);
@@ -171,7 +166,7 @@ TEST_CASE("user symbols: code mapped after the mappings were read is named at on
   CHECK(sym.user_frames(getpid(), later, false, before_read).empty());
   // One taken since is, with no pause after the first read (the writes of a program the
   // daemon first saw while its dynamic loader ran come within milliseconds).
-  const auto named = sym.user_frames(getpid(), later, false, now_ns());
+  const auto named = sym.user_frames(getpid(), later, false, monotonic_ns());
   REQUIRE(named.size() == 1);
   CHECK(named[0].function == "emd_profile_unit_marker");
   CHECK(named[0].module == copy);
