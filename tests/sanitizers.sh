@@ -15,8 +15,9 @@ start=$SECONDS
 # about std::regex and std::function under -fsanitize at -O1 (-Wmaybe-uninitialized). The
 # daemon's libraries are compiled as unity builds, 16 files a unit (the tracers, the
 # generated protobuf code and the tests as files of their own): 327 s against 374 s here.
-cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=None -DCMAKE_C_FLAGS="-O1 -g" \
-  -DCMAKE_CXX_FLAGS="-O1 -g" -DEBPF_METRICSD_SANITIZE=address,undefined \
+# Line tables (-g1) are what the sanitizers' reports print: 164 s against 229 s with -g.
+cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=None -DCMAKE_C_FLAGS="-O1 -g1" \
+  -DCMAKE_CXX_FLAGS="-O1 -g1" -DEBPF_METRICSD_SANITIZE=address,undefined \
   -DEBPF_METRICSD_WERROR=OFF -DEBPF_METRICSD_BUILD_BENCH=OFF -DCMAKE_UNITY_BUILD=ON \
   -DCMAKE_UNITY_BUILD_BATCH_SIZE=16 >"$build.configure.log" 2>&1 ||
   { cat "$build.configure.log"; exit 1; }
