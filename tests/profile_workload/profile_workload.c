@@ -2,7 +2,9 @@
 // Debian builds), calling the C library as real programs do:
 //  - the main thread runs rounds of hot_three() and hot_one(), the same loop for 3 and 1
 //    units of work in turn (on-CPU time 3:1 between them, at any machine speed; hot_three's
-//    is in spin_three(), inlined into it), and of
+//    is in spin_three(), inlined into it; each round's unit is drawn between 0.5 and 1.5
+//    of UNIT, so that a sampling period near a round's length cannot lock onto the same
+//    part of every round, as fixed rounds let it in a slow guest), and of
 //    sort_round(), a qsort() whose comparison function compare_slowly() spins: a leaf
 //    called back through the C library, which keeps no frame pointers. All under
 //    main -> run_rounds -> one_round. The loops call tick() now and then, so that they
@@ -72,13 +74,13 @@ __attribute__((noinline, noipa)) void tick(void) { __asm__ volatile(""); }
 
 // hot_three's loop, inlined into it: with source lines, a frame of its own (and the line
 // below, which tests find by its marker, the hottest line of the program).
-static inline __attribute__((always_inline)) void spin_three(void) {
-  SPIN(3 * UNIT); /* the hot line */
+static inline __attribute__((always_inline)) void spin_three(unsigned long unit) {
+  SPIN(3 * unit); /* the hot line */
 }
 
-__attribute__((noinline, noipa)) void hot_three(void) { spin_three(); }
+__attribute__((noinline, noipa)) void hot_three(unsigned long unit) { spin_three(unit); }
 
-__attribute__((noinline, noipa)) void hot_one(void) { SPIN(UNIT); }
+__attribute__((noinline, noipa)) void hot_one(unsigned long unit) { SPIN(unit); }
 
 static long voluntary_switches(void) {
   struct rusage ru;
@@ -215,8 +217,13 @@ __attribute__((noinline, noipa)) void sort_round(void) {
 }
 
 __attribute__((noinline, noipa)) void one_round(void) {
-  hot_three();
-  hot_one();
+  static unsigned long state = 1;
+  unsigned long unit;
+
+  state = state * 6364136223846793005UL + 1442695040888963407UL;
+  unit = UNIT / 2 + (state >> 33) % UNIT;
+  hot_three(unit);
+  hot_one(unit);
   sort_round();
 }
 
