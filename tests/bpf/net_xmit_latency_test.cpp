@@ -126,7 +126,16 @@ TEST_CASE("packets held back by a rate-limiting qdisc: timed through the shared 
   const std::uint64_t timed = h->histogram.sample_count - h0;
   INFO("packets " << packets << " timed " << timed << " (the device sent " << tx1.first - tx0.first
                   << ") mean latency "
-                  << h->histogram.sample_sum / static_cast<double>(h->histogram.sample_count));
+                  << h->histogram.sample_sum / static_cast<double>(h->histogram.sample_count)
+                  << "; dropped: map_full "
+                  << test::counter_value(store, "ebpf_metricsd_dropped_events_total",
+                                         {{"tracer", "net_xmit_latency"}, {"reason", "map_full"}})
+                  << ", recursion "
+                  << test::counter_value(store, "ebpf_metricsd_dropped_events_total",
+                                         {{"tracer", "net_xmit_latency"}, {"reason", "recursion"}})
+                  << "; qdisc: "
+                  << test::run_capture_line("tc -s qdisc show dev " + veth.host() +
+                                            " | grep -m1 Sent"));
   CHECK(packets == kPackets);
   // The newest stamp of the sending CPU stays in its slot; if the qdisc timer sends that one
   // packet from the other CPU, it goes untimed. Every other one is in the shared map.
