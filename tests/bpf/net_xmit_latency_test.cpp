@@ -136,6 +136,15 @@ TEST_CASE("packets held back by a rate-limiting qdisc: timed through the shared 
                   << "; qdisc: "
                   << test::run_capture_line("tc -s qdisc show dev " + veth.host() +
                                             " | grep -m1 Sent"));
+  std::string all_series;
+  for (const auto& f : fams) {
+    if (f.name != "ebpf_net_xmit_packets_total") continue;
+    for (const auto& m : f.metric) {
+      for (const auto& l : m.label) all_series += " " + l.name + "=" + l.value;
+      all_series += ": " + std::to_string(static_cast<long>(m.counter.value)) + ";";
+    }
+  }
+  INFO("every interface's packets:" << all_series);
   CHECK(packets == kPackets);
   // The newest stamp of the sending CPU stays in its slot; if the qdisc timer sends that one
   // packet from the other CPU, it goes untimed. Every other one is in the shared map.
