@@ -2,6 +2,7 @@
 // Reading values back out of a MetricStore, for tests: collect() copies every series out as
 // the exposition would show it (classic buckets in base units).
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -103,6 +104,24 @@ inline double histogram_sum(const MetricStore& store, const std::string& name,
   const auto fams = test::collect(store);
   const auto* m = find_series(fams, name, labels);
   return m ? m->histogram.sample_sum : 0;
+}
+
+// Every counter series of `name` that has the labels `having` (and any others), as
+// " label=value ...: count;" each, for failure messages.
+inline std::string counters_text(const std::vector<CollectedFamily>& fams, const std::string& name,
+                                 const Labels& having) {
+  std::string text;
+  for (const auto& f : fams) {
+    if (f.name != name) continue;
+    for (const auto& m : f.metric) {
+      Labels have;
+      for (const auto& l : m.label) have[l.name] = l.value;
+      if (!std::includes(have.begin(), have.end(), having.begin(), having.end())) continue;
+      for (const auto& [k, v] : have) text += " " + k + "=" + v;
+      text += ": " + std::to_string(static_cast<long long>(m.counter.value)) + ";";
+    }
+  }
+  return text;
 }
 
 inline double counter_value(const MetricStore& store, const std::string& name,
