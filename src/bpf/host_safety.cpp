@@ -4,6 +4,7 @@
 #include <linux/bpf.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <array>
 #include <map>
 #include <memory>
@@ -58,28 +59,77 @@ constexpr std::array<int, 4> kStorageGetHelpers = {BPF_FUNC_task_storage_get,
                                                    BPF_FUNC_sk_storage_get,
                                                    BPF_FUNC_inode_storage_get, kCgrpStorageGet};
 
-enum class StorageUse { None, Direct, Unknown };
+// The helpers a program on a scheduler hook may call besides the local-storage ones (judged
+// by the storage rule: whether local storage may allocate there): none allocates (maps are
+// preallocated where the kernel's hash maps would allocate), sleeps, or wakes a task
+// directly (a ring buffer or perf buffer wakes its reader through irq_work, later, not under
+// the locks). Each was read in the kernels the daemon supports (5.10 .. newest). Anything
+// else, say bpf_send_signal (it takes the target's sighand lock and may wake it), is refused
+// there: a helper is added here only with its reason.
+constexpr std::array<int, 31> kSchedulerHelpers = {
+    BPF_FUNC_map_lookup_elem,
+    BPF_FUNC_map_update_elem,
+    BPF_FUNC_map_delete_elem,
+    BPF_FUNC_probe_read,
+    BPF_FUNC_probe_read_str,
+    BPF_FUNC_probe_read_kernel,
+    BPF_FUNC_probe_read_kernel_str,
+    // With page faults disabled: a page not resident is an error, never a fault taken.
+    BPF_FUNC_probe_read_user,
+    BPF_FUNC_probe_read_user_str,
+    BPF_FUNC_ktime_get_ns,
+    BPF_FUNC_ktime_get_boot_ns,
+    BPF_FUNC_ktime_get_coarse_ns,
+    BPF_FUNC_jiffies64,
+    BPF_FUNC_get_prandom_u32,
+    BPF_FUNC_get_smp_processor_id,
+    BPF_FUNC_get_current_pid_tgid,
+    BPF_FUNC_get_current_uid_gid,
+    BPF_FUNC_get_current_comm,
+    BPF_FUNC_get_current_task,
+    BPF_FUNC_get_current_task_btf,
+    BPF_FUNC_get_current_cgroup_id,
+    BPF_FUNC_current_task_under_cgroup,
+    BPF_FUNC_task_pt_regs,
+    // Per-CPU callchain buffers taken at load; user stacks read with page faults disabled.
+    BPF_FUNC_get_stack,
+    BPF_FUNC_get_task_stack,
+    BPF_FUNC_ringbuf_output,
+    BPF_FUNC_ringbuf_reserve,
+    BPF_FUNC_ringbuf_submit,
+    BPF_FUNC_ringbuf_discard,
+    BPF_FUNC_ringbuf_query,
+    BPF_FUNC_perf_event_output,
+};
 
-// Whether the program calls a local-storage get helper. Before load libbpf shows only the
-// entry function's instructions (subprograms are appended at load), so a call into a
-// subprogram, or a callback handed to a helper, could hide one: Unknown.
-StorageUse storage_use(const bpf_program* prog) {
+template <std::size_t N>
+bool one_of(const std::array<int, N>& helpers, int helper) {
+  return std::find(helpers.begin(), helpers.end(), helper) != helpers.end();
+}
+
+// What an entry function calls: its helpers, in order, once each, and whether it calls a
+// subprogram or hands a callback to a helper. Before load libbpf shows only the entry
+// function's instructions (subprograms are appended at load), so what those call cannot be
+// seen.
+struct Calls {
+  std::vector<int> helpers;
+  bool out_of_sight = false;
+};
+
+Calls calls_of(const bpf_program* prog) {
   const bpf_insn* insns = bpf_program__insns(prog);
   const std::size_t n = bpf_program__insn_cnt(prog);
-  bool unknown = false;
+  Calls calls;
   for (std::size_t i = 0; i < n; ++i) {
     const bpf_insn& in = insns[i];
-    if (in.code == (BPF_JMP | BPF_CALL)) {
-      if (in.src_reg == BPF_PSEUDO_CALL) unknown = true;
-      if (in.src_reg == 0) {
-        for (int helper : kStorageGetHelpers) {
-          if (in.imm == helper) return StorageUse::Direct;
-        }
-      }
-    }
-    if (in.code == (BPF_LD | BPF_IMM | BPF_DW) && in.src_reg == BPF_PSEUDO_FUNC) unknown = true;
+    if (in.code == (BPF_JMP | BPF_CALL) && in.src_reg == BPF_PSEUDO_CALL) calls.out_of_sight = true;
+    if (in.code == (BPF_LD | BPF_IMM | BPF_DW) && in.src_reg == BPF_PSEUDO_FUNC)
+      calls.out_of_sight = true;
+    if (in.code == (BPF_JMP | BPF_CALL) && in.src_reg == 0 &&
+        std::find(calls.helpers.begin(), calls.helpers.end(), in.imm) == calls.helpers.end())
+      calls.helpers.push_back(in.imm);
   }
-  return unknown ? StorageUse::Unknown : StorageUse::None;
+  return calls;
 }
 
 }  // namespace
@@ -140,18 +190,35 @@ std::vector<std::string> host_safety_refusals(bpf_object* obj, const KernelAlloc
   bpf_program* prog;
   bpf_object__for_each_program(prog, obj) {
     if (!bpf_program__autoload(prog)) continue;
-    if (kernel.task_storage || !hook_holds_scheduler_locks(bpf_program__section_name(prog)))
+    if (!hook_holds_scheduler_locks(bpf_program__section_name(prog))) continue;
+    const std::string which =
+        std::string("program ") + bpf_program__name(prog) + " on " + bpf_program__section_name(prog);
+    const Calls calls = calls_of(prog);
+    std::string refused;
+    for (int h : calls.helpers) {
+      if (!one_of(kSchedulerHelpers, h) && !one_of(kStorageGetHelpers, h))
+        refused += (refused.empty() ? "helper " : ", helper ") + std::to_string(h);
+    }
+    if (!refused.empty()) {
+      refusals.push_back(which + " calls " + refused +
+                         " (linux/bpf.h's enum bpf_func_id) under the scheduler's locks, "
+                         "where only helpers that neither allocate, sleep nor wake a task may "
+                         "run");
       continue;
-    const StorageUse use = storage_use(prog);
-    if (use == StorageUse::None) continue;
-    refusals.push_back(
-        std::string("program ") + bpf_program__name(prog) + " on " +
-        bpf_program__section_name(prog) +
-        (use == StorageUse::Direct
-             ? " would create local storage under the scheduler's locks"
-             : " calls a subprogram that may create local storage under the scheduler's locks") +
-        ", and this kernel's local storage allocates from the page allocator (no BPF memory "
-        "allocator for it before Linux 6.4)");
+    }
+    if (calls.out_of_sight) {
+      refusals.push_back(which +
+                         " calls a subprogram or hands a callback to a helper under the "
+                         "scheduler's locks, whose helpers cannot be checked before load");
+      continue;
+    }
+    const bool gets_storage = std::any_of(calls.helpers.begin(), calls.helpers.end(),
+                                          [](int h) { return one_of(kStorageGetHelpers, h); });
+    if (kernel.task_storage || !gets_storage) continue;
+    refusals.push_back(which +
+                       " would create local storage under the scheduler's locks, and this "
+                       "kernel's local storage allocates from the page allocator (no BPF "
+                       "memory allocator for it before Linux 6.4)");
   }
   return refusals;
 }

@@ -1,7 +1,9 @@
 // The host-safety rule (docs/host-safety.md) on BPF objects opened, never loaded: the cases
 // it must judge (tests/unit/bpf/host_safety_cases.bpf.c) and every tracer's object.
 #include <bpf/libbpf.h>
+#include <linux/bpf.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <memory>
 #include <set>
@@ -26,6 +28,12 @@ Cases open_cases() {
   Cases c(host_safety_cases__open(), host_safety_cases__destroy);
   REQUIRE(c);
   return c;
+}
+
+// Whether one of the rule's refusals says `text`.
+bool refused(const std::vector<std::string>& refusals, const std::string& text) {
+  return std::any_of(refusals.begin(), refusals.end(),
+                     [&](const std::string& r) { return r.find(text) != std::string::npos; });
 }
 
 bool preallocated(const bpf_map* map) { return !(bpf_map__map_flags(map) & BPF_F_NO_PREALLOC); }
@@ -56,27 +64,42 @@ TEST_CASE("host safety: which hooks hold the scheduler's locks") {
 TEST_CASE("host safety: task storage made on sched_switch is refused before 6.4, not after") {
   for (const KernelAllocators& k : {kLinux5_10, kLinux6_1}) {
     Cases c = open_cases();
+    bpf_program__set_autoload(c->progs.on_switch_signal, false);
+    bpf_program__set_autoload(c->progs.on_switch_subprog, false);
     const auto refusals = host_safety_refusals(c->obj, k);
-    REQUIRE(refusals.size() == 2);
-    CHECK(refusals[0].find("on_switch_storage on tp_btf/sched_switch would create") !=
-          std::string::npos);
-    // Through a subprogram of its own, which libbpf shows only at load.
-    CHECK(refusals[1].find("on_switch_subprog on tp_btf/sched_switch calls a subprogram") !=
-          std::string::npos);
+    REQUIRE(refusals.size() == 1);
+    CHECK(refused(refusals, "on_switch_storage on tp_btf/sched_switch would create"));
     CHECK_THROWS_AS(make_host_safe(c->obj, k), BpfError);
   }
   Cases c = open_cases();
+  bpf_program__set_autoload(c->progs.on_switch_signal, false);
+  bpf_program__set_autoload(c->progs.on_switch_subprog, false);
   CHECK(host_safety_refusals(c->obj, kLinux6_12).empty());
   // The same helper on sys_enter (no scheduler lock held) passes everywhere.
   bpf_program__set_autoload(c->progs.on_switch_storage, false);
-  bpf_program__set_autoload(c->progs.on_switch_subprog, false);
   CHECK(host_safety_refusals(c->obj, kLinux5_10).empty());
+}
+
+TEST_CASE("host safety: on scheduler hooks only the listed helpers, and no subprogram") {
+  for (const KernelAllocators& k : {kLinux5_10, kLinux6_1, kLinux6_12}) {
+    Cases c = open_cases();
+    bpf_program__set_autoload(c->progs.on_switch_storage, false);
+    const auto refusals = host_safety_refusals(c->obj, k);
+    REQUIRE(refusals.size() == 2);
+    // bpf_send_signal takes the target's sighand lock and may wake it.
+    CHECK(refused(refusals, "on_switch_signal on tp_btf/sched_switch calls helper " +
+                                std::to_string(BPF_FUNC_send_signal) + " "));
+    // A subprogram's instructions are out of sight before load, whatever it calls.
+    CHECK(refused(refusals, "on_switch_subprog on tp_btf/sched_switch calls a subprogram"));
+    CHECK_THROWS_AS(make_host_safe(c->obj, k), BpfError);
+  }
 }
 
 TEST_CASE("host safety: run-time allocated hash maps are preallocated before 6.1, not after") {
   Cases old = open_cases();
   bpf_program__set_autoload(old->progs.on_switch_storage, false);
   bpf_program__set_autoload(old->progs.on_switch_subprog, false);
+  bpf_program__set_autoload(old->progs.on_switch_signal, false);
   const HostSafetyReport r = make_host_safe(old->obj, kLinux5_10);
   CHECK(r.preallocated_maps == std::vector<std::string>{"lazily"});
   CHECK(r.preallocated_bytes >= 64 * 8);
@@ -90,6 +113,7 @@ TEST_CASE("host safety: run-time allocated hash maps are preallocated before 6.1
     Cases c = open_cases();
     bpf_program__set_autoload(c->progs.on_switch_storage, false);
     bpf_program__set_autoload(c->progs.on_switch_subprog, false);
+    bpf_program__set_autoload(c->progs.on_switch_signal, false);
     CHECK(make_host_safe(c->obj, k).preallocated_maps.empty());
     CHECK_FALSE(preallocated(c->maps.lazily));
   }

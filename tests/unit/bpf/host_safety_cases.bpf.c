@@ -7,7 +7,11 @@
  *  - on_switch_hash: inserts into a run-time allocated hash on sched_switch (its map is
  *    preallocated where hash maps allocate from the page allocator);
  *  - on_switch_subprog: calls a function of its own that creates task storage (libbpf
- *    shows a subprogram's instructions only at load: refused as the direct call is);
+ *    shows a subprogram's instructions only at load, so what it calls cannot be checked:
+ *    refused on every kernel);
+ *  - on_switch_signal: sends a signal on sched_switch (bpf_send_signal takes the target's
+ *    sighand lock and may wake it: a helper the rule does not allow under the scheduler's
+ *    locks on any kernel);
  *  - on_enter_storage: creates task storage on sys_enter, where no scheduler lock is held
  *    (allowed everywhere).
  */
@@ -73,6 +77,14 @@ int BPF_PROG(on_switch_hash)
 
 	bpf_map_update_elem(&lazily, &key, &one, BPF_NOEXIST);
 	bpf_map_update_elem(&eager, &key, &one, BPF_NOEXIST);
+	return 0;
+}
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(on_switch_signal, bool preempt, struct task_struct *prev,
+	     struct task_struct *next)
+{
+	bpf_send_signal(10 /* SIGUSR1 */);
 	return 0;
 }
 
