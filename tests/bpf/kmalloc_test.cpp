@@ -102,11 +102,16 @@ TEST_CASE("kmalloc counts agree with an independent counter of the same tracepoi
   const double req0 = value(store, "ebpf_kmalloc_bytes_total", {{"kind", "requested"}});
   const double alloc0 = value(store, "ebpf_kmalloc_bytes_total", {{"kind", "allocated"}});
   const double seq0 = value(store, "ebpf_kmem_cache_alloc_calls_total", {{"cache", "seq_file"}});
+  const double recursion0 = test::recursion_misses(store, "kmalloc");
   workload::read_proc_files(kReads);
   tracer->drain();
   const OracleCounts o1 = read_oracle(oracle.get());
   const double alloc_missed = static_cast<double>(alloc_misses() - am0);
   const double free_missed = static_cast<double>(free_misses() - fm0);
+  // Calls the kernel skipped of ours, counted (reason recursion): where a task is preempted
+  // inside one of the tracer's programs (the newest kernels preempt there), the same
+  // program's next run on that CPU, another task's call, is not made.
+  const double ours_missed = test::recursion_misses(store, "kmalloc") - recursion0;
 
   const double calls = value(store, "ebpf_kmalloc_calls_total") - calls0;
   const double frees = value(store, "ebpf_kfree_calls_total") - frees0;
@@ -120,17 +125,19 @@ TEST_CASE("kmalloc counts agree with an independent counter of the same tracepoi
   INFO("kmalloc " << calls << " (oracle " << o_calls << "), kfree " << frees << " (oracle "
                   << o_frees << "), requested bytes " << req << " (oracle " << o_req
                   << "), seq_file allocs " << seq << "; the oracle missed " << alloc_missed
-                  << " kmallocs, " << free_missed << " kfrees");
-  // Every read opened a seq_file (kmem_cache) and kmalloc'ed its buffer.
-  CHECK(calls >= kReads);
-  if (caches) CHECK(seq >= kReads);
+                  << " kmallocs, " << free_missed << " kfrees; the kernel skipped "
+                  << ours_missed << " runs of the tracer's programs");
+  // Every read opened a seq_file (kmem_cache) and kmalloc'ed its buffer: each seen, or
+  // skipped by the kernel and counted.
+  CHECK(calls + ours_missed >= kReads);
+  if (caches) CHECK(seq + ours_missed >= kReads);
   CHECK(alloc >= req);
   // Only the allocations of the two drains themselves (bpf syscalls) and the instants
   // between an oracle read and a drain can differ.
   CHECK(calls <= o_calls + alloc_missed + edge_events());
-  CHECK(calls >= o_calls * 0.99 - 200);
+  CHECK(calls + ours_missed >= o_calls * 0.99 - 200);
   CHECK(frees <= o_frees + free_missed + edge_events());
-  CHECK(frees >= o_frees * 0.99 - 200);
+  CHECK(frees + ours_missed >= o_frees * 0.99 - 200);
   CHECK(req <= o_req + (alloc_missed + edge_events()) * 8192);
   CHECK(req >= o_req * 0.99 - 200 * 4096);
 }
