@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <utility>
 
 #include "ebpf_metricsd/bpf/bpf_support.h"
 
@@ -191,8 +192,8 @@ std::vector<std::string> host_safety_refusals(bpf_object* obj, const KernelAlloc
   bpf_object__for_each_program(prog, obj) {
     if (!bpf_program__autoload(prog)) continue;
     if (!hook_holds_scheduler_locks(bpf_program__section_name(prog))) continue;
-    const std::string which =
-        std::string("program ") + bpf_program__name(prog) + " on " + bpf_program__section_name(prog);
+    const std::string which = std::string("program ") + bpf_program__name(prog) + " on " +
+                              bpf_program__section_name(prog);
     const Calls calls = calls_of(prog);
     std::string refused;
     for (int h : calls.helpers) {
@@ -200,10 +201,13 @@ std::vector<std::string> host_safety_refusals(bpf_object* obj, const KernelAlloc
         refused += (refused.empty() ? "helper " : ", helper ") + std::to_string(h);
     }
     if (!refused.empty()) {
-      refusals.push_back(which + " calls " + refused +
-                         " (linux/bpf.h's enum bpf_func_id) under the scheduler's locks, "
-                         "where only helpers that neither allocate, sleep nor wake a task may "
-                         "run");
+      std::string reason = which;
+      reason += " calls ";
+      reason += refused;
+      reason +=
+          " (linux/bpf.h's enum bpf_func_id) under the scheduler's locks, where only helpers "
+          "that neither allocate, sleep nor wake a task may run";
+      refusals.push_back(std::move(reason));
       continue;
     }
     if (calls.out_of_sight) {

@@ -125,8 +125,8 @@ TEST_CASE("kmalloc counts agree with an independent counter of the same tracepoi
   INFO("kmalloc " << calls << " (oracle " << o_calls << "), kfree " << frees << " (oracle "
                   << o_frees << "), requested bytes " << req << " (oracle " << o_req
                   << "), seq_file allocs " << seq << "; the oracle missed " << alloc_missed
-                  << " kmallocs, " << free_missed << " kfrees; the kernel skipped "
-                  << ours_missed << " runs of the tracer's programs");
+                  << " kmallocs, " << free_missed << " kfrees; the kernel skipped " << ours_missed
+                  << " runs of the tracer's programs");
   // Every read opened a seq_file (kmem_cache) and kmalloc'ed its buffer: each seen, or
   // skipped by the kernel and counted.
   CHECK(calls + ours_missed >= kReads);
