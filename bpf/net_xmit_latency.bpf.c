@@ -21,6 +21,8 @@
 
 static const struct netxmit_value zero_value = {};
 
+#define NET_XMIT_MASK_VALUE 0x0f /* NET_XMIT_MASK: a macro, not in BTF */
+
 EMD_STAMP_MAPS(queued, NETXMIT_MAX_IN_FLIGHT);
 
 struct {
@@ -167,7 +169,11 @@ static __always_inline int on_xmit(struct sk_buff *skb, int rc,
 	struct netxmit_value *v;
 	__u64 ts;
 
-	if (rc != 0) /* not NETDEV_TX_OK: the skb is requeued and comes back */
+	/* The driver took the packet unless it handed it back to be requeued
+	 * (NETDEV_TX_BUSY, 0x10): it comes back then. Any code below
+	 * NET_XMIT_MASK, a drop or congestion included, and any error, means
+	 * the driver consumed it (dev_xmit_complete()). */
+	if (rc >= NET_XMIT_MASK_VALUE)
 		return 0;
 	ts = emd_stamp_take(&queued_newest, &queued_spilled, (__u64)skb);
 	if (emd_by_cgroup) {

@@ -1,6 +1,7 @@
 // net_xmit_latency on the real kernel: UDP datagrams the test sends over a veth pair into a
 // network namespace it creates, against the interface's counters in /proc/net/dev.
 #include <arpa/inet.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -10,9 +11,34 @@
 
 #include "../kernel_fixtures.h"
 #include "../metrics_lookup.h"
+#include "net_xmit_oracle.skel.h"
 #include "tracer_fixture.h"
 
 using namespace ebpf_metricsd;
+
+namespace {
+
+// The kernel's own report of the device's packets: an independent program on the same
+// tracepoints. The tracer must count exactly what they reported; the device's counter can
+// be higher where a tracepoint did not report a packet the driver sent (seen on 6.18 under
+// a rate-limiting qdisc, about 1 run in 25: bpftrace missed the same packets).
+struct XmitOracle {
+  std::unique_ptr<net_xmit_oracle, void (*)(net_xmit_oracle*)> skel{nullptr,
+                                                                    net_xmit_oracle__destroy};
+  explicit XmitOracle(const std::string& device) {
+    skel.reset(net_xmit_oracle__open());
+    REQUIRE(skel != nullptr);
+    skel->rodata->ifindex = static_cast<int>(if_nametoindex(device.c_str()));
+    REQUIRE(skel->rodata->ifindex > 0);
+    REQUIRE(net_xmit_oracle__load(skel.get()) == 0);
+    REQUIRE(net_xmit_oracle__attach(skel.get()) == 0);
+  }
+  std::uint64_t completed() const { return __atomic_load_n(&skel->bss->completed, __ATOMIC_RELAXED); }
+  std::uint64_t queued() const { return __atomic_load_n(&skel->bss->queued, __ATOMIC_RELAXED); }
+  std::uint64_t busy() const { return __atomic_load_n(&skel->bss->busy, __ATOMIC_RELAXED); }
+};
+
+}  // namespace
 
 TEST_CASE("UDP datagrams over a veth pair: packets, bytes and latency per interface",
           "[net_xmit]") {
@@ -83,6 +109,7 @@ TEST_CASE("packets held back by a rate-limiting qdisc: timed through the shared 
                           " root tbf rate 1mbit burst 1600 latency 500ms") == 0);
   MetricStore store;
   auto tracer = test::start_tracer(store, "net_xmit_latency");
+  const XmitOracle oracle(veth.host());
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   const int fd = socket(AF_INET, SOCK_DGRAM, 0);
   sockaddr_in to{};
@@ -91,6 +118,8 @@ TEST_CASE("packets held back by a rate-limiting qdisc: timed through the shared 
   REQUIRE(inet_pton(AF_INET, "169.254.77.2", &to.sin_addr) == 1);
   const test::Labels iface = {{"interface", veth.host()}};
   const auto tx0 = veth.tx();
+  // The oracle's window encloses the tracer's: read first and last.
+  const std::uint64_t q0 = oracle.queued(), c0 = oracle.completed();
   tracer->drain();
   const double p0 = test::counter_value(store, "ebpf_net_xmit_packets_total", iface);
   const std::uint64_t h0 =
@@ -117,9 +146,12 @@ TEST_CASE("packets held back by a rate-limiting qdisc: timed through the shared 
     tracer->drain();
     return test::counter_value(store, "ebpf_net_xmit_packets_total", iface) - p0;
   };
-  test::wait_until([&] { return counted() >= kPackets; }, std::chrono::seconds(5));
+  test::wait_until(
+      [&] { return counted() >= static_cast<double>(oracle.completed() - c0); },
+      std::chrono::seconds(5));
   const double packets = counted();
   const auto tx1 = veth.tx();
+  const std::uint64_t reported = oracle.completed() - c0, queued = oracle.queued() - q0;
   const auto fams = test::collect(store);
   const auto* h = test::find_series(fams, "ebpf_net_xmit_queue_latency_seconds", iface);
   REQUIRE(h != nullptr);
@@ -135,11 +167,22 @@ TEST_CASE("packets held back by a rate-limiting qdisc: timed through the shared 
                                             " | grep -m1 Sent"));
   INFO(
       "every interface's packets:" << test::counters_text(fams, "ebpf_net_xmit_packets_total", {}));
-  CHECK(packets == kPackets);
+  INFO("the tracepoints reported " << queued << " queued, " << reported << " sent, "
+                                   << oracle.busy() << " handed back busy");
+  // Every datagram was queued once, and the tracer counts exactly the transmits the kernel
+  // reported (the device counts them too, and ARP or IPv6 neighbour packets).
+  CHECK(queued == static_cast<std::uint64_t>(kPackets));
+  CHECK(packets == static_cast<double>(reported));
+  CHECK(tx1.first - tx0.first >= reported);
+  if (reported < static_cast<std::uint64_t>(kPackets)) {
+    WARN(kPackets - reported << " of " << kPackets
+                             << " datagrams sent by the device were not reported by the "
+                                "net_dev_xmit tracepoint");
+  }
   // The newest stamp of the sending CPU stays in its slot; if the qdisc timer sends that one
   // packet from the other CPU, it goes untimed. Every other one is in the shared map.
-  CHECK(timed >= static_cast<std::uint64_t>(kPackets - 1));
-  CHECK(timed <= static_cast<std::uint64_t>(kPackets));
+  CHECK(timed + 1 >= reported);
+  CHECK(timed <= reported);
   // They waited in the qdisc: on average well over a millisecond.
   CHECK(h->histogram.sample_sum / static_cast<double>(h->histogram.sample_count) > 1e-3);
 }
