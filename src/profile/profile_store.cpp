@@ -27,8 +27,7 @@ std::uint64_t part_within(const S& s, Clock::time_point from, Clock::time_point 
 
 }  // namespace
 
-std::size_t ProfileStore::FrameIdHash::operator()(std::uint32_t id) const {
-  const Frame& f = (*frames)[id];
+std::size_t ProfileStore::FrameIdHash::operator()(const Frame& f) const {
   std::size_t h = std::hash<std::string>{}(f.function);
   mix(h, std::hash<std::string>{}(f.module));
   mix(h, std::hash<std::string>{}(f.build_id));
@@ -44,16 +43,26 @@ std::size_t ProfileStore::StackIdHash::operator()(std::uint32_t id) const {
   return h;
 }
 
-std::uint32_t ProfileStore::intern(const std::vector<Frame>& frames) {
+std::uint32_t ProfileStore::intern(const StackView& stack) {
   std::vector<std::uint32_t> ids;
-  ids.reserve(frames.size());
-  for (const Frame& f : frames) {
-    // A candidate at the end of the table: kept when new, taken back when known.
-    frames_.push_back(f);
-    const auto [it, fresh] = frame_ids_.insert(static_cast<std::uint32_t>(frames_.size() - 1));
-    if (!fresh) frames_.pop_back();
-    ids.push_back(*it);
+  std::size_t n = 0;
+  for (const auto& part : stack.parts) n += part.size();
+  ids.reserve(n);
+  for (const auto& part : stack.parts) {
+    for (const Frame& f : part) {
+      if (const auto known = frame_ids_.find(f); known != frame_ids_.end()) {
+        ids.push_back(*known);
+        continue;
+      }
+      frames_.push_back(f);
+      ids.push_back(*frame_ids_.insert(static_cast<std::uint32_t>(frames_.size() - 1)).first);
+    }
   }
+  return intern_ids(std::move(ids));
+}
+
+std::uint32_t ProfileStore::intern_ids(std::vector<std::uint32_t> ids) {
+  // A candidate at the end of the table: kept when new, taken back when known.
   stacks_.push_back(std::move(ids));
   const auto [it, fresh] = stack_ids_.insert(static_cast<std::uint32_t>(stacks_.size() - 1));
   if (!fresh) stacks_.pop_back();
@@ -94,6 +103,15 @@ void ProfileStore::add_batch(Clock::time_point end, std::vector<Sample> samples,
                              const std::vector<std::vector<Frame>>& stacks,
                              std::optional<std::vector<ThreadTime>> threads,
                              std::vector<Sample> waiting) {
+  std::vector<StackView> views(stacks.size());
+  for (std::size_t i = 0; i < stacks.size(); ++i) views[i].parts[0] = stacks[i];
+  add_viewed_batch(end, std::move(samples), views, std::move(threads), std::move(waiting));
+}
+
+void ProfileStore::add_viewed_batch(Clock::time_point end, std::vector<Sample> samples,
+                                    const std::vector<StackView>& stacks,
+                                    std::optional<std::vector<ThreadTime>> threads,
+                                    std::vector<Sample> waiting) {
   for (const std::vector<Sample>* list : {&samples, &waiting}) {
     for (const Sample& s : *list) {
       if (s.stack >= stacks.size()) throw std::out_of_range("profile sample without its stack");
@@ -223,13 +241,22 @@ void ProfileStore::compact() {
   stacks_.clear();
   frame_ids_.clear();
   stack_ids_.clear();
-  std::vector<std::uint32_t> new_stack(stacks.size(), 0);
-  std::vector<Frame> frames_of;
+  // The frames the used stacks have, moved over (each was kept once), under new ids.
+  constexpr std::uint32_t kGone = ~std::uint32_t{0};
+  std::vector<std::uint32_t> new_stack(stacks.size(), 0), new_frame(frames.size(), kGone);
   for (std::size_t i = 0; i < stacks.size(); ++i) {
     if (!used[i]) continue;
-    frames_of.clear();
-    for (std::uint32_t f : stacks[i]) frames_of.push_back(frames[f]);
-    new_stack[i] = intern(frames_of);
+    std::vector<std::uint32_t> ids;
+    ids.reserve(stacks[i].size());
+    for (std::uint32_t f : stacks[i]) {
+      if (new_frame[f] == kGone) {
+        new_frame[f] = static_cast<std::uint32_t>(frames_.size());
+        frames_.push_back(std::move(frames[f]));
+        frame_ids_.insert(new_frame[f]);
+      }
+      ids.push_back(new_frame[f]);
+    }
+    new_stack[i] = intern_ids(std::move(ids));
   }
   for (Batch& b : batches_) {
     for (Kept& k : b.samples) k.stack = new_stack[k.stack];
@@ -334,6 +361,24 @@ std::size_t ProfileStore::samples_kept() const {
 std::size_t ProfileStore::frames_kept() const {
   std::lock_guard lock(mutex_);
   return frames_.size();
+}
+
+ProfileStore::Bytes ProfileStore::bytes() const {
+  // A hash set's node and its bucket: a pointer each, beside the id.
+  constexpr std::size_t kSetEntry = 3 * sizeof(void*);
+  std::lock_guard lock(mutex_);
+  Bytes b;
+  for (const Batch& batch : batches_) {
+    b.samples += sizeof(Batch) + batch.samples.capacity() * sizeof(Kept) +
+                 batch.threads.capacity() * sizeof(KeptTime);
+  }
+  b.samples += waiting_.capacity() * sizeof(Kept) + whos_.capacity() * sizeof(Who);
+  for (const Who& w : whos_) b.samples += w.comm.size() + w.workload.cgroup.size();
+  b.stacks =
+      stacks_.capacity() * sizeof(std::vector<std::uint32_t>) + stack_ids_.size() * kSetEntry;
+  for (const auto& stack : stacks_) b.stacks += stack.capacity() * sizeof(std::uint32_t);
+  b.frames = frames_bytes(frames_) + frame_ids_.size() * kSetEntry;
+  return b;
 }
 
 std::uint64_t ProfileStore::dropped_samples() const {

@@ -51,6 +51,27 @@ std::string base_name(const std::string& path) {
 
 }  // namespace
 
+namespace {
+std::size_t string_heap_bytes(const std::string& s) {
+  // Past libstdc++'s inline buffer of 15 characters, the heap holds capacity + 1.
+  return s.capacity() > 15 ? s.capacity() + 1 : 0;
+}
+}  // namespace
+
+std::size_t frame_heap_bytes(const Frame& f) {
+  std::size_t n = string_heap_bytes(f.function) + string_heap_bytes(f.module) +
+                  string_heap_bytes(f.build_id) + f.lines.capacity() * sizeof(SourceLine);
+  for (const SourceLine& l : f.lines)
+    n += string_heap_bytes(l.function) + string_heap_bytes(l.file);
+  return n;
+}
+
+std::size_t frames_bytes(const std::vector<Frame>& frames) {
+  std::size_t n = frames.capacity() * sizeof(Frame);
+  for (const Frame& f : frames) n += frame_heap_bytes(f);
+  return n;
+}
+
 // --- kernel ---------------------------------------------------------------------------
 
 KernelSymbols::KernelSymbols(std::string kallsyms, std::string modules)
@@ -939,8 +960,17 @@ void Symbolizer::end_round() {
 
 Symbolizer::Sizes Symbolizer::sizes() {
   std::lock_guard lock(mutex_);
-  return {user_.modules(),        user_.processes(), user_.names(), kernel_.symbols(),
-          user_.address_spaces(), user_.refused(),   user_.held(),  user_.table_bytes()};
+  Sizes s{};
+  s.elf_files = user_.modules();
+  s.processes = user_.processes();
+  s.names = user_.names();
+  s.kernel_symbols = kernel_.symbols();
+  s.address_spaces = user_.address_spaces();
+  s.kernel_symbol_bytes = kernel_.bytes();
+  s.refused = user_.refused();
+  s.held = user_.held();
+  s.table_bytes = user_.table_bytes();
+  return s;
 }
 
 }  // namespace ebpf_metricsd::profiling

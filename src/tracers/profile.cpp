@@ -4,6 +4,7 @@
 #include <bpf/libbpf.h>
 #include <fcntl.h>
 #include <linux/perf_event.h>
+#include <malloc.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -155,10 +157,12 @@ class ProfileTracer final : public Tracer {
                                MetricType::Gauge,
                                {"cache"}})),
         memory_(scope.declare({"ebpf_metricsd_profile_memory_bytes",
-                               "What the profile's symbolizer holds, by part, each within its "
-                               "budget: names and lines cached, DWARF read for lines (its "
-                               "sections, counted twice), the symbol and CFI tables of the open "
-                               "files, JIT perf maps, and the ring of copied stacks.",
+                               "What the profile holds, by part: names and lines cached, "
+                               "DWARF read for lines (its sections, counted twice), the symbol "
+                               "and CFI tables of the open files, JIT perf maps, the ring of "
+                               "copied stacks, the kernel's symbol table, the samples kept, "
+                               "the stacks and the frames they use, and the freed memory the "
+                               "allocator keeps (allocator_free).",
                                MetricType::Gauge,
                                {"part"}})),
         refused_(scope.declare({"ebpf_metricsd_profile_files_refused_total",
@@ -479,7 +483,10 @@ class ProfileTracer final : public Tracer {
 
     std::vector<Sample> samples;
     samples.reserve(entries.size());
-    std::vector<std::vector<Frame>> stacks;
+    // The stacks of the batch, viewing the cached frames (kernel_frames, user_frames, the
+    // records); what no cache holds is kept in `owned` until the batch is added.
+    std::vector<profiling::StackView> stacks;
+    std::deque<std::vector<Frame>> owned;
     std::map<std::tuple<std::uint32_t, __u64, __u64, __u32>, std::uint32_t> stack_index;
     std::vector<bool> expired;  // by stack index
     if (options_.cgroup) names_.begin_pass();
@@ -506,15 +513,12 @@ class ProfileTracer final : public Tracer {
         // keep, EMD_STACK_NOT_KEPT, was counted where it was taken.)
         expired.push_back((!kernel && k.kstack != EMD_STACK_NOT_KEPT) ||
                           (!user && k.ustack != EMD_STACK_NOT_KEPT));
-        std::vector<Frame> frames;
-        if (kernel) frames = *kernel;
-        if (user) frames.insert(frames.end(), user->begin(), user->end());
-        if (frames.empty()) {
-          Frame none = no_stack();
-          if (!kernel || !user) none.function = "[stack not kept]";
-          frames.push_back(none);
-        }
-        stacks.push_back(std::move(frames));
+        profiling::StackView view;
+        if (kernel) view.parts[0] = *kernel;
+        if (user) view.parts[1] = *user;
+        if (view.parts[0].empty() && view.parts[1].empty())
+          view.parts[0] = kernel && user ? no_stack() : not_kept();
+        stacks.push_back(view);
       }
       s.stack = at->second;
       if (expired[at->second]) pending_.stacks_expired += v.count;
@@ -533,13 +537,16 @@ class ProfileTracer final : public Tracer {
       (s.kind == SampleKind::OnCpu ? on : off) += a.count;
       if (options_.cgroup) s.workload = names_.label(k.cgroup);
       s.stack = static_cast<std::uint32_t>(stacks.size());
-      stacks.push_back(k.frames.empty() ? std::vector<Frame>{no_stack()} : k.frames);
+      profiling::StackView view;
+      view.parts[0] = k.frames.empty() ? no_stack() : std::span<const Frame>(k.frames);
+      stacks.push_back(view);
       samples.push_back(std::move(s));
     }
     std::optional<std::vector<profiling::ThreadTime>> accounting;
     std::vector<Sample> waiting;
-    if (threads_link_) accounting = account(now, waiting, stacks);
-    store_->add_batch(end, std::move(samples), stacks, std::move(accounting), std::move(waiting));
+    if (threads_link_) accounting = account(now, waiting, stacks, owned);
+    store_->add_viewed_batch(end, std::move(samples), stacks, std::move(accounting),
+                             std::move(waiting));
     pending_.on_cpu += on;
     pending_.off_cpu += off;
     forget_unused();
@@ -610,7 +617,8 @@ class ProfileTracer final : public Tracer {
   // progress now, with their stacks appended to `stacks`.
   std::vector<profiling::ThreadTime> account(const std::vector<profile_thread>& now,
                                              std::vector<Sample>& waiting,
-                                             std::vector<std::vector<Frame>>& stacks) {
+                                             std::vector<profiling::StackView>& stacks,
+                                             std::deque<std::vector<Frame>>& owned) {
     std::vector<profiling::ThreadTime> out;
     const __u64 since = threads_seen_at_;
     std::unordered_map<__u32, SeenThread> seen;
@@ -659,7 +667,7 @@ class ProfileTracer final : public Tracer {
       w.began = monotonic(t.blocked);
       w.ended = monotonic(t.now);
       w.stack = static_cast<std::uint32_t>(stacks.size());
-      stacks.push_back(waiting_stack(t));
+      stacks.push_back(waiting_stack(t, owned));
       waiting.push_back(std::move(w));
     }
     threads_seen_ = std::move(seen);
@@ -670,23 +678,26 @@ class ProfileTracer final : public Tracer {
   // The stack of a wait in progress: where it sleeps in the kernel, and its user stack as
   // far as known now. Inside a system call with `unwind: cfi` that is taken when the call
   // returns: until then, the function the call returns to, under a frame that says so.
-  std::vector<Frame> waiting_stack(const profile_thread& t) {
-    std::vector<Frame> frames;
-    if (const std::vector<Frame>* k = kernel_frames(t.kstack, SampleKind::OffCpu)) frames = *k;
+  // Frames no cache holds (the leaf of a wait) go to `owned`, kept until the batch is added.
+  profiling::StackView waiting_stack(const profile_thread& t,
+                                     std::deque<std::vector<Frame>>& owned) {
+    profiling::StackView view;
+    if (const std::vector<Frame>* k = kernel_frames(t.kstack, SampleKind::OffCpu))
+      view.parts[0] = *k;
     if (t.ustack != 0) {
-      if (const std::vector<Frame>* u = user_frames(t.tgid, t.ustack))
-        frames.insert(frames.end(), u->begin(), u->end());
+      if (const std::vector<Frame>* u = user_frames(t.tgid, t.ustack)) view.parts[1] = *u;
     } else if (t.ip != 0 && !t.kernel) {
       const std::vector<std::uint64_t> ip = {t.ip};
-      std::vector<Frame> leaf = store_->symbolizer().user_frames(t.tgid, ip, options_.lines);
-      frames.insert(frames.end(), leaf.begin(), leaf.end());
+      std::vector<Frame>& leaf =
+          owned.emplace_back(store_->symbolizer().user_frames(t.tgid, ip, options_.lines));
       Frame callers;
       callers.function = "[waiting: callers known when the call returns]";
       callers.module = "[unknown]";
-      frames.push_back(std::move(callers));
+      leaf.push_back(std::move(callers));
+      view.parts[1] = leaf;
     }
-    if (frames.empty()) frames.push_back(no_stack());
-    return frames;
+    if (view.parts[0].empty() && view.parts[1].empty()) view.parts[0] = no_stack();
+    return view;
   }
 
   // A bpf_ktime_get_ns() time on the daemon's clock (both are CLOCK_MONOTONIC), and back.
@@ -698,11 +709,22 @@ class ProfileTracer final : public Tracer {
         std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count());
   }
 
-  static Frame no_stack() {
-    Frame none;
-    none.function = "[no stack]";
-    none.module = "[unknown]";
-    return none;
+  // A stack of one frame that says why there is none: no stack at all, or one the daemon
+  // no longer has.
+  static std::span<const Frame> no_stack() { return marker("[no stack]"); }
+  static std::span<const Frame> not_kept() { return marker("[stack not kept]"); }
+  static std::span<const Frame> marker(const char* why) {
+    static const std::map<std::string, std::vector<Frame>> markers = [] {
+      std::map<std::string, std::vector<Frame>> m;
+      for (const char* name : {"[no stack]", "[stack not kept]"}) {
+        Frame f;
+        f.function = name;
+        f.module = "[unknown]";
+        m[name] = {f};
+      }
+      return m;
+    }();
+    return markers.at(why);
   }
 
   // The self-metrics, from the drain only: a cut made for a profile request takes no lock
@@ -758,10 +780,38 @@ class ProfileTracer final : public Tracer {
                  sizes.refused[i] - refused_seen_[i]);
     }
     refused_seen_ = sizes.refused;
+    // The stacks the daemon holds: the store's table and the kernel stacks read from the
+    // kernel side (raw_); the frames: the store's and the symbolized stacks the tracer
+    // caches for the next cuts and the unwound records not yet cut.
+    const profiling::ProfileStore::Bytes kept = store_->bytes();
+    std::size_t stack_bytes = kept.stacks, frame_bytes = kept.frames;
     {
       std::lock_guard lock(cut_mutex_);
       scope_.set(caches_, {"stacks"}, static_cast<double>(raw_.size()));
+      // An unordered_map's node and bucket: three pointers beside the entry.
+      stack_bytes += raw_.size() * (sizeof(RawStack) + sizeof(__u64) + 3 * sizeof(void*));
+      for (const auto& [hash, r] : raw_) stack_bytes += r.ips.capacity() * sizeof(std::uint64_t);
+      // A std::map's node: four pointers and the colour beside the entry.
+      for (const auto& [key, c] : kernel_cache_)
+        frame_bytes +=
+            sizeof(key) + sizeof(c) + 5 * sizeof(void*) + profiling::frames_bytes(c.frames);
+      for (const auto& [key, c] : user_cache_)
+        frame_bytes +=
+            sizeof(key) + sizeof(c) + 5 * sizeof(void*) + profiling::frames_bytes(c.frames);
     }
+    {
+      std::lock_guard lock(records_mutex_);
+      for (const auto& [k, a] : records_pending_)
+        frame_bytes +=
+            sizeof(k) + sizeof(a) + 5 * sizeof(void*) + profiling::frames_bytes(k.frames);
+    }
+    scope_.set(memory_, {"kernel_symbols"}, static_cast<double>(sizes.kernel_symbol_bytes));
+    scope_.set(memory_, {"samples"}, static_cast<double>(kept.samples));
+    scope_.set(memory_, {"stacks"}, static_cast<double>(stack_bytes));
+    scope_.set(memory_, {"frames"}, static_cast<double>(frame_bytes));
+    // What the allocator keeps of freed memory (in its arenas, not given back): resident
+    // where it was touched.
+    scope_.set(memory_, {"allocator_free"}, static_cast<double>(mallinfo2().fordblks));
     scope_.set(caches_, {"frames"}, static_cast<double>(store_->frames_kept()));
     scope_.set(caches_, {"samples"}, static_cast<double>(store_->samples_kept()));
   }

@@ -33,7 +33,9 @@ struct XmitOracle {
     REQUIRE(net_xmit_oracle__load(skel.get()) == 0);
     REQUIRE(net_xmit_oracle__attach(skel.get()) == 0);
   }
-  std::uint64_t completed() const { return __atomic_load_n(&skel->bss->completed, __ATOMIC_RELAXED); }
+  std::uint64_t completed() const {
+    return __atomic_load_n(&skel->bss->completed, __ATOMIC_RELAXED);
+  }
   std::uint64_t queued() const { return __atomic_load_n(&skel->bss->queued, __ATOMIC_RELAXED); }
   std::uint64_t busy() const { return __atomic_load_n(&skel->bss->busy, __ATOMIC_RELAXED); }
 };
@@ -146,9 +148,8 @@ TEST_CASE("packets held back by a rate-limiting qdisc: timed through the shared 
     tracer->drain();
     return test::counter_value(store, "ebpf_net_xmit_packets_total", iface) - p0;
   };
-  test::wait_until(
-      [&] { return counted() >= static_cast<double>(oracle.completed() - c0); },
-      std::chrono::seconds(5));
+  test::wait_until([&] { return counted() >= static_cast<double>(oracle.completed() - c0); },
+                   std::chrono::seconds(5));
   const double packets = counted();
   const auto tx1 = veth.tx();
   const std::uint64_t reported = oracle.completed() - c0, queued = oracle.queued() - q0;

@@ -1,6 +1,7 @@
 // Profiles through the daemon, as operators and their tools fetch them: pprof over HTTPS
 // with basic auth that `go tool pprof` reads, its bounds, and the flame graph page in a real
 // browser (headless Chromium).
+#include <bpf/libbpf.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -1102,18 +1103,23 @@ TEST_CASE("the profile's memory budget: 200 distinct binaries starting and exiti
     return -1.0;
   };
   // The memory of the daemon's BPF maps, as the kernel charges it (fdinfo's memlock).
-  double maps_kib = 0;
+  // Per-CPU maps (types 5, 6, 10: per-CPU hash, array, LRU hash) hold a value per possible
+  // CPU: their part grows with the host's CPUs, and is stated per CPU.
+  double maps_kib = 0, per_cpu_kib = 0;
   const std::string fds = "/proc/" + std::to_string(p.d->pid()) + "/fdinfo";
   for (const auto& e : std::filesystem::directory_iterator(fds)) {
     std::ifstream in(e.path());
-    bool map = false;
+    int type = -1;
     double memlock = 0;
     for (std::string line; std::getline(in, line);) {
-      if (line.rfind("map_type:", 0) == 0) map = true;
+      if (line.rfind("map_type:", 0) == 0) type = std::stoi(line.substr(9));
       if (line.rfind("memlock:", 0) == 0) memlock = std::stod(line.substr(8)) / 1024;
     }
-    if (map) maps_kib += memlock;
+    if (type < 0) continue;
+    maps_kib += memlock;
+    if (type == 5 || type == 6 || type == 10) per_cpu_kib += memlock;
   }
+  const long cpus = libbpf_num_possible_cpus();
   // What of them the daemon maps (rings, skeletons' globals) is in its RSS too: counted
   // once, with the maps. Mapped pages stay resident while the daemon runs, so the end's
   // figure is what the peak held (the rings had wrapped long before).
@@ -1143,8 +1149,10 @@ TEST_CASE("the profile's memory budget: 200 distinct binaries starting and exiti
       "awk '/memlock/ {print prev \" \" $0} {prev=$0}' | "
       "sort -k2 -t'k' | tail -n 8");
   INFO("peak RSS " << peak / 1024 << " MiB without " << mapped_maps_kib / 1024
-                   << " MiB of mapped BPF maps, BPF maps " << maps_kib / 1024 << " MiB" << caches
-                   << "\n"
+                   << " MiB of mapped BPF maps, BPF maps " << maps_kib / 1024 << " MiB, of them "
+                   << per_cpu_kib << " KiB per-CPU maps ("
+                   << per_cpu_kib / static_cast<double>(cpus) << " KiB per possible CPU, " << cpus
+                   << " CPUs); the profile's parts:" << caches << "\n"
                    << rollup);
   REQUIRE(peak > 0);
   CHECK(peak + maps_kib < 100 * 1024);

@@ -9,6 +9,7 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -18,6 +19,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -49,6 +51,13 @@ struct Sample {
   // Which stack: an index into the stacks given with the sample to add_batch, and in a
   // ProfileWindow into its `stacks`.
   std::uint32_t stack = 0;
+};
+
+// A stack as add_batch takes it: its frames, innermost first, in up to three parts that
+// follow each other (the kernel's, the user's, what comes after), each viewing frames its
+// caller keeps until add_batch returns: a caller's cached frames are read, not copied.
+struct StackView {
+  std::array<std::span<const Frame>, 3> parts;
 };
 
 // The monotonic clock, which bpf_ktime_get_ns() reads too.
@@ -126,6 +135,11 @@ class ProfileStore {
                  const std::vector<std::vector<Frame>>& stacks,
                  std::optional<std::vector<ThreadTime>> threads = std::nullopt,
                  std::vector<Sample> waiting = {});
+  // The same with each stack's frames viewed in parts (StackView), not copied.
+  void add_viewed_batch(Clock::time_point end, std::vector<Sample> samples,
+                        const std::vector<StackView>& stacks,
+                        std::optional<std::vector<ThreadTime>> threads = std::nullopt,
+                        std::vector<Sample> waiting = {});
   // The running profile tracer reads its kernel maps into a batch when called; set while
   // it runs, cleared (nullptr) before it goes.
   void set_source(std::function<void()> cut);
@@ -151,6 +165,12 @@ class ProfileStore {
 
   std::size_t samples_kept() const;
   std::size_t frames_kept() const;
+  // The memory of what is kept, by part: samples (with the threads' accounting and who
+  // they were), the stack table, and the frames with their names.
+  struct Bytes {
+    std::size_t samples = 0, stacks = 0, frames = 0;
+  };
+  Bytes bytes() const;
   std::uint64_t dropped_samples() const;
 
  private:
@@ -180,7 +200,9 @@ class ProfileStore {
     std::vector<KeptTime> threads;
     bool accounted = false;
   };
-  std::uint32_t intern(const std::vector<Frame>& frames);  // caller holds mutex_
+  std::uint32_t intern(const StackView& stack);  // caller holds mutex_
+  // A stack of frame ids: its id, the same for the same frames (caller holds mutex_).
+  std::uint32_t intern_ids(std::vector<std::uint32_t> ids);
   // caller holds mutex_
   std::uint32_t intern_who(const std::string& comm, const CgroupLabel& workload);
   Kept keep(const Sample& s, std::uint32_t stack);  // caller holds mutex_
@@ -203,13 +225,19 @@ class ProfileStore {
   std::uint64_t dropped_ = 0;
   // Each frame and stack once, by id; the sets index them by content (ids, hashed and
   // compared through the tables).
+  // Transparent: a frame is looked up by its content before it is copied in.
   struct FrameIdHash {
+    using is_transparent = void;
     const std::vector<Frame>* frames;
-    std::size_t operator()(std::uint32_t id) const;
+    std::size_t operator()(std::uint32_t id) const { return (*this)((*frames)[id]); }
+    std::size_t operator()(const Frame& f) const;
   };
   struct FrameIdEq {
+    using is_transparent = void;
     const std::vector<Frame>* frames;
     bool operator()(std::uint32_t a, std::uint32_t b) const { return (*frames)[a] == (*frames)[b]; }
+    bool operator()(const Frame& a, std::uint32_t b) const { return a == (*frames)[b]; }
+    bool operator()(std::uint32_t a, const Frame& b) const { return (*frames)[a] == b; }
   };
   struct StackIdHash {
     const std::vector<std::vector<std::uint32_t>>* stacks;

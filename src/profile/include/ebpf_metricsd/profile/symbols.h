@@ -43,6 +43,11 @@ struct Frame {
   auto operator<=>(const Frame&) const = default;
 };
 
+// The heap a frame holds beside itself: its strings past the inline buffer, its lines.
+std::size_t frame_heap_bytes(const Frame& f);
+// What a vector of frames holds: the frames and their heap.
+std::size_t frames_bytes(const std::vector<Frame>& frames);
+
 class KernelSymbols {
  public:
   // `kallsyms`: the file to read; `modules`: what says that modules changed.
@@ -55,6 +60,11 @@ class KernelSymbols {
   // address - 1, the call).
   Frame resolve(std::uint64_t address, bool return_address) const;
   std::size_t symbols() const { return starts_.size(); }
+  // The table's memory: addresses, name offsets and the names.
+  std::size_t bytes() const {
+    return starts_.capacity() * sizeof(std::uint64_t) + names_.capacity() * sizeof(std::uint32_t) +
+           arena_.capacity();
+  }
 
  private:
   std::string signature() const;
@@ -258,6 +268,7 @@ class Symbolizer {
 
   struct Sizes {
     std::size_t elf_files, processes, names, kernel_symbols, address_spaces;
+    std::size_t kernel_symbol_bytes;
     UserSymbols::Refusals refused;  // files refused so far, by ElfRefusal
     UserSymbols::Held held;
     std::uint64_t table_bytes;
