@@ -711,20 +711,19 @@ class ProfileTracer final : public Tracer {
 
   // A stack of one frame that says why there is none: no stack at all, or one the daemon
   // no longer has.
-  static std::span<const Frame> no_stack() { return marker("[no stack]"); }
-  static std::span<const Frame> not_kept() { return marker("[stack not kept]"); }
-  static std::span<const Frame> marker(const char* why) {
-    static const std::map<std::string, std::vector<Frame>> markers = [] {
-      std::map<std::string, std::vector<Frame>> m;
-      for (const char* name : {"[no stack]", "[stack not kept]"}) {
-        Frame f;
-        f.function = name;
-        f.module = "[unknown]";
-        m[name] = {f};
-      }
-      return m;
-    }();
-    return markers.at(why);
+  static std::span<const Frame> no_stack() {
+    static const Frame none = marker("[no stack]");
+    return {&none, 1};
+  }
+  static std::span<const Frame> not_kept() {
+    static const Frame gone = marker("[stack not kept]");
+    return {&gone, 1};
+  }
+  static Frame marker(const char* why) {
+    Frame f;
+    f.function = why;
+    f.module = "[unknown]";
+    return f;
   }
 
   // The self-metrics, from the drain only: a cut made for a profile request takes no lock
@@ -829,6 +828,7 @@ class ProfileTracer final : public Tracer {
         // holds, which each read empties): the newer is what samples from now on mean.
         if (!fresh && r.check != s.check) {
           ++pending_.collisions;
+          // Before the batch takes views of the caches (cut() reads the stacks first).
           std::erase_if(kernel_cache_, [k](const auto& kv) { return kv.first.first == k; });
           std::erase_if(user_cache_, [k](const auto& kv) { return kv.first.second == k; });
         }
@@ -891,6 +891,7 @@ class ProfileTracer final : public Tracer {
   // Symbolized stacks not used in the last few cuts go. Raw stacks stay as long as a
   // profile is kept, since a thread that blocked with one may wake much later; past
   // max_stacks * 4 of them, the least recently used go first.
+  // Called once the batch was added: the store no longer views the caches' frames.
   void forget_unused() {
     const std::uint64_t keep_from = generation_ > 3 ? generation_ - 3 : 0;
     std::erase_if(kernel_cache_, [&](const auto& kv) { return kv.second.seen < keep_from; });

@@ -375,6 +375,34 @@ TEST_CASE("profile store: windows, retention and the sample bound") {
                                {{frame("x")}}));
 }
 
+TEST_CASE("profile store: a stack given in parts is the stack given whole") {
+  ProfileStore store;
+  const auto t0 = Clock::now();
+  const std::vector<Frame> kernel = {frame("schedule"), frame("do_read")};
+  const std::vector<Frame> user = {frame("read"), frame("main")};
+  std::vector<Frame> whole = kernel;
+  whole.insert(whole.end(), user.begin(), user.end());
+  store.add_batch(t0 + std::chrono::seconds(1), {sample(0, SampleKind::OffCpu, 10)}, {whole});
+  REQUIRE(store.frames_kept() == 4);
+  // The same frames viewed in two parts, and a stack that shares its user part: nothing is
+  // copied twice, and the first stack is the same stack.
+  StackView split;
+  split.parts = {std::span<const Frame>(kernel), std::span<const Frame>(user)};
+  StackView user_only;
+  user_only.parts[1] = user;
+  store.add_viewed_batch(t0 + std::chrono::seconds(2),
+                         {sample(0, SampleKind::OffCpu, 20), sample(1, SampleKind::OnCpu, 5)},
+                         {split, user_only});
+  CHECK(store.frames_kept() == 4);
+  const ProfileWindow w = store.window(t0, t0 + std::chrono::seconds(3));
+  REQUIRE(w.samples.size() == 3);
+  CHECK(w.samples[0].stack == w.samples[1].stack);
+  const auto& shared = w.stacks[w.samples[2].stack];
+  REQUIRE(shared.size() == 2);
+  CHECK(w.frames[shared[0]].function == "read");
+  CHECK(w.frames[shared[1]].function == "main");
+}
+
 TEST_CASE("profile store: new limits keep what is held, within them") {
   ProfileStore store({std::chrono::seconds(600), 1000});
   const auto t0 = Clock::now();

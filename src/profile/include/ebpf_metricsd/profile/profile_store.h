@@ -53,11 +53,11 @@ struct Sample {
   std::uint32_t stack = 0;
 };
 
-// A stack as add_batch takes it: its frames, innermost first, in up to three parts that
-// follow each other (the kernel's, the user's, what comes after), each viewing frames its
-// caller keeps until add_batch returns: a caller's cached frames are read, not copied.
+// A stack as add_viewed_batch takes it: its frames, innermost first, in two parts that follow
+// each other (the kernel's, then the user's), each viewing frames its caller keeps until
+// add_viewed_batch returns: a caller's cached frames are read, not copied.
 struct StackView {
-  std::array<std::span<const Frame>, 3> parts;
+  std::array<std::span<const Frame>, 2> parts;
 };
 
 // The monotonic clock, which bpf_ktime_get_ns() reads too.
