@@ -63,7 +63,7 @@ export EBPF_METRICSD_NO_EXTERNAL_ORACLES=1
 # Emulated, a copied user stack costs 20 to 50 times more to unwind: the profile tests sample
 # at 97 Hz instead of 997 for the unwinder to keep up.
 export EBPF_METRICSD_PROFILE_TEST_HZ=97
-"$BUILD_DIR/tests/bpf_tests" -r xml -o /tmp/bpf.xml ${BPF_TEST_ARGS:+"$BPF_TEST_ARGS"} >/tmp/bpf.out 2>&1
+"$BUILD_DIR/tests/bpf_tests" -r xml -d yes -o /tmp/bpf.xml ${BPF_TEST_ARGS:+"$BPF_TEST_ARGS"} >/tmp/bpf.out 2>&1
 say "EMD-BPF-EXIT $?"
 say "EMD-BEGIN bpf-xml"
 cat /tmp/bpf.xml >&3

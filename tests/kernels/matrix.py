@@ -543,16 +543,22 @@ def parse_result(tracers, text):
     if xml:
         try:
             root = ET.fromstring(xml)
+            durations = []
             for case in root.iter("TestCase"):
                 fname = os.path.basename(case.get("filename", ""))
                 outcome = case.find("OverallResult")
                 ok = outcome is not None and outcome.get("success") == "true"
+                if outcome is not None and outcome.get("durationInSeconds"):
+                    durations.append((float(outcome.get("durationInSeconds")), case.get("name")))
                 why = "" if ok else failure_text(case)
                 for t in case_tracers(fname, case.get("name", ""), tracers):
                     if t in result:
                         result[t]["tests"].append(case.get("name"))
                         if not ok:
                             result[t]["failed"].append(f"{case.get('name')}\n{why}")
+            # Where the guest's time goes: its slowest tests, for the suite's time budget.
+            durations.sort(reverse=True)
+            values["EMD-SLOWEST"] = "; ".join(f"{d:.0f} s {n[:60]}" for d, n in durations[:5])
         except ET.ParseError as e:
             values["EMD-XML-ERROR"] = str(e)
     return result, errors, blocks, values
@@ -717,6 +723,8 @@ def main():
             print(f"== {label} ({version}): {seconds:.0f} s, possible CPUs {possible}, "
                   f"{values.get('EMD-STALL-ROUNDS', '0')} workload rounds"
                   + (", ok" if not problems else ""), flush=True)
+            if values.get("EMD-SLOWEST"):
+                print(f"   slowest tests: {values['EMD-SLOWEST']}")
             if not problems:
                 passed += 1
                 continue
