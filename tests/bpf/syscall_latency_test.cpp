@@ -298,6 +298,16 @@ TEST_CASE(
     return chain;
   };
   for (const auto& user : others) UNSCOPED_INFO("another slow read: " << chain_of(user));
+  {
+    const auto fams = test::collect(store);
+    UNSCOPED_INFO(binary << "; its slow reads found " << named.size() + others.size()
+                         << "; unwinds:"
+                         << test::counters_text(fams, "ebpf_metricsd_slow_unwinds_total",
+                                                {{"tracer", "syscall_latency"}})
+                         << "; dropped:"
+                         << test::counters_text(fams, "ebpf_metricsd_dropped_events_total",
+                                                {{"tracer", "syscall_latency"}}));
+  }
   CHECK(named.size() == kReads);
   for (const auto& user : named) {
     INFO("user frames: " << chain_of(user));

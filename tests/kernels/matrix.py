@@ -492,18 +492,22 @@ def boot(name, kernel_root, build_dir, tracers, job, tests, keep, timeout, stall
 def failure_text(case):
     """The failed assertions and exceptions of a Catch2 XML test case, indented."""
     lines = []
+    infos = []  # Catch2 writes a failed assertion's INFO messages just before it
     for e in case.iter():
-        if e.tag == "Expression" and e.get("success") == "false":
-            orig = (e.findtext("Original") or "").strip()
-            expanded = (e.findtext("Expanded") or "").strip()
-            where = f"{os.path.basename(e.get('filename', ''))}:{e.get('line', '')}"
-            lines.append(f"{where}: {orig}  with  {expanded}")
-            for info in e.iter("Info"):
-                lines.append("  info: " + (info.text or "").strip())
+        if e.tag == "Info":
+            infos.append(" ".join((e.text or "").split()))
+        elif e.tag == "Expression":
+            if e.get("success") == "false":
+                orig = (e.findtext("Original") or "").strip()
+                expanded = (e.findtext("Expanded") or "").strip()
+                where = f"{os.path.basename(e.get('filename', ''))}:{e.get('line', '')}"
+                lines.append(f"{where}: {orig}  with  {expanded}")
+                lines.extend("  info: " + i[:400] for i in infos)
+            infos = []
         elif e.tag in ("Exception", "FatalErrorCondition", "Failure"):
             where = f"{os.path.basename(e.get('filename', ''))}:{e.get('line', '')}"
             lines.append(f"{where}: {e.tag}: {(e.text or '').strip()}")
-    return "\n".join("        " + l for l in lines[:12])
+    return "\n".join("        " + l for l in lines[:24])
 
 
 def tracer_up(block):
