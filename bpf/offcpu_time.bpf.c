@@ -147,6 +147,8 @@ static __always_inline int on_switch(void *ctx, bool preempt,
 				     OFFCPU_DROP_WAKE_MISSED);
 		if (s && emd_slow_threshold_ns)
 			keep_blocked_stacks(ctx, s, prev, prev_state, raw);
+	} else {
+		emd_offcpu_runs(prev, raw, &drops, OFFCPU_DROP_WAKE_MISSED);
 	}
 	s = emd_offcpu_wake(next, now, &waited, raw, &drops,
 			    OFFCPU_DROP_TASK_STATE);

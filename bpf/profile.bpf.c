@@ -403,6 +403,8 @@ static __always_inline int on_switch(void *ctx, bool preempt,
 			if (user)
 				announce(EMD_READ(raw, prev, tgid));
 		}
+	} else if (!emd_offcpu_blocks(preempt, prev_state)) {
+		emd_offcpu_runs(prev, raw, &drops, PROFILE_DROP_WAKE_MISSED);
 	}
 
 	s = emd_offcpu_wake(next, now, &waited, raw, &drops,

@@ -285,16 +285,16 @@ TEST_CASE("runqueue_latency and offcpu_time by cgroup: a process that sleeps and
                           << " | oracle: " << oracle.returns_from_blocking()
                           << " returns from blocking, " << oracle.returns_from_queue()
                           << " from the run queue | rusage " << ru.ru_nvcsw
-                          << " voluntary switches, " << ru.ru_nivcsw << " involuntary");
+                          << " voluntary switches, " << ru.ru_nivcsw << " involuntary | "
+                          << oracle.unseen_returns() << " returns unseen at the tracepoint");
   CHECK(off == oracle.returns_from_blocking());
   CHECK(rq == oracle.returns_from_queue());
   // The workload did block, every time: the oracle saw each read's blocked switch-out
-  // before the test wrote its byte. Once in CI one of the 200 returns that followed was
-  // seen by no program at the tracepoint (199 returns from blocking at the tracers and the
-  // oracle alike, 200 from the run queue): the exact count is the oracle's, and this asks
-  // only that the tracers saw the reads' waits.
+  // before the test wrote its byte, and each read returned. A return that reached no program
+  // at the tracepoint (the oracle's unseen returns; oracle/sched_oracle.bpf.c says when) is a
+  // period neither the tracers nor the oracle can time, and the only reason for fewer.
   CHECK(oracle.blocked_switch_outs() >= kSleeps);
-  CHECK(off + 1 >= kSleeps);
+  CHECK(off + oracle.unseen_returns() >= kSleeps);
 }
 
 namespace {
@@ -378,11 +378,14 @@ TEST_CASE(
 
   std::vector<std::unique_ptr<test::TestCgroup>> cgroups;
   std::vector<std::uint64_t> expected_off;
+  std::uint64_t unseen_in_last = 0;  // the oracle's unseen returns in the newest cgroup
   const auto run_in_new_cgroup = [&](const std::string& tag, bool drain) {
     cgroups.push_back(std::make_unique<test::TestCgroup>(tag));
     const std::uint64_t blocked0 = oracle.returns_from_blocking();
+    const std::uint64_t unseen0 = oracle.unseen_returns();
     oracle.target_cgroup(cgroups.back()->id());
     cgroups.back()->run_blocking_reads(kSleeps, [&] { return oracle.blocked_switch_outs(); });
+    unseen_in_last = oracle.unseen_returns() - unseen0;
     if (drain) tracers.drain();
     expected_off.push_back(oracle.returns_from_blocking() - blocked0);
   };
@@ -429,10 +432,9 @@ TEST_CASE(
   CHECK(test::histogram_count(store, "ebpf_offcpu_seconds", in_cgroup(d)) == expected_off.back());
   CHECK(test::histogram_count(store, "ebpf_runqueue_latency_seconds", in_cgroup(d)) ==
         oracle.returns_from_queue() - queued0);
-  // Every read blocked (the fixture waited for each blocked switch-out); the returns that
-  // followed, as the oracle and the tracer count them alike, are at least the reads less one,
-  // as in the test above.
-  CHECK(expected_off.back() + 1 >= kSleeps);
+  // Every read blocked (the fixture waited for each blocked switch-out); each return that
+  // followed was seen or, as in the test above, counted unseen by the oracle.
+  CHECK(expected_off.back() + unseen_in_last >= kSleeps);
   for (std::size_t i = 0; i + 1 < cgroups.size(); ++i) {
     CHECK(test::histogram_count(store, "ebpf_offcpu_seconds", in_cgroup(*cgroups[i])) ==
           expected_off[i]);

@@ -44,6 +44,11 @@ class SchedOracle {
   double blocked_seconds() const {
     return static_cast<double>(__atomic_load_n(&skel_->bss->blocked_ns, __ATOMIC_SEQ_CST)) / 1e9;
   }
+  // Returns from blocking that reached no program: the target switched out again with no
+  // switch-in seen since it blocked (oracle/sched_oracle.bpf.c says when that happens).
+  std::uint64_t unseen_returns() const {
+    return __atomic_load_n(&skel_->bss->unseen_returns, __ATOMIC_SEQ_CST);
+  }
   // Switch-outs of the target in which it was not runnable, as the tracepoint saw them.
   std::uint64_t blocked_switch_outs() const {
     return __atomic_load_n(&skel_->bss->blocked_switch_outs, __ATOMIC_SEQ_CST);

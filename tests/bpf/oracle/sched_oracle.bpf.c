@@ -8,7 +8,13 @@
  *    task, or a switch-out in which it stayed runnable;
  *  - blocked_switch_outs: switch-outs in which the task was not runnable (a test
  *    waits on it to know that its workload really blocked);
- *  - blocked_ns: the time from each such switch-out to the switch-in after it.
+ *  - blocked_ns: the time from each such switch-out to the switch-in after it;
+ *  - unseen_returns: switch-outs that followed a blocked switch-out with no
+ *    switch-in seen between: the task ran again, but the switch that returned it
+ *    to a CPU reached no program. A kernel can keep BPF programs out of some
+ *    tasks' context (on some virtual machines, those of the guest's own init
+ *    process); a switch out of such a task is seen by no program, whichever
+ *    task it hands the CPU to.
  * One task of the target at a time: the state is kept once, not per task (and
  * cleared by user space with a new target: a task's last switch-out, at its exit,
  * leaves it set).
@@ -24,6 +30,7 @@ __u64 returns_from_blocking = 0;
 __u64 returns_from_queue = 0;
 __u64 blocked_switch_outs = 0;
 __u64 blocked_ns = 0;
+__u64 unseen_returns = 0;
 __u64 blocked_at = 0;
 bool blocked_out = false;
 bool queued = false;
@@ -44,6 +51,10 @@ static __always_inline void on_switch(struct task_struct *prev,
 				      struct task_struct *next, bool blocked)
 {
 	if (is_target(prev)) {
+		if (blocked_out) {
+			__sync_fetch_and_add(&unseen_returns, 1);
+			blocked_out = false;
+		}
 		if (blocked) {
 			blocked_out = true;
 			blocked_at = bpf_ktime_get_ns();
