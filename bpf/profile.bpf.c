@@ -403,7 +403,7 @@ static __always_inline int on_switch(void *ctx, bool preempt,
 			if (user)
 				announce(EMD_READ(raw, prev, tgid));
 		}
-	} else if (!emd_offcpu_blocks(preempt, prev_state)) {
+	} else {
 		emd_offcpu_runs(prev, raw, &drops, PROFILE_DROP_WAKE_MISSED);
 	}
 

@@ -54,12 +54,13 @@ static __always_inline bool emd_offcpu_blocks(bool preempt,
 /*
  * prev blocks at `now`: its state, stamped and cleared for the includer to
  * fill, or NULL (an idle task, or no room: counted under `reason`). A stamp
- * still there is a wait whose end was not seen: the switch that ended it found
- * no state (the kernel refuses task storage to a program while another user of
- * it on the CPU holds it, as a task that exits does), or reached no program at
- * all (a kernel can keep BPF programs out of some tasks' context, and a switch
- * out of such a task is seen by none, whichever task it hands the CPU to).
- * Counted under `missed`.
+ * still there is a wait whose end was not seen: the program at the switch that
+ * ended it found no state (the kernel refuses task storage to a program while
+ * another user of it on the CPU holds it, as a task that exits does), or no
+ * program ran there at all (observed on virtual machines whose kernel runs no
+ * BPF program in the context of the guest init's threads: a switch out of one
+ * of them is seen by none, whichever task it hands the CPU to). Counted under
+ * `missed`.
  */
 static __always_inline struct emd_offcpu *
 emd_offcpu_block(struct task_struct *prev, __u64 now, bool raw, void *drops,
@@ -80,16 +81,16 @@ emd_offcpu_block(struct task_struct *prev, __u64 now, bool raw, void *drops,
 }
 
 /*
- * prev switches out runnable (preempted): it ran, so a stamp still there is a
- * wait whose end was not seen (the switch that returned it to a CPU reached no
- * program; see emd_offcpu_block): counted under `missed` and cleared, so that
- * its next switch-in does not end that wait and take the time it ran for time
- * blocked.
+ * prev switches out without a new wait being stamped (preempted, or a block
+ * the includer does not time): it ran, so a stamp still there is a wait whose
+ * end was not seen (see emd_offcpu_block): counted under `missed` and cleared,
+ * so that its next switch-in does not end that wait and take the time it ran
+ * for time blocked.
  */
 static __always_inline void emd_offcpu_runs(struct task_struct *prev, bool raw,
 					    void *drops, __u32 missed)
 {
-	struct emd_offcpu *s = emd_offcpu_of(prev, false, raw, drops, missed);
+	struct emd_offcpu *s = emd_offcpu_of(prev, false, raw, drops, 0);
 
 	if (s && s->blocked) {
 		emd_count_drop(drops, missed);

@@ -30,6 +30,12 @@ using namespace ebpf_metricsd;
 
 namespace {
 
+// offcpu_time's count of waits whose end no program saw (README: wake_missed).
+double wake_missed(MetricStore& store) {
+  return test::counter_value(store, "ebpf_metricsd_dropped_events_total",
+                             {{"tracer", "offcpu_time"}, {"reason", "wake_missed"}});
+}
+
 const std::string kHooks[] = {"auto", "raw_tp"};
 
 // The label set of a series of cgroup `cg` with the tracer's own labels `own`.
@@ -276,6 +282,9 @@ TEST_CASE("runqueue_latency and offcpu_time by cgroup: a process that sleeps and
   oracle.target_cgroup(cg.id());
   constexpr int kSleeps = 200;
   const rusage ru = cg.run_blocking_reads(kSleeps, [&] { return oracle.blocked_switch_outs(); });
+  // The child's last switch-out comes after wait4() returned: a last return that no program
+  // saw is found there.
+  CHECK(test::wait_until([&] { return oracle.dead_switch_outs() >= 1; }, std::chrono::seconds(60)));
   runq->drain();
   offcpu->drain();
   const auto labels = in_cgroup(cg);
@@ -290,11 +299,13 @@ TEST_CASE("runqueue_latency and offcpu_time by cgroup: a process that sleeps and
   CHECK(off == oracle.returns_from_blocking());
   CHECK(rq == oracle.returns_from_queue());
   // The workload did block, every time: the oracle saw each read's blocked switch-out
-  // before the test wrote its byte, and each read returned. A return that reached no program
-  // at the tracepoint (the oracle's unseen returns; oracle/sched_oracle.bpf.c says when) is a
-  // period neither the tracers nor the oracle can time, and the only reason for fewer.
+  // before the test wrote its byte. A return at which no program ran (the oracle's unseen
+  // returns; oracle/sched_oracle.bpf.c says when) is a period neither the tracers nor the
+  // oracle can time; offcpu_time counts it as wake_missed. Such returns are the exception (6
+  // of 200 at most seen under load): a run where they are more than a tenth tests little.
   CHECK(oracle.blocked_switch_outs() >= kSleeps);
-  CHECK(off + oracle.unseen_returns() >= kSleeps);
+  CHECK(oracle.unseen_returns() * 10 <= kSleeps);
+  CHECK(wake_missed(store) >= static_cast<double>(oracle.unseen_returns()));
 }
 
 namespace {
@@ -381,10 +392,14 @@ TEST_CASE(
   std::uint64_t unseen_in_last = 0;  // the oracle's unseen returns in the newest cgroup
   const auto run_in_new_cgroup = [&](const std::string& tag, bool drain) {
     cgroups.push_back(std::make_unique<test::TestCgroup>(tag));
+    oracle.target_cgroup(cgroups.back()->id());
     const std::uint64_t blocked0 = oracle.returns_from_blocking();
     const std::uint64_t unseen0 = oracle.unseen_returns();
-    oracle.target_cgroup(cgroups.back()->id());
+    const std::uint64_t dead0 = oracle.dead_switch_outs();
     cgroups.back()->run_blocking_reads(kSleeps, [&] { return oracle.blocked_switch_outs(); });
+    // The child's last switch-out, after wait4() returned, may find a last unseen return.
+    CHECK(test::wait_until([&] { return oracle.dead_switch_outs() > dead0; },
+                           std::chrono::seconds(60)));
     unseen_in_last = oracle.unseen_returns() - unseen0;
     if (drain) tracers.drain();
     expected_off.push_back(oracle.returns_from_blocking() - blocked0);
@@ -432,9 +447,9 @@ TEST_CASE(
   CHECK(test::histogram_count(store, "ebpf_offcpu_seconds", in_cgroup(d)) == expected_off.back());
   CHECK(test::histogram_count(store, "ebpf_runqueue_latency_seconds", in_cgroup(d)) ==
         oracle.returns_from_queue() - queued0);
-  // Every read blocked (the fixture waited for each blocked switch-out); each return that
-  // followed was seen or, as in the test above, counted unseen by the oracle.
-  CHECK(expected_off.back() + unseen_in_last >= kSleeps);
+  // Every read blocked (the fixture waited for each blocked switch-out); a return at which no
+  // program ran is the exception, as in the test above.
+  CHECK(unseen_in_last * 10 <= kSleeps);
   for (std::size_t i = 0; i + 1 < cgroups.size(); ++i) {
     CHECK(test::histogram_count(store, "ebpf_offcpu_seconds", in_cgroup(*cgroups[i])) ==
           expected_off[i]);

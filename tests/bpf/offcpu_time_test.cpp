@@ -20,6 +20,7 @@
 #include "../kernel_counters.h"
 #include "../metrics_lookup.h"
 #include "../slow_reads.h"
+#include "../test_support.h"
 #include "../workloads.h"
 #include "ebpf_metricsd/profile/profile_store.h"
 #include "oracle_tool.h"
@@ -76,6 +77,9 @@ TEST_CASE("off-CPU time of a sleeping thread matches its sleeps", "[scheduler]")
   close(fds[0]);
   close(fds[1]);
   CHECK(asleep);
+  // The reader's last switch-out comes after join() returned; a last return that no program
+  // saw is found there, by the oracle and the tracer alike.
+  CHECK(test::wait_until([&] { return oracle.dead_switch_outs() >= 1; }, std::chrono::seconds(60)));
   offcpu->drain();
   const auto fams = test::collect(store);
   const auto* m = test::find_series(fams, "ebpf_offcpu_seconds", sleeper);
@@ -88,17 +92,17 @@ TEST_CASE("off-CPU time of a sleeping thread matches its sleeps", "[scheduler]")
                 << " returns from blocking), sum " << m->histogram.sample_sum
                 << " s (oracle: " << blocked_s << " s), slept " << slept << " s in the reads");
   // One off-CPU period per return from blocking, as the oracle on the same tracepoint counts
-  // them, exactly. Every read blocked: the oracle saw each read's blocked switch-out, and each
-  // read returned, so each blocked switch-out has its return, seen or not. A return that
-  // reached no program at the tracepoint (the oracle's unseen returns: the switch out of a task
-  // whose context the kernel keeps BPF out of) is a period the tracer cannot time; it must
-  // count it as wake_missed when the reader switches out again.
+  // them, exactly. Every read blocked: the oracle saw each read's blocked switch-out. A return
+  // at which no program ran (the oracle's unseen returns; oracle/sched_oracle.bpf.c says when)
+  // is a period the tracer cannot time: it must count it as wake_missed when the reader
+  // switches out again. Such returns are the exception (6 of 200 at most seen under load): a
+  // run where they are more than a tenth would test little of the tracer.
   const std::uint64_t unseen = oracle.unseen_returns();
   const double missed = wake_missed() - wake_missed0;
   INFO(unseen << " returns unseen at the tracepoint; the tracer's wake_missed " << missed);
   CHECK(m->histogram.sample_count == blocked);
   CHECK(oracle.blocked_switch_outs() >= kSleeps);
-  CHECK(blocked + unseen >= kSleeps);
+  CHECK(unseen * 10 <= kSleeps);
   CHECK(missed >= static_cast<double>(unseen));  // other threads' count there too
   // The same periods' time as the oracle measures it at the same switches: the two programs'
   // clock reads differ by their run time, and where a host stalls a guest's CPU between them,

@@ -49,6 +49,11 @@ class SchedOracle {
   std::uint64_t unseen_returns() const {
     return __atomic_load_n(&skel_->bss->unseen_returns, __ATOMIC_SEQ_CST);
   }
+  // Last switch-outs of the target's tasks that exited. A task's last switch-out comes after
+  // wait4() or pthread_join() returned; a test that reads unseen_returns() waits for it first.
+  std::uint64_t dead_switch_outs() const {
+    return __atomic_load_n(&skel_->bss->dead_switch_outs, __ATOMIC_SEQ_CST);
+  }
   // Switch-outs of the target in which it was not runnable, as the tracepoint saw them.
   std::uint64_t blocked_switch_outs() const {
     return __atomic_load_n(&skel_->bss->blocked_switch_outs, __ATOMIC_SEQ_CST);

@@ -10,11 +10,14 @@
  *    waits on it to know that its workload really blocked);
  *  - blocked_ns: the time from each such switch-out to the switch-in after it;
  *  - unseen_returns: switch-outs that followed a blocked switch-out with no
- *    switch-in seen between: the task ran again, but the switch that returned it
- *    to a CPU reached no program. A kernel can keep BPF programs out of some
- *    tasks' context (on some virtual machines, those of the guest's own init
- *    process); a switch out of such a task is seen by no program, whichever
- *    task it hands the CPU to.
+ *    switch-in seen between: the task ran again, but no program ran at the
+ *    switch that returned it to a CPU (observed on virtual machines whose
+ *    kernel runs no BPF program in the context of the guest init's threads: a
+ *    switch out of one of them is seen by none, whichever task it hands the CPU
+ *    to);
+ *  - dead_switch_outs: last switch-outs of exiting tasks (after wait4() or
+ *    pthread_join() returned, so a test waits for it before it reads the
+ *    counts: that switch-out is where a last unseen return is found).
  * One task of the target at a time: the state is kept once, not per task (and
  * cleared by user space with a new target: a task's last switch-out, at its exit,
  * leaves it set).
@@ -24,6 +27,10 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 
+#ifndef TASK_DEAD
+#define TASK_DEAD 0x80
+#endif
+
 volatile int target_tid = 0;
 volatile __u64 target_cgroup = 0;
 __u64 returns_from_blocking = 0;
@@ -31,6 +38,7 @@ __u64 returns_from_queue = 0;
 __u64 blocked_switch_outs = 0;
 __u64 blocked_ns = 0;
 __u64 unseen_returns = 0;
+__u64 dead_switch_outs = 0;
 __u64 blocked_at = 0;
 bool blocked_out = false;
 bool queued = false;
@@ -48,13 +56,16 @@ static __always_inline bool is_target(struct task_struct *t)
 }
 
 static __always_inline void on_switch(struct task_struct *prev,
-				      struct task_struct *next, bool blocked)
+				      struct task_struct *next, bool blocked,
+				      bool prev_state_dead)
 {
 	if (is_target(prev)) {
 		if (blocked_out) {
 			__sync_fetch_and_add(&unseen_returns, 1);
 			blocked_out = false;
 		}
+		if (prev_state_dead)
+			__sync_fetch_and_add(&dead_switch_outs, 1);
 		if (blocked) {
 			blocked_out = true;
 			blocked_at = bpf_ktime_get_ns();
@@ -96,7 +107,7 @@ int BPF_PROG(oracle_switch_3arg, bool preempt, struct task_struct *prev,
 			     BPF_CORE_READ((struct task_struct___long_state *)prev,
 					   state);
 
-	on_switch(prev, next, !preempt && state != 0);
+	on_switch(prev, next, !preempt && state != 0, state & TASK_DEAD);
 	return 0;
 }
 
@@ -104,7 +115,8 @@ SEC("tp_btf/sched_switch")
 int BPF_PROG(oracle_switch, bool preempt, struct task_struct *prev,
 	     struct task_struct *next, unsigned int prev_state)
 {
-	on_switch(prev, next, !preempt && prev_state != 0);
+	on_switch(prev, next, !preempt && prev_state != 0,
+		  prev_state & TASK_DEAD);
 	return 0;
 }
 
