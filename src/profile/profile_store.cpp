@@ -55,6 +55,7 @@ std::uint32_t ProfileStore::intern(const StackView& stack) {
         continue;
       }
       frames_.push_back(f);
+      frames_heap_ += frame_heap_bytes(frames_.back());
       ids.push_back(*frame_ids_.insert(static_cast<std::uint32_t>(frames_.size() - 1)).first);
     }
   }
@@ -65,7 +66,10 @@ std::uint32_t ProfileStore::intern_ids(std::vector<std::uint32_t> ids) {
   // A candidate at the end of the table: kept when new, taken back when known.
   stacks_.push_back(std::move(ids));
   const auto [it, fresh] = stack_ids_.insert(static_cast<std::uint32_t>(stacks_.size() - 1));
-  if (!fresh) stacks_.pop_back();
+  if (fresh)
+    stacks_heap_ += stacks_.back().capacity() * sizeof(std::uint32_t);
+  else
+    stacks_.pop_back();
   return *it;
 }
 
@@ -241,6 +245,8 @@ void ProfileStore::compact() {
   stacks_.clear();
   frame_ids_.clear();
   stack_ids_.clear();
+  frames_heap_ = 0;
+  stacks_heap_ = 0;
   // The frames the used stacks have, moved over (each was kept once), under new ids.
   constexpr std::uint32_t kGone = ~std::uint32_t{0};
   std::vector<std::uint32_t> new_stack(stacks.size(), 0), new_frame(frames.size(), kGone);
@@ -252,6 +258,7 @@ void ProfileStore::compact() {
       if (new_frame[f] == kGone) {
         new_frame[f] = static_cast<std::uint32_t>(frames_.size());
         frames_.push_back(std::move(frames[f]));
+        frames_heap_ += frame_heap_bytes(frames_.back());
         frame_ids_.insert(new_frame[f]);
       }
       ids.push_back(new_frame[f]);
@@ -374,10 +381,11 @@ ProfileStore::Bytes ProfileStore::bytes() const {
   }
   b.samples += waiting_.capacity() * sizeof(Kept) + whos_.capacity() * sizeof(Who);
   for (const Who& w : whos_) b.samples += w.comm.size() + w.workload.cgroup.size();
-  b.stacks =
-      stacks_.capacity() * sizeof(std::vector<std::uint32_t>) + stack_ids_.size() * kSetEntry;
-  for (const auto& stack : stacks_) b.stacks += stack.capacity() * sizeof(std::uint32_t);
-  b.frames = frames_bytes(frames_) + frame_ids_.size() * kSetEntry;
+  // The tables' own arrays, and what their entries hold on the heap, kept as they change (a
+  // walk of every frame and stack would hold the lock for long on every read).
+  b.stacks = stacks_.capacity() * sizeof(std::vector<std::uint32_t>) + stacks_heap_ +
+             stack_ids_.size() * kSetEntry;
+  b.frames = frames_.capacity() * sizeof(Frame) + frames_heap_ + frame_ids_.size() * kSetEntry;
   return b;
 }
 

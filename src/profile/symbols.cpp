@@ -49,13 +49,11 @@ std::string base_name(const std::string& path) {
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
-}  // namespace
-
-namespace {
 std::size_t string_heap_bytes(const std::string& s) {
   // Past libstdc++'s inline buffer of 15 characters, the heap holds capacity + 1.
   return s.capacity() > 15 ? s.capacity() + 1 : 0;
 }
+
 }  // namespace
 
 std::size_t frame_heap_bytes(const Frame& f) {

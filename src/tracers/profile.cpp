@@ -783,6 +783,12 @@ class ProfileTracer final : public Tracer {
     // kernel side (raw_); the frames: the store's and the symbolized stacks the tracer
     // caches for the next cuts and the unwound records not yet cut.
     const profiling::ProfileStore::Bytes kept = store_->bytes();
+    // A std::map's node holding `key` and `value`: four pointers and the colour beside the
+    // entry, and the heap of the symbolized frames it keeps.
+    const auto map_node_bytes = [](const auto& key, const auto& value,
+                                   const std::vector<profiling::Frame>& frames) {
+      return sizeof(key) + sizeof(value) + 5 * sizeof(void*) + profiling::frames_bytes(frames);
+    };
     std::size_t stack_bytes = kept.stacks, frame_bytes = kept.frames;
     {
       std::lock_guard lock(cut_mutex_);
@@ -790,19 +796,12 @@ class ProfileTracer final : public Tracer {
       // An unordered_map's node and bucket: three pointers beside the entry.
       stack_bytes += raw_.size() * (sizeof(RawStack) + sizeof(__u64) + 3 * sizeof(void*));
       for (const auto& [hash, r] : raw_) stack_bytes += r.ips.capacity() * sizeof(std::uint64_t);
-      // A std::map's node: four pointers and the colour beside the entry.
-      for (const auto& [key, c] : kernel_cache_)
-        frame_bytes +=
-            sizeof(key) + sizeof(c) + 5 * sizeof(void*) + profiling::frames_bytes(c.frames);
-      for (const auto& [key, c] : user_cache_)
-        frame_bytes +=
-            sizeof(key) + sizeof(c) + 5 * sizeof(void*) + profiling::frames_bytes(c.frames);
+      for (const auto& [key, c] : kernel_cache_) frame_bytes += map_node_bytes(key, c, c.frames);
+      for (const auto& [key, c] : user_cache_) frame_bytes += map_node_bytes(key, c, c.frames);
     }
     {
       std::lock_guard lock(records_mutex_);
-      for (const auto& [k, a] : records_pending_)
-        frame_bytes +=
-            sizeof(k) + sizeof(a) + 5 * sizeof(void*) + profiling::frames_bytes(k.frames);
+      for (const auto& [k, a] : records_pending_) frame_bytes += map_node_bytes(k, a, k.frames);
     }
     scope_.set(memory_, {"kernel_symbols"}, static_cast<double>(sizes.kernel_symbol_bytes));
     scope_.set(memory_, {"samples"}, static_cast<double>(kept.samples));

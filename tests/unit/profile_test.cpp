@@ -634,6 +634,30 @@ TEST_CASE("profile store: names, frames and stacks survive the tables' rebuild")
   CHECK(last.samples[0].workload.pod == "pod-39");
 }
 
+TEST_CASE("profile store: the bytes it reports follow the frames it keeps, rebuilt or not") {
+  ProfileStore::Limits limits;
+  limits.retention = std::chrono::seconds(10);
+  ProfileStore store(limits);
+  CHECK(store.bytes().frames == 0);
+  CHECK(store.bytes().stacks == 0);
+  const auto t0 = Clock::now();
+  // Two frames whose names the heap holds (100 characters each, 101 bytes with the NUL).
+  const std::vector<Frame> stack = {frame(std::string(100, 'a')), frame(std::string(100, 'b'))};
+  store.add_batch(t0 + std::chrono::seconds(1), {sample(0, SampleKind::OnCpu, 10)}, {stack});
+  const ProfileStore::Bytes first = store.bytes();
+  CHECK(first.frames >= 2 * (sizeof(Frame) + 101));
+  CHECK(first.stacks >= 2 * sizeof(std::uint32_t));
+  // The same stack again adds no frame.
+  store.add_batch(t0 + std::chrono::seconds(2), {sample(0, SampleKind::OnCpu, 10)}, {stack});
+  CHECK(store.bytes().frames == first.frames);
+  // A minute later the two batches have expired; the tables are rebuilt with the one new
+  // frame, whose short name is inline: the long names are no longer counted.
+  store.add_batch(t0 + std::chrono::seconds(60), {sample(0, SampleKind::OnCpu, 10)},
+                  {{frame("f")}});
+  REQUIRE(store.frames_kept() == 1);
+  CHECK(store.bytes().frames < 2 * 101);
+}
+
 TEST_CASE("profile store: a window of one process, thread, command or workload") {
   ProfileStore store;
   const auto t0 = Clock::now();

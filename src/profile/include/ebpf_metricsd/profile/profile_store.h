@@ -250,9 +250,11 @@ class ProfileStore {
   std::vector<Who> whos_;
   std::unordered_map<std::string, std::uint32_t> who_ids_;  // by comm and labels, joined
   std::vector<Frame> frames_;
+  std::size_t frames_heap_ = 0;  // frame_heap_bytes() of frames_, kept as they change
   std::unordered_set<std::uint32_t, FrameIdHash, FrameIdEq> frame_ids_{0, FrameIdHash{&frames_},
                                                                        FrameIdEq{&frames_}};
   std::vector<std::vector<std::uint32_t>> stacks_;
+  std::size_t stacks_heap_ = 0;  // the ids' arrays of stacks_, kept as they change
   std::unordered_set<std::uint32_t, StackIdHash, StackIdEq> stack_ids_{0, StackIdHash{&stacks_},
                                                                        StackIdEq{&stacks_}};
 };
