@@ -534,15 +534,16 @@ def parse_result(tracers, text):
     blocks, values = sections(text)
     result = {t: {"hook": "-", "up": False, "tests": [], "failed": [], "btf_path": None}
               for t in tracers}
-    for t, (hook, up) in tracer_up(blocks.get("metrics", "")).items():
+    # The hooks are the stall job's (every tracer and label on; its drain errors are
+    # stall_problems'); the btf_path run's are the second column.
+    for t, (hook, up) in tracer_up(blocks.get("stall", "")).items():
         if t in result:
             result[t]["hook"], result[t]["up"] = hook, up
     for t, (hook, up) in tracer_up(blocks.get("btf-path", "")).items():
         if t in result:
             result[t]["btf_path"] = (hook, up)
-    errors = drain_errors(blocks.get("metrics", ""))
-    for t, n in drain_errors(blocks.get("btf-path", "")).items():
-        errors[f"{t} (btf_path run)"] = n
+    errors = {f"{t} (btf_path run)": n
+              for t, n in drain_errors(blocks.get("btf-path", "")).items()}
     xml = blocks.get("bpf-xml", "")
     if xml:
         try:
@@ -604,10 +605,9 @@ def stall_problems(tracers, blocks, values):
 
 def full_problems(tracers, result, drain_errors, values):
     problems = []
-    for run in ("metrics", "btf-path"):
-        status = values.get(f"EMD-DAEMON-EXIT-{run}", "?")
-        if status != "0":
-            problems.append(f"daemon ({run} run) exit status {status}")
+    status = values.get("EMD-DAEMON-EXIT-btf-path", "?")
+    if status != "0":
+        problems.append(f"daemon (btf-path run) exit status {status}")
     if values.get("EMD-BPF-EXIT") != "0":
         problems.append(f"bpf_tests exit status {values.get('EMD-BPF-EXIT', '?')}")
     for t, n in drain_errors.items():
@@ -737,7 +737,7 @@ def main():
                 print(f"   problem: {p}")
             if stall:
                 print("   the CPUs when the guest stopped:\n      " + "\n      ".join(stall[1:]))
-            for run_name in ("stall", "metrics", "btf-path"):
+            for run_name in ("stall", "btf-path"):
                 log = blocks.get(f"{run_name}-log", "").strip()
                 if log:
                     print(f"   daemon log ({run_name} run):\n      "
