@@ -635,7 +635,7 @@ TEST_CASE(
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_adddup2(&actions, in[0], STDIN_FILENO);
     char* argv[] = {const_cast<char*>("sh"), const_cast<char*>("-c"),
-                    const_cast<char*>("i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done; read x"),
+                    const_cast<char*>("i=0; while [ $i -lt 10000 ]; do i=$((i+1)); done; read x"),
                     nullptr};
     REQUIRE(posix_spawn(&shell, "/bin/sh", &actions, nullptr, argv, environ) == 0);
     posix_spawn_file_actions_destroy(&actions);
