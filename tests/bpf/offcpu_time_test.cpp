@@ -13,6 +13,8 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
+#include <optional>
 #include <string_view>
 #include <thread>
 
@@ -135,12 +137,38 @@ TEST_CASE(
       "\n    comm: true\n    slow:\n      threshold: 125ms\n      max_per_second: 1000\n";
   auto offcpu = test::start_tracer(store, "offcpu_time", offcpu_options, &profiles);
   // A child blocks in slow_read_in_known_function's read, each time for at least 300 ms.
-  test::SlowReader reader(kSlowReads, std::chrono::milliseconds(300));
-  const pid_t child = reader.pid();
+  // A return at which no program runs (oracle/sched_oracle.bpf.c says when) is a wait no
+  // program can time: the oracle counts the child's unseen returns, found at its next
+  // switch-out (its wait for finish() after the reads), and the events expected are the
+  // reads less those.
+  test::SchedOracle oracle;
+  std::uint64_t finished = 0;  // children that exited
+  const auto slow_reads_seen = [&](int reads, const std::function<void()>& run) {
+    // A child before it left the state of its last switch-out (it exited): cleared.
+    CHECK(test::wait_until([&] { return oracle.dead_switch_outs() >= finished; },
+                           std::chrono::seconds(60)));
+    oracle.target_comm(test::SlowReader::kComm);
+    const std::uint64_t unseen0 = oracle.unseen_returns(), out0 = oracle.blocked_switch_outs();
+    run();
+    CHECK(test::wait_until(
+        [&] {
+          return oracle.blocked_switch_outs() >= out0 + static_cast<std::uint64_t>(reads) + 1;
+        },
+        std::chrono::seconds(60)));
+    const std::uint64_t unseen = oracle.unseen_returns() - unseen0;
+    INFO(unseen << " of the child's returns unseen at the tracepoint");
+    CHECK(unseen * 2 <= static_cast<std::uint64_t>(reads));
+    return static_cast<std::size_t>(reads) - static_cast<std::size_t>(unseen);
+  };
+  std::optional<test::SlowReader> reader;
+  const std::size_t expected = slow_reads_seen(
+      kSlowReads, [&] { reader.emplace(kSlowReads, std::chrono::milliseconds(300)); });
+  const pid_t child = reader->pid();
   const auto ours = test::wait_for_slow_events(
-      offcpu, profiles, metric, kSlowReads,
+      offcpu, profiles, metric, expected,
       [&](const profiling::SlowEvent& e) { return e.pid == static_cast<std::uint32_t>(child); });
-  CHECK(reader.finish() == 0);
+  CHECK(reader->finish() == 0);
+  ++finished;
   // Nothing lost: the reader's comm series counts as many waits above 125 ms as there are
   // events of that comm. The events come through the ring and are symbolized on its
   // reader's thread, however long that takes on a slow machine, so the drains go on until
@@ -181,7 +209,7 @@ TEST_CASE(
                                       {{"tracer", "offcpu_time"}, {"reason", reason}});
     UNSCOPED_INFO(reason << " " << (d ? d->counter.value : 0));
   }
-  REQUIRE(ours.size() == kSlowReads);
+  REQUIRE(ours.size() == expected);
 
   profiling::SlowEventStore::Query q;
   q.metric = metric;
@@ -214,13 +242,15 @@ TEST_CASE(
   offcpu = {};
   offcpu = test::start_tracer(store, "offcpu_time", offcpu_options + "    label_map_entries: 512\n",
                               &profiles);
-  test::SlowReader again(2, std::chrono::milliseconds(300));
-  const auto after_restart =
-      test::wait_for_slow_events(offcpu, profiles, metric, 2, [&](const profiling::SlowEvent& e) {
-        return e.pid == static_cast<std::uint32_t>(again.pid());
+  std::optional<test::SlowReader> again;
+  const std::size_t expected_again =
+      slow_reads_seen(2, [&] { again.emplace(2, std::chrono::milliseconds(300)); });
+  const auto after_restart = test::wait_for_slow_events(
+      offcpu, profiles, metric, expected_again, [&](const profiling::SlowEvent& e) {
+        return e.pid == static_cast<std::uint32_t>(again->pid());
       });
-  CHECK(again.finish() == 0);
-  CHECK(after_restart.size() == 2);
+  CHECK(again->finish() == 0);
+  CHECK(after_restart.size() == expected_again);
 }
 
 TEST_CASE(

@@ -5,9 +5,12 @@
 // scheduler's own count of its switch-ins are no oracle for a tracer: under load the kernel
 // counts switch-ins there that the sched_switch tracepoint never shows.)
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdint>
+#include <cstring>
 #include <memory>
+#include <string>
 
 #include "ebpf_metricsd/bpf/hook_probe.h"
 #include "sched_oracle.skel.h"
@@ -32,6 +35,13 @@ class SchedOracle {
   // Counts the tasks of the cgroup v2 with id `id` from now on (none of them running yet).
   void target_cgroup(std::uint64_t id) {
     skel_->bss->target_cgroup = id;
+    clear_state();
+  }
+  // Counts the tasks named `comm` (one at a time) from now on.
+  void target_comm(const std::string& comm) {
+    std::memset(skel_->bss->target_comm, 0, sizeof skel_->bss->target_comm);
+    std::memcpy(skel_->bss->target_comm, comm.data(),
+                std::min(comm.size(), sizeof skel_->bss->target_comm - 1));
     clear_state();
   }
   std::uint64_t returns_from_blocking() const {

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
  * An independent count of the returns to a CPU of one target: a thread
- * (target_tid) or the tasks of a cgroup v2 (target_cgroup, its id).
+ * (target_tid), the tasks of a cgroup v2 (target_cgroup, its id) or the tasks
+ * named target_comm.
  *  - returns_from_blocking: switch-ins that follow a switch-out in which the
  *    task was not runnable;
  *  - returns_from_queue: switch-ins that follow a wakeup, the wakeup of a new
@@ -33,6 +34,7 @@
 
 volatile int target_tid = 0;
 volatile __u64 target_cgroup = 0;
+char target_comm[16] = {};
 __u64 returns_from_blocking = 0;
 __u64 returns_from_queue = 0;
 __u64 blocked_switch_outs = 0;
@@ -52,6 +54,18 @@ static __always_inline bool is_target(struct task_struct *t)
 		return BPF_CORE_READ(t, pid) == tid;
 	if (cgroup)
 		return BPF_CORE_READ(t, cgroups, dfl_cgrp, kn, id) == cgroup;
+	if (target_comm[0]) {
+		char comm[16];
+
+		BPF_CORE_READ_INTO(&comm, t, comm);
+		for (int i = 0; i < 16; i++) {
+			if (comm[i] != target_comm[i])
+				return false;
+			if (!comm[i])
+				break;
+		}
+		return true;
+	}
 	return false;
 }
 
