@@ -30,12 +30,6 @@ using namespace ebpf_metricsd;
 
 namespace {
 
-// offcpu_time's count of waits whose end no program saw (README: wake_missed).
-double wake_missed(MetricStore& store) {
-  return test::counter_value(store, "ebpf_metricsd_dropped_events_total",
-                             {{"tracer", "offcpu_time"}, {"reason", "wake_missed"}});
-}
-
 const std::string kHooks[] = {"auto", "raw_tp"};
 
 // The label set of a series of cgroup `cg` with the tracer's own labels `own`.
@@ -306,7 +300,7 @@ TEST_CASE("runqueue_latency and offcpu_time by cgroup: a process that sleeps and
   // least half of the reads' returns must be seen, for the exact counts above to prove much.
   CHECK(oracle.blocked_switch_outs() >= kSleeps);
   CHECK(oracle.unseen_returns() * 2 <= kSleeps);
-  CHECK(wake_missed(store) >= static_cast<double>(oracle.unseen_returns()));
+  CHECK(test::wake_missed(store) >= static_cast<double>(oracle.unseen_returns()));
 }
 
 namespace {

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <regex>
 #include <set>
@@ -94,22 +95,38 @@ class SampleOracle {
   std::vector<BpfLink> links_;
 };
 
-WorkloadRun run_workload(const std::string& binary, SampleOracle* oracle = nullptr) {
-  int out[2];
+// Runs the workload to its end. `while_held`, if given, runs once the workload has done its
+// work and printed what it measured, while its process still lives ("hold"): a profile cut
+// there names its stacks from mappings that can still be read, however late a starved host
+// read them after the process was announced.
+WorkloadRun run_workload(const std::string& binary, SampleOracle* oracle = nullptr,
+                         const std::function<void()>& while_held = {}) {
+  int out[2], in[2];
   REQUIRE(pipe2(out, O_CLOEXEC) == 0);
+  REQUIRE(pipe2(in, O_CLOEXEC) == 0);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, in[0], STDIN_FILENO);
   const std::string cpu = std::to_string(kCpuMs), reads = std::to_string(kReads);
-  char* argv[] = {const_cast<char*>(binary.c_str()), const_cast<char*>(cpu.c_str()),
-                  const_cast<char*>(reads.c_str()), nullptr};
+  std::vector<char*> argv = {const_cast<char*>(binary.c_str()), const_cast<char*>(cpu.c_str()),
+                             const_cast<char*>(reads.c_str())};
+  if (while_held) argv.push_back(const_cast<char*>("hold"));
+  argv.push_back(nullptr);
   WorkloadRun run;
-  REQUIRE(posix_spawn(&run.pid, binary.c_str(), &actions, nullptr, argv, environ) == 0);
+  REQUIRE(posix_spawn(&run.pid, binary.c_str(), &actions, nullptr, argv.data(), environ) == 0);
   if (oracle) oracle->target(run.pid);
   posix_spawn_file_actions_destroy(&actions);
   close(out[1]);
+  close(in[0]);
   std::string text;
   char buf[256];
+  // Its last line says it is done (and holds, if asked to).
+  const std::regex done(R"(threads_cpu_ns \d+\n)");
+  for (ssize_t n; !std::regex_search(text, done) && (n = read(out[0], buf, sizeof buf)) > 0;)
+    text.append(buf, static_cast<std::size_t>(n));
+  if (while_held) while_held();
+  close(in[1]);
   for (ssize_t n; (n = read(out[0], buf, sizeof buf)) > 0;)
     text.append(buf, static_cast<std::size_t>(n));
   close(out[0]);
@@ -295,12 +312,18 @@ std::string profile_counts(const MetricStore& metrics) {
   return out;
 }
 
+// The profile of one run of the workload. `held`: the last cut is taken while its process
+// lives on after its work (its stacks named from mappings that can be read then); else
+// after it exited (its threads' last accounting at exit in the window).
 ProfileWindow profile_run(profiling::ProfileStore& store, const std::string& binary,
-                          WorkloadRun& run, SampleOracle* oracle = nullptr) {
+                          WorkloadRun& run, SampleOracle* oracle = nullptr, bool held = true) {
   REQUIRE(store.cut());
   const auto from = profiling::Clock::now();
-  run = run_workload(binary, oracle);
-  REQUIRE(store.cut());
+  bool cut = false;
+  run = run_workload(binary, oracle, held ? std::function<void()>([&] { cut = store.cut(); })
+                                          : std::function<void()>());
+  if (!held) cut = store.cut();
+  REQUIRE(cut);
   return store.window(from, profiling::Clock::now());
 }
 
@@ -593,7 +616,7 @@ TEST_CASE(
   WorkloadRun run;
   // The workload's threads all begin after the first read and have exited by the second:
   // all their time is in the window, from their last accounting at exit.
-  const ProfileWindow w = profile_run(store, PROFILE_WORKLOAD_NOFP, run);
+  const ProfileWindow w = profile_run(store, PROFILE_WORKLOAD_NOFP, run, nullptr, false);
   REQUIRE(w.accounted);
   std::uint64_t on = 0, threads = 0;
   std::string text;

@@ -1,9 +1,11 @@
 #pragma once
 // The scheduler oracle (oracle/sched_oracle.bpf.c) loaded and attached: an independent
 // count, at the same sched_switch and sched_wakeup tracepoints the tracers use, of one
-// thread's or one cgroup's returns to a CPU. (A task's voluntary_ctxt_switches and the
-// scheduler's own count of its switch-ins are no oracle for a tracer: under load the kernel
-// counts switch-ins there that the sched_switch tracepoint never shows.)
+// thread's or one cgroup's returns to a CPU, and of the returns no program could see. (A
+// task's voluntary_ctxt_switches and the scheduler's own count of its switch-ins are no
+// oracle for a tracer: where the task switching out is one in whose context no BPF program
+// runs, as the threads of some hosts' PID 1, the switch-in reaches no program; README,
+// wake_missed.)
 
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -37,7 +39,7 @@ class SchedOracle {
     skel_->bss->target_cgroup = id;
     clear_state();
   }
-  // Counts the tasks named `comm` (one at a time) from now on.
+  // Counts the tasks named `comm` from now on.
   void target_comm(const std::string& comm) {
     std::memset(skel_->bss->target_comm, 0, sizeof skel_->bss->target_comm);
     std::memcpy(skel_->bss->target_comm, comm.data(),
@@ -59,6 +61,14 @@ class SchedOracle {
   std::uint64_t unseen_returns() const {
     return __atomic_load_n(&skel_->bss->unseen_returns, __ATOMIC_SEQ_CST);
   }
+  // Those of thread `tid` (since the oracle was loaded, whatever the target was).
+  std::uint64_t unseen_returns(int tid) const {
+    const auto key = static_cast<std::uint32_t>(tid);
+    std::uint64_t n = 0;
+    return bpf_map__lookup_elem(skel_->maps.unseen_by_tid, &key, sizeof key, &n, sizeof n, 0) == 0
+               ? n
+               : 0;
+  }
   // Last switch-outs of the target's tasks that exited. A task's last switch-out comes after
   // wait4() or pthread_join() returned; a test that reads unseen_returns() waits for it first.
   std::uint64_t dead_switch_outs() const {
@@ -70,10 +80,8 @@ class SchedOracle {
   }
 
  private:
-  void clear_state() {
-    __atomic_store_n(&skel_->bss->blocked_out, false, __ATOMIC_SEQ_CST);
-    __atomic_store_n(&skel_->bss->queued, false, __ATOMIC_SEQ_CST);
-  }
+  // The tasks' states from before count as unset (the state of a task's last switch-out).
+  void clear_state() { __atomic_add_fetch(&skel_->bss->generation, 1, __ATOMIC_SEQ_CST); }
   std::unique_ptr<sched_oracle, void (*)(sched_oracle*)> skel_;
 };
 

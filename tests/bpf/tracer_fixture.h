@@ -79,11 +79,21 @@ inline StartedTracer start_tracer(MetricStore& store, const std::string& name,
   throw std::runtime_error("tracer " + name + " is not registered");
 }
 
-// What the kernel skipped of `tracer`'s programs so far, as counted in the store: runs that
-// would have re-entered a program on a CPU (a task preempted inside it, or an NMI).
-inline double recursion_misses(const MetricStore& store, const std::string& tracer) {
+// `tracer`'s drops of `reason` so far, as counted in the store
+// (ebpf_metricsd_dropped_events_total).
+inline double dropped_events(const MetricStore& store, const std::string& tracer,
+                             const std::string& reason) {
   return counter_value(store, "ebpf_metricsd_dropped_events_total",
-                       {{"tracer", tracer}, {"reason", "recursion"}});
+                       {{"tracer", tracer}, {"reason", reason}});
+}
+// What the kernel skipped of `tracer`'s programs so far: runs that would have re-entered a
+// program on a CPU (a task preempted inside it, or an NMI).
+inline double recursion_misses(const MetricStore& store, const std::string& tracer) {
+  return dropped_events(store, tracer, "recursion");
+}
+// offcpu_time's count of waits whose end no program saw (README: wake_missed).
+inline double wake_missed(const MetricStore& store) {
+  return dropped_events(store, "offcpu_time", "wake_missed");
 }
 
 // The two scheduler tracers from one config, as the daemon starts them (each its own object).

@@ -19,9 +19,10 @@
  *  - dead_switch_outs: last switch-outs of exiting tasks (after wait4() or
  *    pthread_join() returned, so a test waits for it before it reads the
  *    counts: that switch-out is where a last unseen return is found).
- * One task of the target at a time: the state is kept once, not per task (and
- * cleared by user space with a new target: a task's last switch-out, at its exit,
- * leaves it set).
+ * unseen_by_tid holds unseen_returns by thread. The state of each task of the
+ * target is kept in task_states, by thread id; a new target starts a new
+ * generation, in which the states of the one before count as unset (a task's
+ * last switch-out, at its exit, leaves its state set).
  */
 #include "vmlinux.h"
 #include <bpf/bpf_core_read.h>
@@ -41,9 +42,59 @@ __u64 blocked_switch_outs = 0;
 __u64 blocked_ns = 0;
 __u64 unseen_returns = 0;
 __u64 dead_switch_outs = 0;
-__u64 blocked_at = 0;
-bool blocked_out = false;
-bool queued = false;
+volatile __u32 generation = 0;
+
+struct task_state {
+	__u64 blocked_at;
+	__u32 generation;
+	bool blocked_out;
+	bool queued;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct task_state);
+} task_states SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, __u64);
+} unseen_by_tid SEC(".maps");
+
+/* The state of task `tid` in this generation, created unset where there is none. */
+static __always_inline struct task_state *state_of(__u32 tid)
+{
+	struct task_state *st = bpf_map_lookup_elem(&task_states, &tid);
+	__u32 gen = generation;
+
+	if (!st) {
+		struct task_state fresh = { .generation = gen };
+
+		bpf_map_update_elem(&task_states, &tid, &fresh, BPF_NOEXIST);
+		return bpf_map_lookup_elem(&task_states, &tid);
+	}
+	if (st->generation != gen) {
+		st->generation = gen;
+		st->blocked_out = false;
+		st->queued = false;
+	}
+	return st;
+}
+
+static __always_inline void count_unseen(__u32 tid)
+{
+	__u64 one = 1, *n = bpf_map_lookup_elem(&unseen_by_tid, &tid);
+
+	__sync_fetch_and_add(&unseen_returns, 1);
+	if (n)
+		__sync_fetch_and_add(n, 1);
+	else
+		bpf_map_update_elem(&unseen_by_tid, &tid, &one, BPF_NOEXIST);
+}
 
 static __always_inline bool is_target(struct task_struct *t)
 {
@@ -73,38 +124,52 @@ static __always_inline void on_switch(struct task_struct *prev,
 				      struct task_struct *next, bool blocked,
 				      bool prev_state_dead)
 {
+	struct task_state *st;
+
 	if (is_target(prev)) {
-		if (blocked_out) {
-			__sync_fetch_and_add(&unseen_returns, 1);
-			blocked_out = false;
+		__u32 tid = BPF_CORE_READ(prev, pid);
+
+		st = state_of(tid);
+		if (st && st->blocked_out) {
+			count_unseen(tid);
+			st->blocked_out = false;
 		}
 		if (prev_state_dead)
 			__sync_fetch_and_add(&dead_switch_outs, 1);
-		if (blocked) {
-			blocked_out = true;
-			blocked_at = bpf_ktime_get_ns();
+		if (blocked)
 			__sync_fetch_and_add(&blocked_switch_outs, 1);
-		} else {
-			queued = true;
+		if (st && blocked) {
+			st->blocked_out = true;
+			st->blocked_at = bpf_ktime_get_ns();
+		} else if (st) {
+			st->queued = true;
 		}
 	}
 	if (is_target(next)) {
-		if (blocked_out) {
+		st = state_of(BPF_CORE_READ(next, pid));
+		if (!st)
+			return;
+		if (st->blocked_out) {
 			__sync_fetch_and_add(&returns_from_blocking, 1);
 			__sync_fetch_and_add(&blocked_ns,
-					     bpf_ktime_get_ns() - blocked_at);
+					     bpf_ktime_get_ns() - st->blocked_at);
 		}
-		if (queued)
+		if (st->queued)
 			__sync_fetch_and_add(&returns_from_queue, 1);
-		blocked_out = false;
-		queued = false;
+		st->blocked_out = false;
+		st->queued = false;
 	}
 }
 
 static __always_inline void on_wakeup(struct task_struct *p)
 {
-	if (is_target(p))
-		queued = true;
+	struct task_state *st;
+
+	if (!is_target(p))
+		return;
+	st = state_of(BPF_CORE_READ(p, pid));
+	if (st)
+		st->queued = true;
 }
 
 struct task_struct___long_state {
