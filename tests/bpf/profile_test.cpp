@@ -320,8 +320,9 @@ ProfileWindow profile_run(profiling::ProfileStore& store, const std::string& bin
   REQUIRE(store.cut());
   const auto from = profiling::Clock::now();
   bool cut = false;
-  run = run_workload(binary, oracle, held ? std::function<void()>([&] { cut = store.cut(); })
-                                          : std::function<void()>());
+  run = run_workload(
+      binary, oracle,
+      held ? std::function<void()>([&] { cut = store.cut(); }) : std::function<void()>());
   if (!held) cut = store.cut();
   REQUIRE(cut);
   return store.window(from, profiling::Clock::now());
