@@ -240,10 +240,19 @@ TEST_CASE(
 
   INFO(requests << " writes, " << found.events.size() << " events");
   CHECK(found.events.size() == requests);  // none lost
+  // Where an event comes with the stack from its start: why the tracer did not hold it.
+  std::string returns;
+  for (const char* reason : {"slow_return_mismatch", "slow_return_exited", "slow_return_exec",
+                             "slow_return_full", "slow_return_late"}) {
+    returns += std::string(" ") + reason + "=" +
+               std::to_string(static_cast<long>(test::dropped_events(store, "block_io", reason)));
+  }
+  INFO("events not held for their return:" << returns);
   std::size_t from_writer = 0;
   for (const auto& e : found.events) {
     const auto user = test::user_functions(e, found.window);
-    INFO("issuer " << e.comm << " (" << e.pid << "), user frames: " << test::chain_text(user));
+    INFO("issuer " << e.comm << " (" << e.pid << "), tid " << e.tid << ", " << e.latency_ns / 1000
+                   << " us, user frames: " << test::chain_text(user));
     if (e.pid != pid) {
       // A kernel worker that issued the request: the stack from the issue, a kernel one.
       CHECK(e.stack_at_start);
