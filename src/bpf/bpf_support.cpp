@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <sstream>
 
@@ -116,9 +117,60 @@ std::string kernel_btf_path() {
   return g_btf_path;
 }
 
-struct btf* load_kernel_btf() {
-  const std::string path = kernel_btf_path();
-  return path.empty() ? btf__load_vmlinux_btf() : btf__parse(path.c_str(), nullptr);
+namespace {
+
+// Parsed BTF by path ("" = the running kernel's), kept while a KernelBtfHold lives.
+struct BtfCache {
+  std::mutex mutex;
+  int holds = 0;
+  std::map<std::string, std::shared_ptr<const btf>> parsed;
+};
+
+BtfCache& btf_cache() {
+  static BtfCache cache;
+  return cache;
+}
+
+std::shared_ptr<const btf> shared_btf(const std::string& path) {
+  BtfCache& cache = btf_cache();
+  std::lock_guard lock(cache.mutex);
+  if (auto it = cache.parsed.find(path); it != cache.parsed.end()) return it->second;
+  btf* parsed = path.empty() ? btf__load_vmlinux_btf() : btf__parse(path.c_str(), nullptr);
+  if (!parsed) return nullptr;  // errno says why
+  std::shared_ptr<const btf> shared(parsed, [](const btf* b) { btf__free(const_cast<btf*>(b)); });
+  if (cache.holds > 0) cache.parsed.emplace(path, shared);
+  return shared;
+}
+
+}  // namespace
+
+KernelBtfHold::KernelBtfHold() {
+  std::lock_guard lock(btf_cache().mutex);
+  ++btf_cache().holds;
+}
+
+KernelBtfHold::~KernelBtfHold() {
+  std::lock_guard lock(btf_cache().mutex);
+  if (--btf_cache().holds == 0) btf_cache().parsed.clear();
+}
+
+std::shared_ptr<const btf> kernel_btf() { return shared_btf(kernel_btf_path()); }
+
+std::shared_ptr<const btf> running_kernel_btf() { return shared_btf(""); }
+
+int running_kernel_btf_id(const std::string& name, enum bpf_attach_type attach) {
+  const auto vmlinux = running_kernel_btf();
+  if (!vmlinux) return -errno;
+  std::string prefix;
+  __u32 kind = BTF_KIND_FUNC;
+  if (attach == BPF_TRACE_RAW_TP) {
+    prefix = "btf_trace_";
+    kind = BTF_KIND_TYPEDEF;
+  } else if (attach == BPF_TRACE_ITER) {
+    prefix = "bpf_iter_";
+  }
+  const int id = btf__find_by_name_kind(vmlinux.get(), (prefix + name).c_str(), kind);
+  return id < 0 ? -ENOENT : id;
 }
 
 bpf_object_open_opts skeleton_open_opts(std::string& storage) {

@@ -61,7 +61,7 @@ std::string probe(HookKind kind, const std::string& tracepoint) {
   LIBBPF_OPTS(bpf_prog_load_opts, opts);
   bpf_prog_type type = BPF_PROG_TYPE_RAW_TRACEPOINT;
   if (kind == HookKind::Fentry) {
-    const int btf_id = libbpf_find_vmlinux_btf_id(tracepoint.c_str(), BPF_TRACE_FENTRY);
+    const int btf_id = running_kernel_btf_id(tracepoint, BPF_TRACE_FENTRY);
     if (btf_id < 0) return bpf_error_text("no BTF for function " + tracepoint, btf_id);
     opts.expected_attach_type = BPF_TRACE_FENTRY;
     opts.attach_btf_id = static_cast<__u32>(btf_id);
@@ -72,7 +72,7 @@ std::string probe(HookKind kind, const std::string& tracepoint) {
     return "";
   }
   if (kind == HookKind::TpBtf) {
-    const int btf_id = libbpf_find_vmlinux_btf_id(tracepoint.c_str(), BPF_TRACE_RAW_TP);
+    const int btf_id = running_kernel_btf_id(tracepoint, BPF_TRACE_RAW_TP);
     if (btf_id < 0) return bpf_error_text("no BTF for tracepoint " + tracepoint, btf_id);
     type = BPF_PROG_TYPE_TRACING;
     opts.expected_attach_type = BPF_TRACE_RAW_TP;
@@ -109,7 +109,7 @@ std::string type_spelling(const btf* b, __u32 id) {
 }  // namespace
 
 std::optional<std::vector<std::string>> tracepoint_arg_types(const std::string& tracepoint) {
-  std::unique_ptr<btf, void (*)(btf*)> vmlinux(load_kernel_btf(), btf__free);
+  const auto vmlinux = kernel_btf();
   if (!vmlinux) return std::nullopt;
   const int id =
       btf__find_by_name_kind(vmlinux.get(), ("btf_trace_" + tracepoint).c_str(), BTF_KIND_TYPEDEF);

@@ -136,7 +136,7 @@ Calls calls_of(const bpf_program* prog) {
 }  // namespace
 
 KernelAllocators probe_kernel_allocators() {
-  std::unique_ptr<btf, void (*)(btf*)> vmlinux(load_kernel_btf(), btf__free);
+  const auto vmlinux = kernel_btf();
   KernelAllocators k;
   if (!vmlinux) return k;
   // kmalloc_nolock() (6.18+) is safe in any context; BPF maps that left the BPF memory

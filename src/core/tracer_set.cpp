@@ -103,6 +103,7 @@ bool TracerSet::drain() {
   std::lock_guard lock(slots_mutex_);
   bool all_ok = true;
   for (Slot& slot : slots_) {
+    if (exiting_) break;
     if (slot.tracer) drain(slot, all_ok);
   }
   return all_ok;
@@ -121,12 +122,14 @@ void TracerSet::drain(Slot& slot, bool& all_ok) {
   store_.set(drain_duration_, {slot.config.name}, took.count());
 }
 
+void TracerSet::begin_exit() { exiting_ = true; }
+
 void TracerSet::stop_all() {
   std::lock_guard lock(slots_mutex_);
   for (Slot& slot : slots_) {
     if (!slot.tracer) continue;
     bool ok = true;
-    drain(slot, ok);
+    if (!exiting_) drain(slot, ok);
     slot.tracer.reset();
   }
   slots_.clear();

@@ -305,6 +305,7 @@ int Daemon::run() {
     break;
   }
   sd_notify(0, "STOPPING=1\nSTATUS=stopping");
+  tracers_->begin_exit();  // the drain round in progress ends at its current tracer
   drain_->stop();
   tracers_->stop_all();  // detach and unload every BPF object
   web_.reset();          // ends the connections in progress at once

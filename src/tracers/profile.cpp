@@ -240,7 +240,7 @@ class ProfileTracer final : public Tracer {
       // the off-CPU state where the switch programs keep it: task storage with tp_btf.
       // An iterator attaches by the kernel's BTF: a kernel without it (btf_path) has none.
       const bool storage = off && kind == HookKind::TpBtf;
-      const bool iterate = libbpf_find_vmlinux_btf_id("task", BPF_TRACE_ITER) >= 0;
+      const bool iterate = running_kernel_btf_id("task", BPF_TRACE_ITER) >= 0;
       hooks.push_back({p.profile_threads_btf, p.profile_threads_btf, iterate && storage, false});
       hooks.push_back({p.profile_threads_raw, p.profile_threads_raw, iterate && !storage, false});
       hooks.push_back({p.profile_thread_end, p.profile_thread_end, iterate});

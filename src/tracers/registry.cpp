@@ -2,6 +2,8 @@
 
 #include <stdexcept>
 
+#include "ebpf_metricsd/bpf/bpf_support.h"
+
 namespace ebpf_metricsd {
 
 // Each tracer unit in src/tracers/ defines its descriptor.
@@ -42,6 +44,7 @@ std::unique_ptr<Tracer> build_tracer(const TracerConfig& config, MetricScope& sc
   const TracerDescriptor* d = find_tracer(config.name);
   if (!d) throw std::runtime_error("no tracer " + config.name + " in this build");
   auto tracer = d->create(scope, *config.options, context);
+  const KernelBtfHold btf;  // its hook probes and checks read the kernel's BTF once
   tracer->start(prober, config.hook);
   return tracer;
 }

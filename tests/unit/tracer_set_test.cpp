@@ -16,6 +16,7 @@ struct Ledger {
   std::map<std::string, int> builds;
   std::map<std::string, int> alive;
   std::map<std::string, int> failures_left;
+  std::map<std::string, int> drains;
 };
 
 class RecordedTracer : public Tracer {
@@ -26,7 +27,7 @@ class RecordedTracer : public Tracer {
   ~RecordedTracer() override { --ledger_.alive[name_]; }
   void start(HookProber&, HookPreference) override {}
   std::string hook() const override { return "none"; }
-  void drain() override {}
+  void drain() override { ++ledger_.drains[name_]; }
 
  private:
   Ledger& ledger_;
@@ -87,5 +88,33 @@ TEST_CASE("a reload restarts the tracers whose sections changed and no other") {
     CHECK(ledger.alive["b"] == 0);
     CHECK(ledger.builds["a"] == 1);
     CHECK(set.running() == 1);
+  }
+}
+
+TEST_CASE("stopping drains each tracer a last time, but none once the daemon exits") {
+  MetricStore store;
+  Ledger ledger;
+  auto build = [&](const TracerConfig& tc, MetricScope&) {
+    return std::unique_ptr<Tracer>(new RecordedTracer(ledger, tc.name));
+  };
+  SECTION("a stop without begin_exit drains every tracer once") {
+    TracerSet set(store, build);
+    REQUIRE(set.apply({config("a"), config("b")}).empty());
+    set.stop_all();
+    CHECK(ledger.drains["a"] == 1);
+    CHECK(ledger.drains["b"] == 1);
+    CHECK(ledger.alive["a"] == 0);
+  }
+  SECTION("after begin_exit, neither a drain round nor the stop drains") {
+    TracerSet set(store, build);
+    REQUIRE(set.apply({config("a"), config("b")}).empty());
+    CHECK(set.drain());
+    set.begin_exit();
+    CHECK(set.drain());
+    set.stop_all();
+    CHECK(ledger.drains["a"] == 1);
+    CHECK(ledger.drains["b"] == 1);
+    CHECK(ledger.alive["a"] == 0);
+    CHECK(ledger.alive["b"] == 0);
   }
 }

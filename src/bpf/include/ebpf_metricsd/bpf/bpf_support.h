@@ -41,9 +41,29 @@ using SkeletonPtr = std::unique_ptr<Skel, SkeletonDeleter<Skel, Destroy>>;
 // as one of the BTFHub files). Set once at start and on reload, before tracers start.
 void set_kernel_btf_path(std::string path);
 std::string kernel_btf_path();
-// The kernel's BTF as libbpf reads it (from kernel_btf_path() when set); nullptr with
-// errno set when there is none. The caller frees it with btf__free.
-struct btf* load_kernel_btf();
+// The kernel's BTF for its types (from kernel_btf_path() when set); nullptr with errno set
+// when there is none.
+std::shared_ptr<const struct btf> kernel_btf();
+// The running kernel's own BTF (/sys/kernel/btf/vmlinux, whatever btf_path says): the ids
+// programs attach by; nullptr with errno set when the kernel has none.
+std::shared_ptr<const struct btf> running_kernel_btf();
+// The id in running_kernel_btf() of what a program of `attach` type attaches to, as
+// libbpf_find_vmlinux_btf_id answers it (a tracepoint's btf_trace_ typedef, a function, an
+// iterator's bpf_iter_ function); a negative errno when there is none.
+int running_kernel_btf_id(const std::string& name, enum bpf_attach_type attach);
+
+// While one lives, the BTF above is read and parsed once and shared, not once per question:
+// the kernel's BTF is 5 to 7 MB, and starting the tracers asks of it about forty times (hook
+// probes, argument types, allocators), which costs most of their start under emulation.
+// Held around starting tracers; the parsed copy (about twice the file in memory) goes when
+// the last hold does.
+class KernelBtfHold {
+ public:
+  KernelBtfHold();
+  ~KernelBtfHold();
+  KernelBtfHold(const KernelBtfHold&) = delete;
+  KernelBtfHold& operator=(const KernelBtfHold&) = delete;
+};
 // Options for opening a skeleton: CO-RE relocations against kernel_btf_path() when set.
 // `storage` keeps the path alive as long as the options.
 bpf_object_open_opts skeleton_open_opts(std::string& storage);

@@ -3,6 +3,7 @@
 // and its state. Starting, stopping, restarting with counters carried over, and draining
 // happen here and nowhere else.
 
+#include <atomic>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -46,7 +47,11 @@ class TracerSet {
   // Drains every running tracer into the store; false when a drain failed (counted in
   // ebpf_metricsd_drain_errors_total).
   bool drain();
-  // Stops every tracer, draining each a last time.
+  // From now on a drain in progress skips the tracers it has not reached, and stop_all()
+  // drains none: at the daemon's exit nothing drained would be served, and a profile's
+  // drain (symbolizing what it holds) can take seconds on a busy host.
+  void begin_exit();
+  // Stops every tracer; each is drained a last time unless begin_exit() came first.
   void stop_all();
 
   std::vector<TracerStatus> statuses() const;
@@ -71,6 +76,7 @@ class TracerSet {
   Builder builder_;
   MetricStore::MetricId tracer_up_, drain_duration_, drain_errors_;
   std::mutex slots_mutex_;  // held while starting, stopping and draining
+  std::atomic<bool> exiting_{false};
   std::vector<Slot> slots_;
   mutable std::mutex status_mutex_;  // read by the web server's threads
   std::vector<TracerStatus> statuses_;
