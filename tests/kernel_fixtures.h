@@ -137,6 +137,12 @@ class LoopDevice {
   LoopDevice& operator=(const LoopDevice&) = delete;
   const std::string& dev() const { return dev_; }
   const std::string& name() const { return name_; }
+  // The largest request the block layer sends the device: a larger write is split.
+  void limit_requests_kib(int kib) const {
+    std::ofstream out("/sys/block/" + name_ + "/queue/max_sectors_kb");
+    out << kib << std::flush;
+    if (!out) throw std::runtime_error("cannot limit the requests of " + dev_);
+  }
 
   // /sys/block/<dev>/stat: completed reads, sectors read, completed writes, sectors written.
   std::array<std::uint64_t, 4> stat() const {

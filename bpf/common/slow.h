@@ -91,6 +91,9 @@ enum emd_slow_return_drop_reason {
 	/* the starter exec'd in the call (execve reading the new program): it
 	 * returns to another program */
 	EMD_SLOW_RETURN_EXEC = 3,
+	/* another event of the same call was held already (one is held per
+	 * call: the second slow request of an fsync) */
+	EMD_SLOW_RETURN_SECOND = 4,
 	EMD_SLOW_RETURN__COUNT,
 };
 

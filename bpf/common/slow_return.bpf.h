@@ -125,7 +125,8 @@ static __always_inline void emd_slow_start(void *ctx, __u64 key,
 /*
  * Holds a slow event of origin o (whose starter is inside the system call at
  * o->site) for the starter's return: false (the caller sends it now) when
- * another event of the call is held already, or there is no room (counted).
+ * another event of the call is held already, or there is no room (both
+ * counted).
  */
 static __always_inline bool
 emd_slow_hold_origin(const struct emd_slow_origin *o, __u64 now,
@@ -149,10 +150,11 @@ emd_slow_hold_origin(const struct emd_slow_origin *o, __u64 now,
 	if (!err)
 		return true;
 	__sync_fetch_and_add(&emd_slow_holding, (__u64)-1);
-	/* another event of the call is held already: this one goes now (not
-	 * counted); a full map is */
-	if (err != -EMD_EEXIST)
-		emd_count_drop(&emd_slow_return_drops, EMD_SLOW_RETURN_FULL);
+	/* another event of the call is held already, or the map is full: this
+	 * one goes now */
+	emd_count_drop(&emd_slow_return_drops, err == -EMD_EEXIST
+						     ? EMD_SLOW_RETURN_SECOND
+						     : EMD_SLOW_RETURN_FULL);
 	return false;
 }
 

@@ -27,8 +27,9 @@ const std::vector<SharedDrops>& shared_drops() {
        drop_reasons<EMD_USTACK_DROP__COUNT>({"ustack_no_regs", "ustack_unreadable", "ustack_budget",
                                              "ustack_ring_full", "ustack_worker"})},
       {"emd_slow_return_drops",
-       drop_reasons<EMD_SLOW_RETURN__COUNT>(
-           {"slow_return_mismatch", "slow_return_exited", "slow_return_full", "slow_return_exec"})},
+       drop_reasons<EMD_SLOW_RETURN__COUNT>({"slow_return_mismatch", "slow_return_exited",
+                                             "slow_return_full", "slow_return_exec",
+                                             "slow_return_second"})},
   };
   return tables;
 }

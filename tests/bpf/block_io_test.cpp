@@ -243,7 +243,7 @@ TEST_CASE(
   // Where an event comes with the stack from its start: why the tracer did not hold it.
   std::string returns;
   for (const char* reason : {"slow_return_mismatch", "slow_return_exited", "slow_return_exec",
-                             "slow_return_full", "slow_return_late"}) {
+                             "slow_return_full", "slow_return_late", "slow_return_second"}) {
     returns += std::string(" ") + reason + "=" +
                std::to_string(static_cast<long>(test::dropped_events(store, "block_io", reason)));
   }
@@ -281,8 +281,64 @@ TEST_CASE(
                                            {{"tracer", "block_io"}, {"result", "complete"}});
   REQUIRE(complete);
   CHECK(complete->counter.value >= from_writer);
+  test::check_no_drops(fams, "block_io",
+                       {"slow_limited", "slow_ring_full", "slow_queue_full", "slow_origin_full",
+                        "slow_return_mismatch", "slow_return_exited", "slow_return_full",
+                        "slow_return_late", "slow_return_second"});
+}
+
+TEST_CASE(
+    "a direct write split into many requests: one event held for the call, the others sent at "
+    "once and counted",
+    "[block_io][slow][unwind]") {
+  // Each 64 KiB pwrite() reaches a device that takes 4 KiB requests as 16 of them, all
+  // completed inside the one call. One event is held per call; the others of the same call go
+  // at once with the stack from their start, each counted as slow_return_second.
+  test::LoopDevice loop;
+  loop.limit_requests_kib(4);
+  MetricStore store;
+  profiling::ProfileStore profiles;
+  auto tracer = test::start_tracer(store, "block_io",
+                                   "    slow: {threshold: 1us, max_per_second: 1000}\n", &profiles);
+  constexpr int kWrites = 4;
+  const auto s0 = loop.stat();
+  test::SpawnedWorkload w({IO_WORKLOAD_NOFP, "write", loop.dev(), std::to_string(kWrites), "64"});
+  const std::uint64_t requests = loop.writes_since(s0, kWrites * 16);
+  REQUIRE(requests >= kWrites * 16);
+  const std::vector<std::pair<std::string, std::string>> writes = {{"device", loop.name()},
+                                                                   {"op", "write"}};
+  const auto found =
+      test::wait_for_slow(tracer, profiles, "ebpf_block_io_latency_seconds", requests,
+                          [&](const profiling::SlowEvent& e, const profiling::SlowWindow&) {
+                            return e.series == writes;
+                          });
+  const auto pid = static_cast<std::uint32_t>(w.pid());
+  CHECK(w.finish() == 0);
+  REQUIRE(found.events.size() == requests);  // none lost
+  std::size_t held = 0, at_start = 0;
+  for (const auto& e : found.events) {
+    if (e.pid != pid) continue;  // issued by a kernel worker: sent at once, not held
+    if (!e.stack_at_start) {
+      ++held;
+      INFO("user frames: " << test::chain_text(test::user_functions(e, found.window)));
+      CHECK(test::holds_in_order(test::user_functions(e, found.window),
+                                 {"write_block", "write_all", "main"}));
+    } else {
+      ++at_start;
+    }
+  }
+  if (held + at_start == 0) {
+    WARN("this kernel issued every loop request from a worker thread");
+    return;
+  }
+  tracer.tracer->drain();  // the counts of the events the last drain read
+  INFO(held << " held, " << at_start << " sent at once");
+  CHECK(held >= 1);
+  CHECK(held <= kWrites);  // one per call at most
+  CHECK(static_cast<double>(at_start) ==
+        test::dropped_events(store, "block_io", "slow_return_second"));
   test::check_no_drops(
-      fams, "block_io",
+      test::collect(store), "block_io",
       {"slow_limited", "slow_ring_full", "slow_queue_full", "slow_origin_full",
        "slow_return_mismatch", "slow_return_exited", "slow_return_full", "slow_return_late"});
 }

@@ -235,8 +235,8 @@ TEST_CASE(
                         {{"tracer", "tcp_connect_latency"}, {"result", "complete"}});
   REQUIRE(complete);
   CHECK(complete->counter.value >= kConnects);
-  test::check_no_drops(
-      fams, "tcp_connect_latency",
-      {"slow_limited", "slow_ring_full", "slow_queue_full", "slow_origin_full",
-       "slow_return_mismatch", "slow_return_exited", "slow_return_full", "slow_return_late"});
+  test::check_no_drops(fams, "tcp_connect_latency",
+                       {"slow_limited", "slow_ring_full", "slow_queue_full", "slow_origin_full",
+                        "slow_return_mismatch", "slow_return_exited", "slow_return_full",
+                        "slow_return_late", "slow_return_second"});
 }

@@ -3,8 +3,10 @@
 // system call that starts them:
 //   io_workload connect PORT N   N blocking connect()s to 127.0.0.1:PORT, each from
 //                                main -> connect_all -> connect_once -> connect
-//   io_workload write DEVICE N   N 4 KiB O_DIRECT pwrite()s to DEVICE, every other block
-//                                from the start, from main -> write_all -> write_block -> pwrite
+//   io_workload write DEVICE N [KIB]
+//                                N O_DIRECT pwrite()s of KIB KiB (4 by default, a multiple of 4)
+//                                to DEVICE, every other block from the start, from
+//                                main -> write_all -> write_block -> pwrite
 // Then it stays until its standard input closes (for its stacks to be named while it lives)
 // and exits 0; 1 when a call failed.
 #define _GNU_SOURCE
@@ -43,21 +45,23 @@ __attribute__((noinline, noipa)) int connect_all(int port, int n) {
   return 1;
 }
 
-__attribute__((noinline, noipa)) int write_block(int fd, const void *buf, long offset) {
-  const int ok = pwrite(fd, buf, 4096, offset) == 4096;
+__attribute__((noinline, noipa)) int write_block(int fd, const void *buf, long size,
+                                                 long offset) {
+  const int ok = pwrite(fd, buf, (size_t)size, offset) == size;
 
   tick();
   return ok;
 }
 
-__attribute__((noinline, noipa)) int write_all(const char *device, int n) {
+__attribute__((noinline, noipa)) int write_all(const char *device, int n, long size) {
   const int fd = open(device, O_WRONLY | O_DIRECT | O_CLOEXEC);
   void *buf = NULL;
 
-  if (fd < 0 || posix_memalign(&buf, 4096, 4096) != 0) return 0;
-  memset(buf, 0xcd, 4096);
+  if (fd < 0 || size <= 0 || size % 4096 || posix_memalign(&buf, 4096, (size_t)size) != 0)
+    return 0;
+  memset(buf, 0xcd, (size_t)size);
   for (int i = 0; i < n; i++) {
-    if (!write_block(fd, buf, (long)i * 8192)) return 0;
+    if (!write_block(fd, buf, size, (long)i * 2 * size)) return 0;
   }
   close(fd);
   free(buf);
@@ -69,11 +73,11 @@ int main(int argc, char **argv) {
   char c;
   int ok;
 
-  if (argc != 4) return 2;
+  if (argc != 4 && !(argc == 5 && strcmp(argv[1], "write") == 0)) return 2;
   if (strcmp(argv[1], "connect") == 0)
     ok = connect_all(atoi(argv[2]), atoi(argv[3]));
   else if (strcmp(argv[1], "write") == 0)
-    ok = write_all(argv[2], atoi(argv[3]));
+    ok = write_all(argv[2], atoi(argv[3]), argc == 5 ? atol(argv[4]) * 1024 : 4096);
   else
     return 2;
   while (read(0, &c, 1) > 0) {
