@@ -319,6 +319,20 @@ std::string die_name(Dwarf_Die* d) {
   return name ? name : "[inlined]";
 }
 
+// The compilation unit whose code holds `addr`: from .debug_aranges where the file has them,
+// else by asking each unit for its ranges. clang and rustc write no .debug_aranges unless
+// asked to, and libdw 0.188 (Debian 12's) finds no unit without them. At most kMaxUnitsAsked units
+// are asked: a hostile file may hold millions.
+Dwarf_Die* unit_at(Dwfl_Module* mod, std::uint64_t addr, Dwarf_Addr& bias) {
+  if (Dwarf_Die* cu = dwfl_module_addrdie(mod, addr, &bias)) return cu;
+  constexpr int kMaxUnitsAsked = 100000;
+  Dwarf_Die* cu = nullptr;
+  for (int i = 0; i < kMaxUnitsAsked && (cu = dwfl_module_nextcu(mod, cu, &bias)) != nullptr; ++i) {
+    if (dwarf_haspc(cu, addr - bias) == 1) return cu;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 // The lines at `addr` (see Frame::lines): the inlined functions whose scopes hold it,
@@ -328,7 +342,7 @@ std::optional<std::vector<SourceLine>> source_lines(Dwfl_Module* mod, std::uint6
                                                     const std::string& function) {
   std::vector<SourceLine> out;
   Dwarf_Addr cu_bias = 0;
-  Dwarf_Die* cu = dwfl_module_addrdie(mod, addr, &cu_bias);
+  Dwarf_Die* cu = unit_at(mod, addr, cu_bias);
   if (!cu) return out;
   // A line table that cannot be read is read again at every lookup, and libdw 0.188 leaks a
   // little each time: the caller reads no more of this file's DWARF.
@@ -338,8 +352,9 @@ std::optional<std::vector<SourceLine>> source_lines(Dwfl_Module* mod, std::uint6
     return std::nullopt;
   std::string file;
   int line = 0;
-  if (Dwfl_Line* l = dwfl_module_getsrc(mod, addr)) {
-    if (const char* f = dwfl_lineinfo(l, nullptr, &line, nullptr, nullptr, nullptr)) file = f;
+  if (Dwarf_Line* l = dwarf_getsrc_die(cu, addr - cu_bias)) {
+    if (const char* f = dwarf_linesrc(l, nullptr, nullptr)) file = f;
+    if (dwarf_lineno(l, &line) != 0) line = 0;
   }
   Dwarf_Die* scopes = nullptr;
   const int n = dwarf_getscopes(cu, addr - cu_bias, &scopes);

@@ -1,6 +1,7 @@
 // Files from users as hostile input: what ElfFile refuses and why, the debug-file finder,
 // and a file truncated by its owner while the symbolizer reads it (no mapping: no SIGBUS).
 #include <elf.h>
+#include <elfutils/libdwfl.h>
 #include <fcntl.h>
 #include <gelf.h>
 #include <signal.h>
@@ -245,6 +246,61 @@ TEST_CASE("elf files: a user's file is read only when it is what it says", "[elf
     few.max_symbols = 8;
     CHECK(refusal(dir.copy("symbols"), few) == ElfRefusal::TooManySymbols);
   }
+}
+
+TEST_CASE("elf files: source lines in a file built by clang, whose DWARF has no .debug_aranges",
+          "[elf]") {
+  ElfRefusal why{};
+  auto file = ElfFile::open(open_user_file(LINES_WORKLOAD_CLANG), ElfLimits{}, why);
+  REQUIRE(file);
+  // The premise: the file has DWARF but no .debug_aranges, the table libdw's address
+  // lookups read.
+  std::size_t names = 0;
+  REQUIRE(elf_getshdrstrndx(file->elf(), &names) == 0);
+  bool aranges = false, info = false;
+  for (Elf_Scn* scn = nullptr; (scn = elf_nextscn(file->elf(), scn)) != nullptr;) {
+    GElf_Shdr sh;
+    if (!gelf_getshdr(scn, &sh)) continue;
+    const char* name = elf_strptr(file->elf(), names, sh.sh_name);
+    aranges |= name && std::string(name) == ".debug_aranges";
+    info |= name && std::string(name) == ".debug_info";
+  }
+  REQUIRE(info);
+  REQUIRE_FALSE(aranges);
+  // The line of the function's body in its source.
+  int line = 0;
+  {
+    std::ifstream src(LINES_WORKLOAD_SOURCE);
+    std::string text;
+    for (int n = 1; std::getline(src, text); ++n) {
+      if (text.find("/* emd_lined_by_clang's line */") != std::string::npos) line = n;
+    }
+  }
+  REQUIRE(line > 0);
+
+  Dwfl* dwfl = dwfl_begin(&dwfl_callbacks(true));
+  REQUIRE(dwfl);
+  dwfl_report_begin(dwfl);
+  Dwfl_Module* mod = file->report(dwfl, "lines_workload_clang");
+  dwfl_report_end(dwfl, nullptr, nullptr);
+  REQUIRE(mod);
+  GElf_Addr addr = 0;
+  for (int i = 0, n = dwfl_module_getsymtab(mod); i < n; ++i) {
+    GElf_Sym sym;
+    GElf_Addr at = 0;
+    const char* name = dwfl_module_getsym_info(mod, i, &sym, &at, nullptr, nullptr, nullptr);
+    if (name && std::string(name) == "emd_lined_by_clang") addr = at;
+  }
+  REQUIRE(addr != 0);
+  const auto lines = source_lines(mod, addr, "emd_lined_by_clang");
+  dwfl_end(dwfl);
+  REQUIRE(lines);
+  REQUIRE(lines->size() == 1);
+  CHECK(lines->back().function == "emd_lined_by_clang");
+  CHECK_THAT(lines->back().file, Catch::Matchers::EndsWith("lines_workload.c"));
+  // Its first instruction: the line of its body, or of its declaration just above.
+  CHECK(lines->back().line >= static_cast<std::uint32_t>(line - 1));
+  CHECK(lines->back().line <= static_cast<std::uint32_t>(line));
 }
 
 TEST_CASE("elf files: debug files only by build ID, checked like the file", "[elf]") {
