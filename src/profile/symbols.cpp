@@ -873,7 +873,10 @@ std::vector<Frame> Symbolizer::user_frames(std::uint32_t pid_number,
   std::lock_guard lock(mutex_);
   install_captured();
   user_.capture(pid);
-  if (!user_.knows(pid)) return {mappings_not_read()};
+  if (!user_.knows(pid)) {
+    ++stacks_without_mappings_;
+    return {mappings_not_read()};
+  }
   for (std::size_t i = 0; i < ips.size(); ++i) {
     Frame f = user_.resolve(pid, ips[i], i > 0, lines);
     if (f.module == "[unknown]" && i == 0) {
@@ -897,6 +900,7 @@ std::vector<Frame> Symbolizer::user_frames(std::uint32_t pid_number, std::uint32
   user_.capture(pid);
   if (!user_.knows(pid)) {
     end = UnwindEnd::NoModule;
+    ++stacks_without_mappings_;
     return {mappings_not_read()};
   }
   Unwound u = user_.unwind(pid, static_cast<pid_t>(tid), copy, max_depth);
@@ -968,6 +972,7 @@ Symbolizer::Sizes Symbolizer::sizes() {
   s.refused = user_.refused();
   s.held = user_.held();
   s.table_bytes = user_.table_bytes();
+  s.stacks_without_mappings = stacks_without_mappings_;
   return s;
 }
 

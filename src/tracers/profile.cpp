@@ -179,6 +179,13 @@ class ProfileTracer final : public Tracer {
                                  "line table of it). Their frames keep their names.",
                                  MetricType::Counter,
                                  {"reason"}})),
+        no_mappings_(scope.declare(
+            {"ebpf_metricsd_profile_stacks_without_mappings_total",
+             "User stacks (of samples, waits and slow events) whose process exited before "
+             "the daemon read its mappings: their user part is the one frame "
+             "[mappings not read].",
+             MetricType::Counter,
+             {}})),
         samples_(scope.declare({"ebpf_metricsd_profile_samples_total",
                                 "On-CPU samples and off-CPU waits the profile recorded.",
                                 MetricType::Counter,
@@ -773,6 +780,8 @@ class ProfileTracer final : public Tracer {
     dwarf_broken_seen_ = sizes.held.dwarf_broken;
     scope_.add(refused_, {"perf_map"}, sizes.held.jit_maps_refused - jit_refused_seen_);
     jit_refused_seen_ = sizes.held.jit_maps_refused;
+    scope_.add(no_mappings_, {}, sizes.stacks_without_mappings - no_mappings_seen_);
+    no_mappings_seen_ = sizes.stacks_without_mappings;
     for (profiling::ElfRefusal why : profiling::kElfRefusals) {
       const auto i = static_cast<std::size_t>(why);
       scope_.add(refused_, {std::string(profiling::elf_refusal_name(why))},
@@ -912,8 +921,10 @@ class ProfileTracer final : public Tracer {
   MetricScope& scope_;
   ProfileOptions options_;
   DropAccounting drops_;
-  MetricScope::Metric caches_, memory_, refused_, no_lines_, samples_, unwinds_metric_, unwind_cpu_;
-  std::uint64_t lines_over_budget_seen_ = 0, dwarf_broken_seen_ = 0, jit_refused_seen_ = 0;
+  MetricScope::Metric caches_, memory_, refused_, no_lines_, no_mappings_, samples_,
+      unwinds_metric_, unwind_cpu_;
+  std::uint64_t lines_over_budget_seen_ = 0, dwarf_broken_seen_ = 0, jit_refused_seen_ = 0,
+                no_mappings_seen_ = 0;
   profiling::ProfileStore* store_;
   profiling::UserSymbols::Refusals refused_seen_{};
   Skeleton skel_;

@@ -294,6 +294,22 @@ extern "C" __attribute__((noinline, used)) int emd_profile_unit_caller(int x) {
   return emd_profile_unit_marker(x) + 1;
 }
 
+TEST_CASE("user symbols: a stack of a process gone before its mappings were read, counted") {
+  const std::string kallsyms = temp_file("kallsyms-gone", "ffffffff81000000 T _stext\n");
+  const std::string modules = temp_file("modules-gone", "");
+  Symbolizer sym({}, kallsyms, modules);
+  const std::uint32_t gone = 4000000;  // above pid_max: no process has it
+  CHECK(sym.sizes().stacks_without_mappings == 0);
+  const auto frames = sym.user_frames(gone, std::vector<std::uint64_t>{0x401000, 0x401100});
+  REQUIRE(frames.size() == 1);
+  CHECK(frames[0].function == "[mappings not read]");
+  CHECK(sym.sizes().stacks_without_mappings == 1);
+  // A process whose mappings were read: none counted.
+  const auto marker = reinterpret_cast<std::uint64_t>(&emd_profile_unit_marker);
+  CHECK(sym.user_frames(getpid(), std::vector<std::uint64_t>{marker + 1}).size() == 1);
+  CHECK(sym.sizes().stacks_without_mappings == 1);
+}
+
 TEST_CASE("one symbolizer, one set of rules, for a slow event and a profile sample alike") {
   const std::string kallsyms = temp_file("kallsyms-rules",
                                          "ffffffff81000000 T _stext\n"

@@ -272,6 +272,9 @@ class Symbolizer {
     UserSymbols::Refusals refused;  // files refused so far, by ElfRefusal
     UserSymbols::Held held;
     std::uint64_t table_bytes;
+    // User stacks named "[mappings not read]" so far: their process was gone before its
+    // mappings were read.
+    std::uint64_t stacks_without_mappings;
   };
   Sizes sizes();
 
@@ -286,6 +289,7 @@ class Symbolizer {
   std::mutex captured_mutex_;
   std::vector<std::pair<std::shared_ptr<UserSymbols::Snapshot>, bool>> captured_;
   std::chrono::steady_clock::time_point kernel_read_{};
+  std::uint64_t stacks_without_mappings_ = 0;  // under mutex_
 };
 
 }  // namespace ebpf_metricsd::profiling
