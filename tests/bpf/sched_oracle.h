@@ -47,9 +47,11 @@ class SchedOracle {
     clear_state();
   }
   std::uint64_t returns_from_blocking() const {
+    require_tracked();
     return __atomic_load_n(&skel_->bss->returns_from_blocking, __ATOMIC_SEQ_CST);
   }
   std::uint64_t returns_from_queue() const {
+    require_tracked();
     return __atomic_load_n(&skel_->bss->returns_from_queue, __ATOMIC_SEQ_CST);
   }
   // Time from each blocking switch-out to the switch-in after it, in seconds.
@@ -59,10 +61,12 @@ class SchedOracle {
   // Returns from blocking that reached no program: the target switched out again with no
   // switch-in seen since it blocked (oracle/sched_oracle.bpf.c says when that happens).
   std::uint64_t unseen_returns() const {
+    require_tracked();
     return __atomic_load_n(&skel_->bss->unseen_returns, __ATOMIC_SEQ_CST);
   }
   // Those of thread `tid` (since the oracle was loaded, whatever the target was).
   std::uint64_t unseen_returns(int tid) const {
+    require_tracked();
     const auto key = static_cast<std::uint32_t>(tid);
     std::uint64_t n = 0;
     return bpf_map__lookup_elem(skel_->maps.unseen_by_tid, &key, sizeof key, &n, sizeof n, 0) == 0
@@ -80,6 +84,11 @@ class SchedOracle {
   }
 
  private:
+  // Every count above is exact only if the oracle followed every task of the target.
+  void require_tracked() const {
+    INFO("tasks of the target the oracle could not follow (its maps full)");
+    REQUIRE(__atomic_load_n(&skel_->bss->untracked, __ATOMIC_SEQ_CST) == 0);
+  }
   // The tasks' states from before count as unset (the state of a task's last switch-out).
   void clear_state() { __atomic_add_fetch(&skel_->bss->generation, 1, __ATOMIC_SEQ_CST); }
   std::unique_ptr<sched_oracle, void (*)(sched_oracle*)> skel_;

@@ -20,9 +20,10 @@
  *    pthread_join() returned, so a test waits for it before it reads the
  *    counts: that switch-out is where a last unseen return is found).
  * unseen_by_tid holds unseen_returns by thread. The state of each task of the
- * target is kept in task_states, by thread id; a new target starts a new
- * generation, in which the states of the one before count as unset (a task's
- * last switch-out, at its exit, leaves its state set).
+ * target is kept in task_states, by thread id, until its last switch-out; a new
+ * target starts a new generation, in which the states of the one before count
+ * as unset. untracked: the times a task of the target could not be followed
+ * (a map full), which the tests require to be none.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_core_read.h>
@@ -42,6 +43,7 @@ __u64 blocked_switch_outs = 0;
 __u64 blocked_ns = 0;
 __u64 unseen_returns = 0;
 __u64 dead_switch_outs = 0;
+__u64 untracked = 0;
 volatile __u32 generation = 0;
 
 struct task_state {
@@ -75,7 +77,10 @@ static __always_inline struct task_state *state_of(__u32 tid)
 		struct task_state fresh = { .generation = gen };
 
 		bpf_map_update_elem(&task_states, &tid, &fresh, BPF_NOEXIST);
-		return bpf_map_lookup_elem(&task_states, &tid);
+		st = bpf_map_lookup_elem(&task_states, &tid);
+		if (!st)
+			__sync_fetch_and_add(&untracked, 1);
+		return st;
 	}
 	if (st->generation != gen) {
 		st->generation = gen;
@@ -92,8 +97,8 @@ static __always_inline void count_unseen(__u32 tid)
 	__sync_fetch_and_add(&unseen_returns, 1);
 	if (n)
 		__sync_fetch_and_add(n, 1);
-	else
-		bpf_map_update_elem(&unseen_by_tid, &tid, &one, BPF_NOEXIST);
+	else if (bpf_map_update_elem(&unseen_by_tid, &tid, &one, BPF_NOEXIST))
+		__sync_fetch_and_add(&untracked, 1);
 }
 
 static __always_inline bool is_target(struct task_struct *t)
@@ -134,11 +139,13 @@ static __always_inline void on_switch(struct task_struct *prev,
 			count_unseen(tid);
 			st->blocked_out = false;
 		}
-		if (prev_state_dead)
-			__sync_fetch_and_add(&dead_switch_outs, 1);
 		if (blocked)
 			__sync_fetch_and_add(&blocked_switch_outs, 1);
-		if (st && blocked) {
+		if (prev_state_dead) {
+			/* it runs no more: its state goes */
+			__sync_fetch_and_add(&dead_switch_outs, 1);
+			bpf_map_delete_elem(&task_states, &tid);
+		} else if (st && blocked) {
 			st->blocked_out = true;
 			st->blocked_at = bpf_ktime_get_ns();
 		} else if (st) {
