@@ -160,7 +160,7 @@ std::shared_ptr<const btf> running_kernel_btf() { return shared_btf(""); }
 
 int running_kernel_btf_id(const std::string& name, enum bpf_attach_type attach) {
   const auto vmlinux = running_kernel_btf();
-  if (!vmlinux) return -errno;
+  if (!vmlinux) return errno ? -errno : -ENOENT;
   std::string prefix;
   __u32 kind = BTF_KIND_FUNC;
   if (attach == BPF_TRACE_RAW_TP) {

@@ -320,15 +320,28 @@ std::string die_name(Dwarf_Die* d) {
 }
 
 // The compilation unit whose code holds `addr`: from .debug_aranges where the file has them,
-// else by asking each unit for its ranges. clang and rustc write no .debug_aranges unless
-// asked to, and libdw 0.188 (Debian 12's) finds no unit without them. At most kMaxUnitsAsked units
-// are asked: a hostile file may hold millions.
-Dwarf_Die* unit_at(Dwfl_Module* mod, std::uint64_t addr, Dwarf_Addr& bias) {
+// else by reading each unit's ranges. clang and rustc write no .debug_aranges unless asked
+// to, and libdw 0.188 (Debian 12's) finds no unit without them. A hostile file can give
+// millions of units, or units that all name one huge range list: at most kMaxRangesRead
+// ranges are read for one address, past which `gave_up` is set (the caller reads no more of
+// the file's DWARF).
+Dwarf_Die* unit_at(Dwfl_Module* mod, std::uint64_t addr, Dwarf_Addr& bias, bool& gave_up) {
   if (Dwarf_Die* cu = dwfl_module_addrdie(mod, addr, &bias)) return cu;
-  constexpr int kMaxUnitsAsked = 100000;
-  Dwarf_Die* cu = nullptr;
-  for (int i = 0; i < kMaxUnitsAsked && (cu = dwfl_module_nextcu(mod, cu, &bias)) != nullptr; ++i) {
-    if (dwarf_haspc(cu, addr - bias) == 1) return cu;
+  constexpr int kMaxRangesRead = 100000;
+  int read = 0;
+  for (Dwarf_Die* cu = nullptr; (cu = dwfl_module_nextcu(mod, cu, &bias)) != nullptr;) {
+    Dwarf_Addr base = 0, lo = 0, hi = 0;
+    for (ptrdiff_t at = 0; (at = dwarf_ranges(cu, at, &base, &lo, &hi)) > 0;) {
+      if (++read > kMaxRangesRead) {
+        gave_up = true;
+        return nullptr;
+      }
+      if (addr - bias >= lo && addr - bias < hi) return cu;
+    }
+    if (++read > kMaxRangesRead) {  // a unit without ranges costs a read too
+      gave_up = true;
+      return nullptr;
+    }
   }
   return nullptr;
 }
@@ -342,7 +355,9 @@ std::optional<std::vector<SourceLine>> source_lines(Dwfl_Module* mod, std::uint6
                                                     const std::string& function) {
   std::vector<SourceLine> out;
   Dwarf_Addr cu_bias = 0;
-  Dwarf_Die* cu = unit_at(mod, addr, cu_bias);
+  bool gave_up = false;
+  Dwarf_Die* cu = unit_at(mod, addr, cu_bias, gave_up);
+  if (gave_up) return std::nullopt;
   if (!cu) return out;
   // A line table that cannot be read is read again at every lookup, and libdw 0.188 leaks a
   // little each time: the caller reads no more of this file's DWARF.

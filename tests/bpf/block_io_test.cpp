@@ -281,10 +281,12 @@ TEST_CASE(
                                            {{"tracer", "block_io"}, {"result", "complete"}});
   REQUIRE(complete);
   CHECK(complete->counter.value >= from_writer);
-  test::check_no_drops(fams, "block_io",
-                       {"slow_limited", "slow_ring_full", "slow_queue_full", "slow_origin_full",
-                        "slow_return_mismatch", "slow_return_exited", "slow_return_full",
-                        "slow_return_late", "slow_return_second"});
+  test::check_no_drops(
+      fams, "block_io",
+      {"slow_limited", "slow_ring_full", "slow_queue_full", "slow_origin_full",
+       "slow_return_mismatch", "slow_return_exited", "slow_return_full", "slow_return_late"});
+  // Not slow_return_second: the tracer sees every disk of the host, and another process's
+  // fsync of several requests counts there; the writer's own events are checked above.
 }
 
 TEST_CASE(
@@ -335,7 +337,9 @@ TEST_CASE(
   INFO(held << " held, " << at_start << " sent at once");
   CHECK(held >= 1);
   CHECK(held <= kWrites);  // one per call at most
-  CHECK(static_cast<double>(at_start) ==
+  // Each of the writer's events sent at once is counted; other processes' (the tracer sees
+  // every disk of the host) may add to the count.
+  CHECK(static_cast<double>(at_start) <=
         test::dropped_events(store, "block_io", "slow_return_second"));
   test::check_no_drops(
       test::collect(store), "block_io",
@@ -370,7 +374,7 @@ TEST_CASE(
   // An event its thread has waited 20 s to return from: as the kernel side holds one.
   emd_slow_held h{};
   h.origin.tgid = 1;
-  h.origin.tid = 4000000;  // above pid_max: no thread of the host has it
+  h.origin.tid = 4194400;  // above PID_MAX_LIMIT (4194304): no thread has it
   std::strcpy(h.origin.comm, "stuck-in-fsync");
   h.origin.site.nr = 74;  // fsync
   h.ts = monotonic_ns() - 20'000'000'000ULL;

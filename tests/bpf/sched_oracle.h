@@ -56,6 +56,7 @@ class SchedOracle {
   }
   // Time from each blocking switch-out to the switch-in after it, in seconds.
   double blocked_seconds() const {
+    require_tracked();
     return static_cast<double>(__atomic_load_n(&skel_->bss->blocked_ns, __ATOMIC_SEQ_CST)) / 1e9;
   }
   // Returns from blocking that reached no program: the target switched out again with no
@@ -76,10 +77,12 @@ class SchedOracle {
   // Last switch-outs of the target's tasks that exited. A task's last switch-out comes after
   // wait4() or pthread_join() returned; a test that reads unseen_returns() waits for it first.
   std::uint64_t dead_switch_outs() const {
+    require_tracked();
     return __atomic_load_n(&skel_->bss->dead_switch_outs, __ATOMIC_SEQ_CST);
   }
   // Switch-outs of the target in which it was not runnable, as the tracepoint saw them.
   std::uint64_t blocked_switch_outs() const {
+    require_tracked();
     return __atomic_load_n(&skel_->bss->blocked_switch_outs, __ATOMIC_SEQ_CST);
   }
 

@@ -298,7 +298,7 @@ TEST_CASE("user symbols: a stack of a process gone before its mappings were read
   const std::string kallsyms = temp_file("kallsyms-gone", "ffffffff81000000 T _stext\n");
   const std::string modules = temp_file("modules-gone", "");
   Symbolizer sym({}, kallsyms, modules);
-  const std::uint32_t gone = 4000000;  // above pid_max: no process has it
+  const std::uint32_t gone = 4194400;  // above PID_MAX_LIMIT (4194304): no process has it
   CHECK(sym.sizes().stacks_without_mappings == 0);
   const auto frames = sym.user_frames(gone, std::vector<std::uint64_t>{0x401000, 0x401100});
   REQUIRE(frames.size() == 1);

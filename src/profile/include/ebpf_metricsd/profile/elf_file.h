@@ -119,7 +119,8 @@ struct SourceLine {
 // dwfl_callbacks(true)): the functions inlined there, innermost first, each with the line it
 // is at, then `function` (the symbol's name) with the line where the outermost of them was
 // inlined (or of the address). Empty where its DWARF knows nothing of the address; nullopt
-// where the line table it would be in cannot be read (then read no more of the module's
+// where the line table it would be in cannot be read, or where finding its unit in a file
+// without .debug_aranges takes more than 100,000 ranges (then read no more of the module's
 // DWARF). At most 64 inlined levels are looked at.
 std::optional<std::vector<SourceLine>> source_lines(Dwfl_Module* mod, std::uint64_t addr,
                                                     const std::string& function);
