@@ -259,7 +259,11 @@ TEST_CASE("page_cache by cgroup: the reading and writing process's cgroup", "[cg
   CHECK(accesses1 >= kPages);
   CHECK(misses2 == misses1);
   CHECK(accesses2 - accesses1 >= kPages);
-  CHECK(dirtied == kDirty);
+  // Every rewritten page, plus at most a block or two of file system metadata the write
+  // dirtied in the block device's page cache from the writer's context (the inode's block,
+  // when writeback had cleaned it: seen once, 33 of 32, on this machine's file system).
+  CHECK(dirtied >= kDirty);
+  CHECK(dirtied <= kDirty + 2);
 }
 
 TEST_CASE("runqueue_latency and offcpu_time by cgroup: a process that sleeps and wakes",
