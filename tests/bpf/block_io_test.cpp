@@ -31,6 +31,21 @@
 
 using namespace ebpf_metricsd;
 
+namespace {
+
+// The slow events of writes on `loop`, once there are `n` (test::wait_for_slow).
+test::SlowFound slow_writes(const test::StartedTracer& tracer, profiling::ProfileStore& profiles,
+                            const test::LoopDevice& loop, std::size_t n) {
+  const std::vector<std::pair<std::string, std::string>> writes = {{"device", loop.name()},
+                                                                   {"op", "write"}};
+  return test::wait_for_slow(tracer, profiles, "ebpf_block_io_latency_seconds", n,
+                             [&](const profiling::SlowEvent& e, const profiling::SlowWindow&) {
+                               return e.series == writes;
+                             });
+}
+
+}  // namespace
+
 TEST_CASE("direct 4 KiB reads and writes on a loop device are counted exactly", "[block_io]") {
   const std::string hook = GENERATE(std::string("auto"), std::string("raw_tp"));
   INFO("hook " << hook);
@@ -162,18 +177,12 @@ TEST_CASE(
   const std::uint64_t requests = loop.writes_since(s0, kWrites);
   REQUIRE(requests >= kWrites);
 
-  profiling::SlowEventStore::Query q;
-  q.metric = "ebpf_block_io_latency_seconds";
-  const std::vector<std::pair<std::string, std::string>> writes = {{"device", loop.name()},
-                                                                   {"op", "write"}};
-  const auto on_loop = test::wait_for_slow_events(
-      tracer, profiles, q.metric, requests, [&](const auto& e) { return e.series == writes; });
+  const auto [on_loop, window] = slow_writes(tracer, profiles, loop, requests);
   CHECK(writer.finish() == 0);  // it stayed until its events were in
 
   // One event per write the disk completed, none lost.
   INFO(requests << " writes, " << on_loop.size() << " events");
   CHECK(on_loop.size() == requests);
-  const auto window = profiles.slow_events().query(q);
   std::size_t from_child = 0;
   for (const auto& e : on_loop) {
     if (e.pid != static_cast<std::uint32_t>(child)) continue;
@@ -228,13 +237,7 @@ TEST_CASE(
   test::SpawnedWorkload w({binary, "write", loop.dev(), std::to_string(kWrites)});
   const std::uint64_t requests = loop.writes_since(s0, kWrites);
   REQUIRE(requests >= kWrites);
-  const std::vector<std::pair<std::string, std::string>> writes = {{"device", loop.name()},
-                                                                   {"op", "write"}};
-  const auto found =
-      test::wait_for_slow(tracer, profiles, "ebpf_block_io_latency_seconds", requests,
-                          [&](const profiling::SlowEvent& e, const profiling::SlowWindow&) {
-                            return e.series == writes;
-                          });
+  const auto found = slow_writes(tracer, profiles, loop, requests);
   const auto pid = static_cast<std::uint32_t>(w.pid());
   CHECK(w.finish() == 0);
 
@@ -307,13 +310,7 @@ TEST_CASE(
   test::SpawnedWorkload w({IO_WORKLOAD_NOFP, "write", loop.dev(), std::to_string(kWrites), "64"});
   const std::uint64_t requests = loop.writes_since(s0, kWrites * 16);
   REQUIRE(requests >= kWrites * 16);
-  const std::vector<std::pair<std::string, std::string>> writes = {{"device", loop.name()},
-                                                                   {"op", "write"}};
-  const auto found =
-      test::wait_for_slow(tracer, profiles, "ebpf_block_io_latency_seconds", requests,
-                          [&](const profiling::SlowEvent& e, const profiling::SlowWindow&) {
-                            return e.series == writes;
-                          });
+  const auto found = slow_writes(tracer, profiles, loop, requests);
   const auto pid = static_cast<std::uint32_t>(w.pid());
   CHECK(w.finish() == 0);
   REQUIRE(found.events.size() == requests);  // none lost
