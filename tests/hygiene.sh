@@ -24,13 +24,14 @@ fi
 echo "clang-format: ${#cxx[@]} files as .clang-format says"
 
 [[ -f $build/compile_commands.json ]] || { echo "$build/compile_commands.json is missing" >&2; exit 1; }
-mapfile -t sources < <(find src -name '*.cpp' | sort)
-# Two at a time: the checks parse each file with all its headers. Not reported: what the
+# Largest first, two at a time, a file each, so that no file waits at the end behind
+# another's batch: the checks parse each file with all its headers. Not reported: what the
 # compiler flags allow but clang would warn about in libbpf's option macros (statement
 # expressions, compound literals) and in the generated skeletons (their object as one long
 # string), and gcc's warning options clang does not know.
+mapfile -t sources < <(find src -name '*.cpp' -printf '%s %p\n' | sort -rn | cut -d' ' -f2)
 if ! printf '%s\n' "${sources[@]}" |
-    xargs -P 2 -n 4 clang-tidy -p "$build" --quiet --warnings-as-errors='*' \
+    xargs -P 2 -n 1 clang-tidy -p "$build" --quiet --warnings-as-errors='*' \
       --extra-arg=-Wno-unknown-warning-option --extra-arg=-Wno-gnu-statement-expression \
       --extra-arg=-Wno-c99-extensions --extra-arg=-Wno-overlength-strings \
       >"$build/clang-tidy.log" 2>&1; then

@@ -5,10 +5,17 @@
 # that daemon. Any report ends the process with an error, so a finding fails the test.
 # docs/testing.md says which timing and memory assertions are scaled or skipped under them,
 # and why.
-#   bash tests/sanitizers.sh SOURCE_DIR BUILD_DIR
+# The main build compiles the tree beforehand (`--build-only`, the `sanitizer_tree` target),
+# so that here it is found up to date.
+#   bash tests/sanitizers.sh [--build-only] SOURCE_DIR BUILD_DIR
 set -euo pipefail
-src=${1:?usage: tests/sanitizers.sh SOURCE_DIR BUILD_DIR}
-main=${2:?usage: tests/sanitizers.sh SOURCE_DIR BUILD_DIR}
+build_only=0
+if [[ ${1:-} == --build-only ]]; then
+  build_only=1
+  shift
+fi
+src=${1:?usage: tests/sanitizers.sh [--build-only] SOURCE_DIR BUILD_DIR}
+main=${2:?usage: tests/sanitizers.sh [--build-only] SOURCE_DIR BUILD_DIR}
 build=$main/sanitizers
 start=$SECONDS
 # Warnings are not errors here: the main build (GCC) holds that line. The tree is built by
@@ -27,6 +34,7 @@ cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=None -DCMAKE_C_COMPILER=clang \
 cmake --build "$build" -j"$(nproc)" --target ebpf-metricsd unit_tests >"$build.build.log" 2>&1 ||
   { tail -n 100 "$build.build.log"; exit 1; }
 echo "built with sanitizers in $((SECONDS - start)) s"
+((build_only)) && exit 0
 # Leaks too (LeakSanitizer, at exit); every report is fatal.
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1

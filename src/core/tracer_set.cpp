@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "ebpf_metricsd/base/clock.h"
+
 namespace ebpf_metricsd {
 
 TracerSet::TracerSet(MetricStore& store, Builder builder)
@@ -122,7 +124,13 @@ void TracerSet::drain(Slot& slot, bool& all_ok) {
   store_.set(drain_duration_, {slot.config.name}, took.count());
 }
 
-void TracerSet::begin_exit() { exiting_ = true; }
+void TracerSet::begin_exit() {
+  exiting_ = true;
+  // Without slots_mutex_, which a drain in progress holds: the slots change only in apply()
+  // and stop_all(), on this same thread.
+  for (Slot& slot : slots_)
+    if (slot.tracer) slot.tracer->abandon();
+}
 
 void TracerSet::stop_all() {
   std::lock_guard lock(slots_mutex_);
@@ -130,7 +138,10 @@ void TracerSet::stop_all() {
     if (!slot.tracer) continue;
     bool ok = true;
     if (!exiting_) drain(slot, ok);
+    const std::uint64_t t0 = monotonic_ns();
     slot.tracer.reset();
+    spdlog::debug("tracer {} stopped in {} ms", slot.config.name,
+                  (monotonic_ns() - t0) / 1'000'000);
   }
   slots_.clear();
 }

@@ -306,7 +306,9 @@ int Daemon::run() {
   }
   sd_notify(0, "STOPPING=1\nSTATUS=stopping");
   tracers_->begin_exit();  // the drain round in progress ends at its current tracer
+  const std::uint64_t t0 = monotonic_ns();
   drain_->stop();
+  spdlog::debug("drain loop stopped in {} ms", (monotonic_ns() - t0) / 1'000'000);
   tracers_->stop_all();  // detach and unload every BPF object
   web_.reset();          // ends the connections in progress at once
   spdlog::info("stopped: all tracers detached");

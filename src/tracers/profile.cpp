@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <bit>
 #include <cstddef>
 #include <cstring>
@@ -296,8 +297,14 @@ class ProfileTracer final : public Tracer {
 
   std::string hook() const override { return skel_.hook(); }
 
+  // At the daemon's exit: the records still in the rings are not unwound, and a cut in
+  // progress ends after reading them (under emulation, unwinding a drain's records took
+  // longer than the rest of the daemon's stop).
+  void abandon() override { abandoned_ = true; }
+
   void drain() override {
     cut();
+    if (abandoned_) return;
     drops_.drain();
     publish();
     if (profiling::Clock::now() - workloads_resolved_ >= kWorkloadRescan) resolve_workloads();
@@ -327,7 +334,7 @@ class ProfileTracer final : public Tracer {
   // then aggregated until the next cut.
   void on_record(std::span<const std::byte> data) {
     constexpr std::size_t header = offsetof(profile_record, ustack.data);
-    if (data.size() < header) return;
+    if (data.size() < header || abandoned_) return;
     // The record without the stack bytes, which are read in place.
     profile_record r;
     std::memcpy(&r, data.data(), header);
@@ -432,6 +439,7 @@ class ProfileTracer final : public Tracer {
     // behind (a slow host): a cut holds everything taken before it.
     announcements_.catch_up();
     records_.catch_up();
+    if (abandoned_) return;
     // The batch ends now, and the next begins. The samples and waits whose user stacks
     // were copied, unwound as they arrived, until now: a record that arrives from now on
     // is of the next batch.
@@ -939,6 +947,7 @@ class ProfileTracer final : public Tracer {
   __u64 threads_seen_at_ = 0;
   std::size_t exited_from_ = 0;
   bool started_ = false;
+  std::atomic<bool> abandoned_{false};
 
   std::mutex cut_mutex_;  // one cut at a time: the drain's and a reader's
   int slot_fd_ = -1, stacks_fd_ = -1;

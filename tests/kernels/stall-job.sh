@@ -75,7 +75,7 @@ while [ ! -e /tmp/stall.stop ]; do
 done) &
 workload=$!
 
-/ebpf-metricsd --config /tmp/stall.yaml --web.listen-address 127.0.0.1:9810 \
+/ebpf-metricsd --config /tmp/stall.yaml --web.listen-address 127.0.0.1:9810 --log.level debug \
   >/tmp/daemon-stall.log 2>&1 &
 daemon=$!
 
@@ -116,7 +116,7 @@ say "EMD-BEGIN stall"
 [ -n "$lines" ] && echo "$lines" >/dev/ttyS1
 say "EMD-END stall"
 say "EMD-BEGIN stall-log"
-grep -v ' debug' /tmp/daemon-stall.log | grep -E '^[0-9]{4}-' | tail -n 60 >/dev/ttyS1
+awk '!/ debug / || /stopped in/' /tmp/daemon-stall.log | grep -E '^[0-9]{4}-' | tail -n 60 >/dev/ttyS1
 say "EMD-END stall-log"
 
 # Leave the cgroup tree as the boot found it, for the oracle tests of a full boot.

@@ -1,6 +1,7 @@
 // TracerSet brings the running tracers in line with a config: it starts, stops and restarts
 // exactly the tracers whose sections changed (or that failed before), and no other.
 #include <catch2/catch.hpp>
+#include <functional>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -17,6 +18,8 @@ struct Ledger {
   std::map<std::string, int> alive;
   std::map<std::string, int> failures_left;
   std::map<std::string, int> drains;
+  std::map<std::string, int> abandons;
+  std::function<void(const std::string&)> on_drain;  // inside a tracer's drain
 };
 
 class RecordedTracer : public Tracer {
@@ -27,7 +30,11 @@ class RecordedTracer : public Tracer {
   ~RecordedTracer() override { --ledger_.alive[name_]; }
   void start(HookProber&, HookPreference) override {}
   std::string hook() const override { return "none"; }
-  void drain() override { ++ledger_.drains[name_]; }
+  void drain() override {
+    ++ledger_.drains[name_];
+    if (ledger_.on_drain) ledger_.on_drain(name_);
+  }
+  void abandon() override { ++ledger_.abandons[name_]; }
 
  private:
   Ledger& ledger_;
@@ -116,5 +123,27 @@ TEST_CASE("stopping drains each tracer a last time, but none once the daemon exi
     CHECK(ledger.drains["b"] == 1);
     CHECK(ledger.alive["a"] == 0);
     CHECK(ledger.alive["b"] == 0);
+    CHECK(ledger.abandons["a"] == 1);
+    CHECK(ledger.abandons["b"] == 1);
+  }
+  SECTION("begin_exit while a tracer drains: it is told to abandon, the next is not drained") {
+    TracerSet set(store, build);
+    REQUIRE(set.apply({config("a"), config("b")}).empty());
+    ledger.on_drain = [&](const std::string& name) {
+      if (name == "a") set.begin_exit();  // the signal arrives while "a" drains
+    };
+    CHECK(set.drain());
+    CHECK(ledger.drains["a"] == 1);
+    CHECK(ledger.abandons["a"] == 1);
+    CHECK(ledger.drains["b"] == 0);
+    set.stop_all();
+    CHECK(ledger.drains["a"] == 1);
+    CHECK(ledger.drains["b"] == 0);
+  }
+  SECTION("a stop without begin_exit abandons nothing") {
+    TracerSet set(store, build);
+    REQUIRE(set.apply({config("a")}).empty());
+    set.stop_all();
+    CHECK(ledger.abandons["a"] == 0);
   }
 }

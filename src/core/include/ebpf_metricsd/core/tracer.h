@@ -21,6 +21,9 @@ class Tracer {
   virtual std::string hook() const = 0;
   // Reads the maps and adds everything that happened since the previous drain to the store.
   virtual void drain() = 0;
+  // The daemon is exiting and nothing drained from now on is served: work in progress
+  // (a drain, a reader thread) may end at once. Called from another thread than drain()'s.
+  virtual void abandon() {}
 };
 
 // A tracer's own options, parsed from its config section by its descriptor and handed back

@@ -47,9 +47,10 @@ class TracerSet {
   // Drains every running tracer into the store; false when a drain failed (counted in
   // ebpf_metricsd_drain_errors_total).
   bool drain();
-  // From now on a drain in progress skips the tracers it has not reached, and stop_all()
-  // drains none: at the daemon's exit nothing drained would be served, and a profile's
-  // drain (symbolizing what it holds) can take seconds on a busy host.
+  // From now on a drain in progress skips the tracers it has not reached, the tracer it is
+  // in abandons its work (Tracer::abandon), and stop_all() drains none: at the daemon's exit
+  // nothing drained would be served, and a profile's drain (unwinding and symbolizing what
+  // it holds) can take seconds on a busy host. Called from the thread that applies configs.
   void begin_exit();
   // Stops every tracer; each is drained a last time unless begin_exit() came first.
   void stop_all();
