@@ -654,7 +654,11 @@ def main():
                     help="Catch2 test spec for bpf_tests on every kernel (default: "
                          f"'{TESTS_ALL}' on 5.10 and the newest, '{TESTS_BETWEEN}' between)")
     ap.add_argument("--keep", default="", help="copy each guest's console and report here")
-    ap.add_argument("--timeout", type=int, default=600, help="seconds per boot")
+    # A stopped guest is found by its heartbeat (--stall-after); this only ends one that runs
+    # on without finishing. A full boot takes 260 to 390 s of a quiet 2-CPU host and twice
+    # that with one of its CPUs busy (beside stress-ng --cpu 1: 622 s and still going), so
+    # the limit leaves room for a host several times slower.
+    ap.add_argument("--timeout", type=int, default=2400, help="seconds per boot")
     ap.add_argument("--many-cpus", default=MANY_CPUS_KERNEL,
                     help="the kernel whose boots have 64 possible CPUs (2 online)")
     args = ap.parse_args()
