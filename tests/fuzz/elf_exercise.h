@@ -2,7 +2,8 @@
 // What the daemon does with a user's ELF file, on one buffer: checked as ElfFile (elf_file.h)
 // and, when taken, read through libdwfl as the symbolizer and the unwinder read it (symbols by
 // address across its load range, their source lines from its DWARF, CFI for the same
-// addresses, the build ID). Shared by the libFuzzer target (elf_fuzz.cpp) and the unit
+// addresses, the build ID) and compiled into an unwind table as the walk in the kernel reads
+// it. Shared by the libFuzzer target (elf_fuzz.cpp) and the unit
 // suite, which replays the seed corpus.
 #include <elf.h>
 #include <elfutils/libdw.h>
@@ -10,6 +11,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "ebpf_metricsd/profile/elf_file.h"
+#include "ebpf_metricsd/profile/unwind_table.h"
 
 namespace ebpf_metricsd::test {
 
@@ -78,6 +81,16 @@ inline std::size_t exercise_elf(const std::uint8_t* data, std::size_t size) {
     }
   }
   dwfl_end(dwfl);
+  // Bounded as the daemon bounds it, smaller: an input is a few milliseconds.
+  profiling::UnwindTableLimits table_limits;
+  table_limits.max_rows = 1u << 16;
+  table_limits.max_time = std::chrono::milliseconds(2000);
+  profiling::UnwindTableRefusal refused{};
+  if (auto table = profiling::build_unwind_table(*file, table_limits, refused)) {
+    for (std::uint64_t a = file->low(); a < file->high();
+         a += (file->high() - file->low()) / 64 + 1)
+      named += table->find(a).kind;
+  }
   return named;
 }
 

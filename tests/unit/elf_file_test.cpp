@@ -23,6 +23,7 @@
 #include "../fuzz/elf_exercise.h"
 #include "ebpf_metricsd/profile/elf_file.h"
 #include "ebpf_metricsd/profile/symbols.h"
+#include "ebpf_metricsd/profile/unwind_table.h"
 
 using namespace ebpf_metricsd::profiling;
 namespace fs = std::filesystem;
@@ -355,6 +356,16 @@ TEST_CASE("elf files: a file its owner truncates while it is read", "[elf]") {
   copy.bytes = stack;
   const Unwound unwound = u.unwind(b.pid, b.pid, copy, 128);
   CHECK(unwound.frames.size() <= 1);
+  // Its unwind table, built from a file checked whole and cut before its CFI is read: the
+  // table is refused or cut short, nothing faults.
+  const std::string cfi = dir.copy("cfi");
+  ElfRefusal refused{};
+  auto file = ElfFile::open(open_user_file(cfi), ElfLimits{}, refused);
+  REQUIRE(file);
+  fs::resize_file(cfi, 4096);
+  UnwindTableRefusal why{};
+  const auto table = build_unwind_table(*file, UnwindTableLimits{}, why);
+  if (table) CHECK(table->find(main_at).kind == EMD_UNWIND_NONE);
 }
 
 TEST_CASE("elf files: the fuzzer's seed corpus, each through the whole read", "[elf][corpus]") {
