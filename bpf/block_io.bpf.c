@@ -11,6 +11,13 @@
  * whose queue lost the slot to another, or whose tag is out of range, falls
  * back to a hash keyed by the request.
  *
+ * A completion the kernel does not deliver (rarely, a request's block_rq_complete
+ * runs no program, and says so nowhere) leaves its stamp behind: the next issue
+ * of another request on that tag, or of that struct request, finds it and counts
+ * `complete_unseen`; until then user space shows it as in flight. A request is
+ * told from the one before it on its tag by its start_time_ns, which a requeue
+ * keeps (a requeued request is issued again and is not a loss).
+ *
  * With `slow` (common/slow_return.bpf.h), each issue also keeps the issuing
  * task's stacks by request, and a request that completes at or above the
  * threshold is sent to user space: when its issuer returns from the system
@@ -202,13 +209,26 @@ static __always_inline __u64 request_cgroup(struct request *rq, __u64 issuer,
 	return EMD_READ(raw, cg, kn, id);
 }
 
+/*
+ * A stamp still held when a request is issued: another request's (not this one
+ * requeued, which keeps its start time) whose completion was not seen. Without
+ * a start time (statistics off for the queue) the two cannot be told apart, and
+ * nothing is counted.
+ */
+static __always_inline void stale_stamp(__u64 held_ts, __u64 held_start, __u64 start)
+{
+	if (held_ts && start && held_start != start)
+		emd_count_drop(&drops, BLOCKIO_DROP_COMPLETE_UNSEEN);
+}
+
 static __always_inline int on_issue(void *ctx, struct request *rq, bool raw)
 {
-	struct blockio_stamp st = { .ts = bpf_ktime_get_ns() };
+	struct blockio_stamp st = { .ts = bpf_ktime_get_ns() }, *held;
 	__u64 key = (__u64)rq;
-	__u32 tag = EMD_READ(raw, rq, tag), slot;
+	__u32 tag = EMD_READ(raw, rq, tag), slot, i;
 	struct blockio_queue *q;
 
+	st.start = EMD_READ(raw, rq, start_time_ns);
 	if (emd_by_cgroup)
 		st.issuer = bpf_get_current_cgroup_id();
 	/* with `slow`: the issuing task, sent with the request if it proves slow */
@@ -216,12 +236,24 @@ static __always_inline int on_issue(void *ctx, struct request *rq, bool raw)
 	if (tag < BLOCKIO_TAGS) {
 		q = queue_of(rq, raw, true, &slot);
 		if (q) {
-			q->ts[tag_index(tag)] = st.ts;
+			i = tag_index(tag);
+			stale_stamp(q->ts[i], q->start[i], st.start);
+			q->start[i] = st.start;
+			q->ts[i] = st.ts;
 			if (emd_by_cgroup)
-				q->issuer[tag_index(tag)] = st.issuer;
+				q->issuer[i] = st.issuer;
 			return 0;
 		}
 	}
+	held = bpf_map_lookup_elem(&issued, &key);
+	if (held) {
+		stale_stamp(held->ts, held->start, st.start);
+		held->ts = st.ts;
+		held->issuer = st.issuer;
+		held->start = st.start;
+		return 0;
+	}
+	read_disk_name(request_disk(rq, raw), st.disk);
 	if (bpf_map_update_elem(&issued, &key, &st, BPF_ANY))
 		emd_count_drop(&drops, BLOCKIO_DROP_IN_FLIGHT_FULL);
 	return 0;

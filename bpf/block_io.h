@@ -22,12 +22,15 @@ struct blockio_queue {
 	char disk[BLOCKIO_DISK_NAME_LEN];
 	__u64 ts[BLOCKIO_TAGS];
 	__u64 issuer[BLOCKIO_TAGS]; /* cgroup of the issuing task (`cgroup: true`) */
+	__u64 start[BLOCKIO_TAGS];  /* the request's start_time_ns: which request the stamp is of */
 };
 
 /* A request in flight that has no queue slot. */
 struct blockio_stamp {
 	__u64 ts;
 	__u64 issuer;
+	__u64 start; /* the request's start_time_ns */
+	char disk[BLOCKIO_DISK_NAME_LEN];
 };
 
 enum blockio_op {
@@ -67,6 +70,9 @@ enum blockio_drop_reason {
 	BLOCKIO_DROP_SLOW_LIMITED = 4,	  /* a slow request over slow.max_per_second */
 	BLOCKIO_DROP_SLOW_RING_FULL = 5,  /* a slow request with no room in the ring */
 	BLOCKIO_DROP_SLOW_ORIGIN_FULL = 6, /* no room for an issuer's stacks */
+	/* issued, and its stamp found still there when its tag (or its struct request) was
+	 * issued again for another request: the completion was not seen */
+	BLOCKIO_DROP_COMPLETE_UNSEEN = 7,
 	BLOCKIO_DROP__COUNT,
 };
 

@@ -131,4 +131,10 @@ inline double counter_value(const MetricStore& store, const std::string& name,
   return m ? m->counter.value : 0;
 }
 
+inline double gauge_value(const MetricStore& store, const std::string& name, const Labels& labels) {
+  const auto fams = test::collect(store);
+  const auto* m = find_series(fams, name, labels);
+  return m ? m->gauge.value : 0;
+}
+
 }  // namespace ebpf_metricsd::test

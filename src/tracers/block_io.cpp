@@ -1,6 +1,7 @@
 // block_io: block request latency (issue to complete) and bytes, by disk and operation.
 #include <array>
 #include <cstring>
+#include <map>
 
 #include <bpf/bpf.h>
 
@@ -66,10 +67,16 @@ class BlockIoTracer final : public Tracer {
         drops_(scope,
                drop_reasons<BLOCKIO_DROP__COUNT>({"map_full", "map_full", "issue_unseen",
                                                   "map_full", "slow_limited", "slow_ring_full",
-                                                  "slow_origin_full"}),
+                                                  "slow_origin_full", "complete_unseen"}),
                "never_completed"),
         slow_(scope, latency_, "ebpf_block_io_latency_seconds", options.slow, labels_,
-              context.profiles) {}
+              context.profiles),
+        in_flight_(scope.declare({"ebpf_block_io_requests_in_flight",
+                                  "Requests issued whose completion the tracer has not seen "
+                                  "yet, by disk: the device's own in-flight count, unless a "
+                                  "completion was missed (see complete_unseen).",
+                                  MetricType::Gauge,
+                                  {"device"}})) {}
 
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 4> tps = {"block_rq_issue", "block_rq_complete",
@@ -128,12 +135,37 @@ class BlockIoTracer final : public Tracer {
         },
         names);
     drops_.drain();
+    count_in_flight();
     // A request that has not completed in 10 minutes never will (its disk is gone): its
     // stamp is removed so the in-flight map cannot fill up with them.
     drops_.sweep(skel_->maps.issued, std::chrono::minutes(10));
   }
 
  private:
+  // The stamps held, by disk: in the claimed queue slots and in the hash. A disk seen
+  // before and holding none now reads 0.
+  void count_in_flight() {
+    std::map<std::string, std::uint64_t> held;
+    for (const auto& [disk, n] : in_flight_seen_) held[disk] = 0;
+    if (!queues_) queues_ = read_map(skel_->maps.queues);
+    blockio_queue q{};
+    for (std::uint32_t slot = 0; slot < BLOCKIO_QUEUE_SLOTS; ++slot) {
+      if (!queues_->lookup(&slot, &q) || !q.hctx) continue;
+      std::uint64_t& n = held[fixed_name(q.disk)];
+      for (const __u64 ts : q.ts) n += ts != 0;
+    }
+    if (!issued_) issued_ = read_map(skel_->maps.issued);
+    __u64 key = 0;
+    blockio_stamp st{};
+    const __u64* prev = nullptr;
+    for (std::uint32_t i = 0; i < BLOCKIO_MAX_IN_FLIGHT && issued_->next_key(prev, &key); ++i) {
+      if (issued_->lookup(&key, &st)) ++held[fixed_name(st.disk)];
+      prev = &key;
+    }
+    for (const auto& [disk, n] : held) scope_.set(in_flight_, {disk}, static_cast<double>(n));
+    in_flight_seen_ = std::move(held);
+  }
+
   // The disk's name is kept with the queue slot.
   std::string slot_disk(std::uint32_t slot) {
     blockio_queue q{};
@@ -153,7 +185,10 @@ class BlockIoTracer final : public Tracer {
   DropAccounting drops_;
   SlowCapture slow_;
   Object skel_;
+  MetricScope::Metric in_flight_;
+  std::map<std::string, std::uint64_t> in_flight_seen_;
   std::unique_ptr<MapReader> queues_;  // of skel_'s queue slots
+  std::unique_ptr<MapReader> issued_;  // of skel_'s in-flight hash
 };
 
 }  // namespace

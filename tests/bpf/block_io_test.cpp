@@ -63,18 +63,15 @@ TEST_CASE("direct 4 KiB reads and writes on a loop device are counted exactly", 
   const test::Labels wr = {{"device", loop.name()}, {"op", "write"}};
   const test::Labels unseen = {{"tracer", "block_io"}, {"reason", "issue_unseen"}};
   const test::Labels recursion = {{"tracer", "block_io"}, {"reason", "recursion"}};
+  const test::Labels complete_unseen = {{"tracer", "block_io"}, {"reason", "complete_unseen"}};
   constexpr int kOps = 200;
 
   struct Window {
     std::uint64_t reads, writes;
-    double rbytes, wbytes, unseen, recursion;
+    double rbytes, wbytes, unseen, recursion, held, lost;
     std::array<std::uint64_t, 4> sysfs;
     std::optional<std::uint64_t> oracle_total;
     std::string oracle_output;
-    bool exact() const {
-      return reads == sysfs[0] && writes == sysfs[2] && rbytes == sysfs[1] * 512.0 &&
-             wbytes == sysfs[3] * 512.0;
-    }
   };
   const auto measure = [&] {
     // biolatency over the same I/O, for a second opinion where it runs (Debian 12's build
@@ -100,6 +97,7 @@ TEST_CASE("direct 4 KiB reads and writes on a loop device are counted exactly", 
     const double wb0 = count("ebpf_block_io_bytes_total", wr);
     const double u0 = count("ebpf_metricsd_dropped_events_total", unseen);
     const double m0 = count("ebpf_metricsd_dropped_events_total", recursion);
+    const double l0 = count("ebpf_metricsd_dropped_events_total", complete_unseen);
     for (int i = 0; i < kOps; ++i) {
       // Every other 4 KiB block, so that no two requests are adjacent and could merge.
       const off_t off = static_cast<off_t>(i) * 8192;
@@ -115,6 +113,9 @@ TEST_CASE("direct 4 KiB reads and writes on a loop device are counted exactly", 
     w.wbytes = count("ebpf_block_io_bytes_total", wr) - wb0;
     w.unseen = count("ebpf_metricsd_dropped_events_total", unseen) - u0;
     w.recursion = count("ebpf_metricsd_dropped_events_total", recursion) - m0;
+    w.lost = count("ebpf_metricsd_dropped_events_total", complete_unseen) - l0;
+    w.held =
+        test::gauge_value(store, "ebpf_block_io_requests_in_flight", {{"device", loop.name()}});
     for (std::size_t i = 0; i < 4; ++i) w.sysfs[i] = s1[i] - s0[i];
     if (oracle) {
       w.oracle_output = oracle->finish();
@@ -123,39 +124,36 @@ TEST_CASE("direct 4 KiB reads and writes on a loop device are counted exactly", 
     return w;
   };
 
-  // Now and then (about once per 60,000 requests on 6.18, with biolatency alone as well)
-  // the kernel completes a request without either BPF observer on block_rq_complete
-  // running, and without a recursion miss: the two then agree with each other and both
-  // fall one short of sysfs. Only that case is measured again; any other difference fails.
-  Window w;
-  for (int attempt = 1;; ++attempt) {
-    w = measure();
-    const bool kernel_skipped = !w.exact() && w.oracle_total &&
-                                *w.oracle_total == w.reads + w.writes &&
-                                w.sysfs[0] + w.sysfs[2] - (w.reads + w.writes) == 1;
-    if (!kernel_skipped || attempt == 3) break;
-    WARN(
-        "a completion that no BPF program saw (ours and biolatency agree, sysfs has one "
-        "more); measuring again");
-  }
+  const Window w = measure();
   close(fd);
   free(buf);
 
   INFO("reads " << w.reads << " writes " << w.writes << " | sysfs reads " << w.sysfs[0]
                 << " writes " << w.sysfs[2] << " | biolatency total " << w.oracle_total.value_or(0)
-                << " | dropped: issue_unseen " << w.unseen << " recursion " << w.recursion
+                << " | held in flight " << w.held << " | dropped: issue_unseen " << w.unseen
+                << " complete_unseen " << w.lost << " recursion " << w.recursion
                 << " (of every disk)\n"
                 << w.oracle_output);
-  CHECK(w.reads == kOps);
-  CHECK(w.writes == kOps);
-  CHECK(w.rbytes == kOps * 4096.0);
-  CHECK(w.wbytes == kOps * 4096.0);
-  CHECK(w.sysfs[0] == w.reads);
-  CHECK(w.sysfs[2] == w.writes);
-  CHECK(w.sysfs[1] * 512 == static_cast<std::uint64_t>(w.rbytes));
-  CHECK(w.sysfs[3] * 512 == static_cast<std::uint64_t>(w.wbytes));
+  REQUIRE(w.sysfs[0] == kOps);
+  REQUIRE(w.sysfs[2] == kOps);
+  // Every request counted, with its bytes; except that, about once in 60,000 requests on
+  // 6.18, the kernel completes one without running any BPF program on block_rq_complete
+  // (biolatency's too) and with no recursion miss. Such a request is held as in flight,
+  // or counted as complete_unseen once its tag is issued again (block_io.bpf.c); that
+  // reason is of every disk, so it bounds this device's losses from above.
+  const double counted = static_cast<double>(w.reads + w.writes);
+  CHECK(counted + w.held <= 2 * kOps);
+  CHECK(counted + w.held + w.lost >= 2 * kOps);
+  CHECK(w.rbytes == static_cast<double>(w.reads) * 4096.0);
+  CHECK(w.wbytes == static_cast<double>(w.writes) * 4096.0);
+  CHECK(w.sysfs[1] * 512 == kOps * 4096);
+  CHECK(w.sysfs[3] * 512 == kOps * 4096);
   // biolatency's window (its 3 s interval) encloses ours; nothing else uses this device.
-  if (w.oracle_total) CHECK(*w.oracle_total == w.reads + w.writes);
+  // It can miss the same completions.
+  if (w.oracle_total) {
+    CHECK(*w.oracle_total <= 2 * kOps);
+    CHECK(static_cast<double>(*w.oracle_total) + w.held + w.lost >= 2 * kOps);
+  }
 }
 
 TEST_CASE(

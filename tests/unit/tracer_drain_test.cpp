@@ -64,6 +64,9 @@ struct DryTracer {
   double counter(const std::string& metric, const Labels& labels) const {
     return test::counter_value(store, metric, labels);
   }
+  double gauge(const std::string& metric, const Labels& labels) const {
+    return test::gauge_value(store, metric, labels);
+  }
   std::uint64_t count(const std::string& metric, const Labels& labels) const {
     return test::histogram_count(store, metric, labels);
   }
@@ -181,6 +184,38 @@ TEST_CASE("block_io: a queue slot's series by its disk's name, others by name; o
   CHECK(t.counter(bytes, {{"device", "vda"}, {"op", "write"}}) == 8 * 4096);
   CHECK(t.count(lat, {{"device", "loop7"}, {"op", "discard"}}) == 4);
   CHECK_FALSE(t.has(lat, {{"device", "vda"}, {"op", "read"}}));
+}
+
+TEST_CASE("block_io: the requests held in flight, by disk, from the queue slots and the hash") {
+  DryTracer t("block_io");
+  blockio_queue q{};
+  q.hctx = 0xffff888000001000;
+  std::strcpy(q.disk, "vda");
+  q.ts[0] = 100;
+  q.ts[7] = 200;
+  q.ts[255] = 300;
+  const std::uint32_t slot = 9;
+  t.tables.set("queues", slot, q);
+  blockio_queue unclaimed{};  // no hardware queue: its stamps are not read
+  unclaimed.ts[1] = 5;
+  t.tables.set("queues", std::uint32_t{10}, unclaimed);
+  blockio_stamp st{};
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);  // the kernel's clock: not old enough to be swept
+  st.ts = static_cast<std::uint64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
+  std::strcpy(st.disk, "loop7");
+  t.tables.set("issued", std::uint64_t{0xffff888000002000}, st);
+  t.drain();
+  const std::string m = "ebpf_block_io_requests_in_flight";
+  CHECK(t.gauge(m, {{"device", "vda"}}) == 3);
+  CHECK(t.gauge(m, {{"device", "loop7"}}) == 1);
+  // Completed since: the disk reads 0, not its last value.
+  q.ts[0] = q.ts[7] = q.ts[255] = 0;
+  t.tables.set("queues", slot, q);
+  t.drain();
+  CHECK(t.has(m, {{"device", "vda"}}));
+  CHECK(t.gauge(m, {{"device", "vda"}}) == 0);
+  CHECK(t.gauge(m, {{"device", "loop7"}}) == 1);
 }
 
 TEST_CASE("net_xmit_latency: a device slot's series by its interface, others by name") {
