@@ -15,8 +15,12 @@
  * runs no program, and says so nowhere) leaves its stamp behind: the next issue
  * of another request on that tag, or of that struct request, finds it and counts
  * `complete_unseen`; until then user space shows it as in flight. A request is
- * told from the one before it on its tag by its start_time_ns, which a requeue
- * keeps (a requeued request is issued again and is not a loss).
+ * told from the one before it on its tag by its struct request (blk-mq keeps one
+ * per tag without an I/O scheduler, one per scheduler tag with one) and its
+ * start_time_ns (shared by the requests of one plug: not enough alone). A
+ * requeued request (the driver was busy) is the same request issued again, on
+ * another tag where a scheduler hands tags out at dispatch: block_rq_requeue
+ * takes its stamp out first.
  *
  * With `slow` (common/slow_return.bpf.h), each issue also keeps the issuing
  * task's stacks by request, and a request that completes at or above the
@@ -210,14 +214,14 @@ static __always_inline __u64 request_cgroup(struct request *rq, __u64 issuer,
 }
 
 /*
- * A stamp still held when a request is issued: another request's (not this one
- * requeued, which keeps its start time) whose completion was not seen. Without
- * a start time (statistics off for the queue) the two cannot be told apart, and
- * nothing is counted.
+ * A stamp still held on the tag of a request being issued: another request's
+ * (not this one requeued, which is the same struct request with the same start
+ * time) whose completion was not seen.
  */
-static __always_inline void stale_stamp(__u64 held_ts, __u64 held_start, __u64 start)
+static __always_inline void stale_stamp(__u64 held_ts, __u64 held_rq, __u64 held_start,
+					__u64 rq, __u64 start)
 {
-	if (held_ts && start && held_start != start)
+	if (held_ts && (held_rq != rq || held_start != start))
 		emd_count_drop(&drops, BLOCKIO_DROP_COMPLETE_UNSEEN);
 }
 
@@ -237,7 +241,8 @@ static __always_inline int on_issue(void *ctx, struct request *rq, bool raw)
 		q = queue_of(rq, raw, true, &slot);
 		if (q) {
 			i = tag_index(tag);
-			stale_stamp(q->ts[i], q->start[i], st.start);
+			stale_stamp(q->ts[i], q->rq[i], q->start[i], key, st.start);
+			q->rq[i] = key;
 			q->start[i] = st.start;
 			q->ts[i] = st.ts;
 			if (emd_by_cgroup)
@@ -247,7 +252,7 @@ static __always_inline int on_issue(void *ctx, struct request *rq, bool raw)
 	}
 	held = bpf_map_lookup_elem(&issued, &key);
 	if (held) {
-		stale_stamp(held->ts, held->start, st.start);
+		stale_stamp(held->ts, key, held->start, key, st.start);
 		held->ts = st.ts;
 		held->issuer = st.issuer;
 		held->start = st.start;
@@ -257,6 +262,18 @@ static __always_inline int on_issue(void *ctx, struct request *rq, bool raw)
 	if (bpf_map_update_elem(&issued, &key, &st, BPF_ANY))
 		emd_count_drop(&drops, BLOCKIO_DROP_IN_FLIGHT_FULL);
 	return 0;
+}
+
+/*
+ * A request completed that was never issued to the device: the request of a
+ * flush sequence (an fsync's empty REQ_PREFLUSH write, a write with FUA on a disk
+ * without it), which the kernel ends after the flush request it stood for (that
+ * one is counted, op flush). Still idle (never started), it is no I/O of its own,
+ * and not a completion whose issue was missed.
+ */
+static __always_inline bool never_started(struct request *rq, bool raw)
+{
+	return EMD_READ(raw, rq, state) == MQ_RQ_IDLE;
 }
 
 static __always_inline int on_complete(struct request *rq,
@@ -278,7 +295,8 @@ static __always_inline int on_complete(struct request *rq,
 		ts = &q->ts[tag_index(tag)];
 		if (!*ts) {
 			/* issued before we attached, or its issue was not seen */
-			emd_count_drop(&drops, BLOCKIO_DROP_ISSUE_UNSEEN);
+			if (!never_started(rq, raw))
+				emd_count_drop(&drops, BLOCKIO_DROP_ISSUE_UNSEEN);
 			return 0;
 		}
 		delta = bpf_ktime_get_ns() - *ts;
@@ -294,7 +312,8 @@ static __always_inline int on_complete(struct request *rq,
 	} else {
 		stamp = bpf_map_lookup_elem(&issued, &rqkey);
 		if (!stamp) {
-			emd_count_drop(&drops, BLOCKIO_DROP_ISSUE_UNSEEN);
+			if (!never_started(rq, raw))
+				emd_count_drop(&drops, BLOCKIO_DROP_ISSUE_UNSEEN);
 			return 0;
 		}
 		delta = bpf_ktime_get_ns() - stamp->ts;
@@ -327,12 +346,46 @@ static __always_inline int on_complete(struct request *rq,
 	return 0;
 }
 
+/*
+ * A request handed back to be issued again: its stamp is taken out, so that the
+ * tag it leaves is not taken for one whose completion went unseen. With an I/O
+ * scheduler the kernel has already let its driver tag go, so the stamp is found
+ * among its queue's by its struct request, which no other request in flight has
+ * (a rare path: the driver was busy).
+ */
+static __always_inline int on_requeue(struct request *rq, bool raw)
+{
+	__u32 tag = EMD_READ(raw, rq, tag), slot, i;
+	__u64 key = (__u64)rq;
+	struct blockio_queue *q;
+
+	bpf_map_delete_elem(&issued, &key);
+	q = queue_of(rq, raw, false, &slot);
+	if (!q)
+		return 0;
+	if (tag < BLOCKIO_TAGS && q->rq[tag_index(tag)] == key) {
+		q->ts[tag_index(tag)] = 0;
+		return 0;
+	}
+	for (i = 0; i < BLOCKIO_TAGS; i++) {
+		if (q->ts[i & (BLOCKIO_TAGS - 1)] && q->rq[i & (BLOCKIO_TAGS - 1)] == key) {
+			q->ts[i & (BLOCKIO_TAGS - 1)] = 0;
+			break;
+		}
+	}
+	return 0;
+}
+
 #define ISSUE(raw) on_issue(ctx, rq, raw)
+#define REQUEUE(raw) on_requeue(rq, raw)
 #define COMPLETE(raw) on_complete(rq, nr_bytes, raw)
 
 EMD_TP_PROGS(block_rq_issue, block_rq_issue, ISSUE, struct request *rq)
 /* before 5.11: block_rq_issue(struct request_queue *q, struct request *rq) */
 EMD_TP_PROGS(block_rq_issue, block_rq_issue_q, ISSUE, void *q, struct request *rq)
+EMD_TP_PROGS(block_rq_requeue, block_rq_requeue, REQUEUE, struct request *rq)
+/* before 5.11: block_rq_requeue(struct request_queue *q, struct request *rq) */
+EMD_TP_PROGS(block_rq_requeue, block_rq_requeue_q, REQUEUE, void *q, struct request *rq)
 EMD_TP_PROGS(block_rq_complete, block_rq_complete, COMPLETE, struct request *rq,
 	     int error, unsigned int nr_bytes)
 

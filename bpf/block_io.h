@@ -22,7 +22,9 @@ struct blockio_queue {
 	char disk[BLOCKIO_DISK_NAME_LEN];
 	__u64 ts[BLOCKIO_TAGS];
 	__u64 issuer[BLOCKIO_TAGS]; /* cgroup of the issuing task (`cgroup: true`) */
-	__u64 start[BLOCKIO_TAGS];  /* the request's start_time_ns: which request the stamp is of */
+	/* which request each stamp is of: its struct request and its start_time_ns */
+	__u64 rq[BLOCKIO_TAGS];
+	__u64 start[BLOCKIO_TAGS];
 };
 
 /* A request in flight that has no queue slot. */

@@ -79,14 +79,17 @@ class BlockIoTracer final : public Tracer {
                                   {"device"}})) {}
 
   void start(HookProber& prober, HookPreference preference) override {
-    static const std::array<std::string, 4> tps = {"block_rq_issue", "block_rq_complete",
-                                                   "sys_exit", "sched_process_exit"};
+    static const std::array<std::string, 5> tps = {"block_rq_issue", "block_rq_complete",
+                                                   "block_rq_requeue", "sys_exit",
+                                                   "sched_process_exit"};
     // block_rq_issue(rq) since 5.11, block_rq_issue(q, rq) before: ask the kernel's BTF.
     const auto args = tracepoint_arg_count("block_rq_issue");
     const bool with_queue = args && *args == 2;
+    const auto requeue_args = tracepoint_arg_count("block_rq_requeue");
+    const bool requeue_with_queue = requeue_args && *requeue_args == 2;
     skel_ = Object::load_probed(
         scope_.tracer(), drops_, prober, tps, preference,
-        [this, with_queue](block_io* s, HookKind) {
+        [this, with_queue, requeue_with_queue](block_io* s, HookKind) {
           s->rodata->emd_by_cgroup = labels_.on();
           bpf_map__set_max_entries(s->maps.series_by_cgroup,
                                    labels_.options().kernel_map_entries());
@@ -94,11 +97,16 @@ class BlockIoTracer final : public Tracer {
           auto& p = s->progs;
           // Held events' senders first: a mark is never left unread.
           std::vector<HookTwin> hooks = slow_return_hooks(s, slow_.options());
+          // Completions before issues: a request issued while the tracer attaches is then
+          // either unstamped (issue_unseen at its completion) or seen at both ends, never
+          // stamped with its completion unseen (complete_unseen).
           hooks.insert(hooks.end(),
                        {
+                           {p.block_rq_complete_btf, p.block_rq_complete_raw},
+                           {p.block_rq_requeue_btf, p.block_rq_requeue_raw, !requeue_with_queue},
+                           {p.block_rq_requeue_q_btf, p.block_rq_requeue_q_raw, requeue_with_queue},
                            {p.block_rq_issue_btf, p.block_rq_issue_raw, !with_queue},
                            {p.block_rq_issue_q_btf, p.block_rq_issue_q_raw, with_queue},
-                           {p.block_rq_complete_btf, p.block_rq_complete_raw},
                        });
           return hooks;
         });
