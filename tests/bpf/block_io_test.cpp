@@ -249,7 +249,7 @@ TEST_CASE(
                std::to_string(static_cast<long>(test::dropped_events(store, "block_io", reason)));
   }
   INFO("events not held for their return:" << returns);
-  std::size_t from_writer = 0;
+  std::size_t from_writer = 0, writer_at_start = 0;
   for (const auto& e : found.events) {
     const auto user = test::user_functions(e, found.window);
     INFO("issuer " << e.comm << " (" << e.pid << "), tid " << e.tid << ", " << e.latency_ns / 1000
@@ -261,9 +261,21 @@ TEST_CASE(
       continue;
     }
     ++from_writer;
-    CHECK_FALSE(e.stack_at_start);
+    if (e.stack_at_start) {
+      // The call held another slow event already, so this one went at once with the stack
+      // from its start (slow_return_second, checked below). Seen on 7.3, whose loop driver
+      // may do the backing file's I/O inside the caller's own call: a block of the file
+      // read from the system disk there is a request of the writer's call too.
+      ++writer_at_start;
+      continue;
+    }
     CHECK(test::holds_in_order(user, {"write_block", "write_all", "main"}));
   }
+  // At most the host-wide count (another process's call may count there too), and most
+  // of the writer's events held for their return.
+  CHECK(static_cast<double>(writer_at_start) <=
+        test::dropped_events(store, "block_io", "slow_return_second"));
+  CHECK(writer_at_start * 4 <= from_writer);
   // 5.10 and 6.1 dispatch the loop driver's requests from a kernel worker (see above).
   if (from_writer == 0) {
     WARN("this kernel issued every loop request from a worker thread");
@@ -281,7 +293,7 @@ TEST_CASE(
   const auto* complete = test::find_series(fams, "ebpf_metricsd_slow_unwinds_total",
                                            {{"tracer", "block_io"}, {"result", "complete"}});
   REQUIRE(complete);
-  CHECK(complete->counter.value >= from_writer);
+  CHECK(complete->counter.value >= static_cast<double>(from_writer - writer_at_start));
   test::check_no_drops(
       fams, "block_io",
       {"slow_limited", "slow_ring_full", "slow_queue_full", "slow_origin_full",
