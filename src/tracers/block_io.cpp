@@ -2,6 +2,7 @@
 #include <array>
 #include <cstring>
 #include <map>
+#include <set>
 
 #include <bpf/bpf.h>
 
@@ -163,11 +164,14 @@ class BlockIoTracer final : public Tracer {
       for (const __u64 ts : q.ts) n += ts != 0;
     }
     if (!issued_) issued_ = read_map(skel_->maps.issued);
+    // A completion deletes its key meanwhile, and the kernel's walk then starts again from
+    // the first: each key counted once, the walk bounded by the map's size.
+    std::set<__u64> seen;
     __u64 key = 0;
     blockio_stamp st{};
     const __u64* prev = nullptr;
     for (std::uint32_t i = 0; i < BLOCKIO_MAX_IN_FLIGHT && issued_->next_key(prev, &key); ++i) {
-      if (issued_->lookup(&key, &st)) ++held[fixed_name(st.disk)];
+      if (seen.insert(key).second && issued_->lookup(&key, &st)) ++held[fixed_name(st.disk)];
       prev = &key;
     }
     for (const auto& [disk, n] : held) scope_.set(in_flight_, {disk}, static_cast<double>(n));

@@ -185,6 +185,8 @@ TEST_CASE("block_io by cgroup: direct I/O of a process in a test cgroup", "[cgro
   const test::Labels unseen = {{"tracer", "block_io"}, {"reason", "complete_unseen"}};
   tracer->drain();
   const double unseen0 = test::counter_value(store, "ebpf_metricsd_dropped_events_total", unseen);
+  const test::Labels device = {{"device", loop.name()}};
+  const double held0 = test::gauge_value(store, "ebpf_block_io_requests_in_flight", device);
   const auto s0 = loop.stat();
   cg.run([&] {
     const int fd = open(loop.dev().c_str(), O_RDONLY | O_DIRECT);
@@ -201,8 +203,7 @@ TEST_CASE("block_io by cgroup: direct I/O of a process in a test cgroup", "[cgro
   // Requests whose completion the kernel ran no program for (block_io.bpf.c): still held
   // as in flight, or counted as complete_unseen once their tag was issued again. That
   // drop reason is of every disk, so it bounds what this device lost from above.
-  const double held =
-      test::gauge_value(store, "ebpf_block_io_requests_in_flight", {{"device", loop.name()}});
+  const double held = test::gauge_value(store, "ebpf_block_io_requests_in_flight", device) - held0;
   const double lost =
       test::counter_value(store, "ebpf_metricsd_dropped_events_total", unseen) - unseen0;
   const std::uint64_t sysfs = s1[0] - s0[0];

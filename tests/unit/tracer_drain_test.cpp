@@ -197,6 +197,7 @@ TEST_CASE("block_io: the requests held in flight, by disk, from the queue slots 
   const std::uint32_t slot = 9;
   t.tables.set("queues", slot, q);
   blockio_queue unclaimed{};  // no hardware queue: its stamps are not read
+  std::strcpy(unclaimed.disk, "vdb");
   unclaimed.ts[1] = 5;
   t.tables.set("queues", std::uint32_t{10}, unclaimed);
   blockio_stamp st{};
@@ -209,6 +210,7 @@ TEST_CASE("block_io: the requests held in flight, by disk, from the queue slots 
   const std::string m = "ebpf_block_io_requests_in_flight";
   CHECK(t.gauge(m, {{"device", "vda"}}) == 3);
   CHECK(t.gauge(m, {{"device", "loop7"}}) == 1);
+  CHECK_FALSE(t.has(m, {{"device", "vdb"}}));
   // Completed since: the disk reads 0, not its last value.
   q.ts[0] = q.ts[7] = q.ts[255] = 0;
   t.tables.set("queues", slot, q);
