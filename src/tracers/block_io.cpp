@@ -3,6 +3,8 @@
 #include <cstring>
 #include <map>
 #include <set>
+#include <string>
+#include <vector>
 
 #include <bpf/bpf.h>
 
@@ -119,6 +121,7 @@ class BlockIoTracer final : public Tracer {
   void drain() override {
     static_assert(sizeof(blockio_value) == (BLOCKIO_SLOTS + 2) * 8);
     slow_.begin_drain();
+    read_slots();
     // The same value in three maps: by cgroup when labelled, else by queue slot, and by
     // name for the disks past the slots.
     if (labels_.on()) {
@@ -156,10 +159,8 @@ class BlockIoTracer final : public Tracer {
   void count_in_flight() {
     std::map<std::string, std::uint64_t> held;
     for (const auto& [disk, n] : in_flight_seen_) held[disk] = 0;
-    if (!queues_) queues_ = read_map(skel_->maps.queues);
-    blockio_queue q{};
-    for (std::uint32_t slot = 0; slot < BLOCKIO_QUEUE_SLOTS; ++slot) {
-      if (!queues_->lookup(&slot, &q) || !q.hctx) continue;
+    for (const blockio_queue& q : slots_) {
+      if (!q.hctx) continue;
       std::uint64_t& n = held[fixed_name(q.disk)];
       for (const __u64 ts : q.ts) n += ts != 0;
     }
@@ -178,13 +179,22 @@ class BlockIoTracer final : public Tracer {
     in_flight_seen_ = std::move(held);
   }
 
-  // The disk's name is kept with the queue slot.
-  std::string slot_disk(std::uint32_t slot) {
-    blockio_queue q{};
+  // The queue slots, read once a drain: their disks name the slot series, their stamps
+  // are the requests in flight. A slot that cannot be read counts as free.
+  void read_slots() {
     if (!queues_) queues_ = read_map(skel_->maps.queues);
-    if (!queues_->lookup(&slot, &q))
+    for (std::uint32_t slot = 0; slot < BLOCKIO_QUEUE_SLOTS; ++slot) {
+      if (!queues_->lookup(&slot, &slots_[slot])) slots_[slot] = blockio_queue{};
+    }
+  }
+
+  // The disk's name is kept with the queue slot; a slot claimed since the drain read the
+  // slots is read again.
+  std::string slot_disk(std::uint32_t slot) {
+    if (slot >= slots_.size()) throw BpfError("block_io: no queue slot " + std::to_string(slot));
+    if (!slots_[slot].hctx && !queues_->lookup(&slot, &slots_[slot]))
       throw BpfError("block_io: no queue slot " + std::to_string(slot));
-    return fixed_name(q.disk);
+    return fixed_name(slots_[slot].disk);
   }
 
   MetricScope& scope_;
@@ -200,6 +210,7 @@ class BlockIoTracer final : public Tracer {
   MetricScope::Metric in_flight_;
   std::map<std::string, std::uint64_t> in_flight_seen_;
   std::unique_ptr<MapReader> queues_;  // of skel_'s queue slots
+  std::vector<blockio_queue> slots_ = std::vector<blockio_queue>(BLOCKIO_QUEUE_SLOTS);
   std::unique_ptr<MapReader> issued_;  // of skel_'s in-flight hash
 };
 
