@@ -149,6 +149,9 @@ KernelAllocators probe_kernel_allocators() {
   k.hash_elements = struct_has_member(vmlinux.get(), "bpf_htab", "pcpu_ma") || nolock_kmalloc;
   k.task_storage =
       struct_has_member(vmlinux.get(), "bpf_local_storage_map", "selem_ma") || nolock_kmalloc;
+  // PREEMPT_RT's spinlock_t wraps an rt_mutex (`struct spinlock { struct rt_mutex_base
+  // lock; }`); elsewhere it holds a raw spinlock in an unnamed union.
+  k.sleeping_spinlocks = struct_has_member(vmlinux.get(), "spinlock", "lock");
   return k;
 }
 
@@ -160,12 +163,15 @@ const KernelAllocators& kernel_allocators() {
   auto it = cache.find(path);
   if (it == cache.end()) {
     it = cache.emplace(path, probe_kernel_allocators()).first;
-    spdlog::info("kernel allocators for BPF programs: hash map elements {}, task storage {}",
-                 it->second.hash_elements ? "from the BPF memory allocator"
-                                          : "from the page allocator (maps are preallocated)",
-                 it->second.task_storage
-                     ? "from the BPF memory allocator"
-                     : "from the page allocator (not created on scheduler hooks)");
+    const KernelAllocators& k = it->second;
+    spdlog::info("kernel allocators for BPF programs: hash map elements {}, task storage {}{}",
+                 k.hash_elements ? "from the BPF memory allocator"
+                                 : "from the page allocator (maps are preallocated)",
+                 k.task_storage ? "from the BPF memory allocator"
+                 : k.sleeping_spinlocks
+                     ? "from the page allocator (not created on any hook)"
+                     : "from the page allocator (not created on scheduler hooks)",
+                 k.sleeping_spinlocks ? "; PREEMPT_RT (spinlocks sleep)" : "");
   }
   return it->second;
 }
@@ -191,10 +197,21 @@ std::vector<std::string> host_safety_refusals(bpf_object* obj, const KernelAlloc
   bpf_program* prog;
   bpf_object__for_each_program(prog, obj) {
     if (!bpf_program__autoload(prog)) continue;
-    if (!hook_holds_scheduler_locks(bpf_program__section_name(prog))) continue;
     const std::string which = std::string("program ") + bpf_program__name(prog) + " on " +
                               bpf_program__section_name(prog);
     const Calls calls = calls_of(prog);
+    const bool gets_storage = std::any_of(calls.helpers.begin(), calls.helpers.end(),
+                                          [](int h) { return one_of(kStorageGetHelpers, h); });
+    if (!hook_holds_scheduler_locks(bpf_program__section_name(prog))) {
+      if (gets_storage && kernel.sleeping_spinlocks && !kernel.task_storage) {
+        refusals.push_back(which +
+                           " would create local storage with preemption off, and on this "
+                           "PREEMPT_RT kernel local storage allocates with kmalloc(), which "
+                           "takes sleeping locks (no BPF memory allocator for it before "
+                           "Linux 6.4)");
+      }
+      continue;
+    }
     std::string refused;
     for (int h : calls.helpers) {
       if (!one_of(kSchedulerHelpers, h) && !one_of(kStorageGetHelpers, h))
@@ -216,8 +233,6 @@ std::vector<std::string> host_safety_refusals(bpf_object* obj, const KernelAlloc
                          "scheduler's locks, whose helpers cannot be checked before load");
       continue;
     }
-    const bool gets_storage = std::any_of(calls.helpers.begin(), calls.helpers.end(),
-                                          [](int h) { return one_of(kStorageGetHelpers, h); });
     if (kernel.task_storage || !gets_storage) continue;
     refusals.push_back(which +
                        " would create local storage under the scheduler's locks, and this "

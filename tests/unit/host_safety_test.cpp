@@ -22,6 +22,9 @@ namespace {
 constexpr KernelAllocators kLinux5_10{false, false};
 constexpr KernelAllocators kLinux6_1{true, false};
 constexpr KernelAllocators kLinux6_12{true, true};
+// The same kernels built with PREEMPT_RT (Debian's linux-image-rt-amd64).
+constexpr KernelAllocators kLinux6_1_rt{true, false, true};
+constexpr KernelAllocators kLinux6_12_rt{true, true, true};
 
 using Cases = std::unique_ptr<host_safety_cases, void (*)(host_safety_cases*)>;
 Cases open_cases() {
@@ -80,8 +83,25 @@ TEST_CASE("host safety: task storage made on sched_switch is refused before 6.4,
   CHECK(host_safety_refusals(c->obj, kLinux5_10).empty());
 }
 
+TEST_CASE("host safety: on PREEMPT_RT before 6.4 task storage is made on no hook") {
+  Cases c = open_cases();
+  bpf_program__set_autoload(c->progs.on_switch_signal, false);
+  bpf_program__set_autoload(c->progs.on_switch_subprog, false);
+  const auto refusals = host_safety_refusals(c->obj, kLinux6_1_rt);
+  REQUIRE(refusals.size() == 2);
+  CHECK(refused(refusals, "on_switch_storage on tp_btf/sched_switch would create"));
+  // sys_enter holds no scheduler lock, but its programs run with preemption off, where
+  // kmalloc()'s sleeping locks must not be taken.
+  CHECK(refused(refusals,
+                "on_enter_storage on tp_btf/sys_enter would create local storage "
+                "with preemption off"));
+  CHECK_THROWS_AS(make_host_safe(c->obj, kLinux6_1_rt), BpfError);
+  // With the BPF memory allocator for local storage, neither is refused.
+  CHECK(host_safety_refusals(c->obj, kLinux6_12_rt).empty());
+}
+
 TEST_CASE("host safety: on scheduler hooks only the listed helpers, and no subprogram") {
-  for (const KernelAllocators& k : {kLinux5_10, kLinux6_1, kLinux6_12}) {
+  for (const KernelAllocators& k : {kLinux5_10, kLinux6_1, kLinux6_12, kLinux6_12_rt}) {
     Cases c = open_cases();
     bpf_program__set_autoload(c->progs.on_switch_storage, false);
     const auto refusals = host_safety_refusals(c->obj, k);
@@ -127,15 +147,19 @@ TEST_CASE("host safety: every tracer starts on a kernel without the BPF memory a
     Object obj(bpf_object__open_file(path.c_str(), nullptr), bpf_object__close);
     REQUIRE(obj);
     CHECK(host_safety_refusals(obj.get(), kLinux6_12).empty());
+    CHECK(host_safety_refusals(obj.get(), kLinux6_12_rt).empty());
 
-    // Each program the rule refuses on 5.10 has a raw_tp twin that it does not refuse: the
-    // tracer falls back to it (start_first_loadable) instead of going down.
+    // Each program the rule refuses on 5.10 or on 6.1 with PREEMPT_RT has a raw_tp twin that
+    // it does not refuse: the tracer falls back to it (start_first_loadable) instead of going
+    // down.
     std::set<std::string> names, refused;
     bpf_program* prog;
     bpf_object__for_each_program(prog, obj.get()) names.insert(bpf_program__name(prog));
-    for (const auto& reason : host_safety_refusals(obj.get(), kLinux5_10)) {
-      const std::string name = reason.substr(8, reason.find(' ', 8) - 8);  // "program X on"
-      refused.insert(name);
+    for (const KernelAllocators& k : {kLinux5_10, kLinux6_1_rt}) {
+      for (const auto& reason : host_safety_refusals(obj.get(), k)) {
+        const std::string name = reason.substr(8, reason.find(' ', 8) - 8);  // "program X on"
+        refused.insert(name);
+      }
     }
     for (const std::string& name : refused) {
       INFO(name);
@@ -150,6 +174,7 @@ TEST_CASE("host safety: every tracer starts on a kernel without the BPF memory a
     bpf_object__for_each_program(prog, obj.get()) {
       if (refused.count(bpf_program__name(prog))) bpf_program__set_autoload(prog, false);
     }
+    CHECK(host_safety_refusals(obj.get(), kLinux6_1_rt).empty());
     make_host_safe(obj.get(), kLinux5_10);
     bpf_map* map;
     bpf_object__for_each_map(map, obj.get()) {

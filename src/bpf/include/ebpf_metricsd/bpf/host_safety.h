@@ -11,7 +11,10 @@
 // allocated hash maps are unsafe"). Since 6.1 hash maps allocate from the BPF memory
 // allocator (per-CPU caches refilled from irq_work), safe in any context. Task storage
 // allocates with kmalloc(GFP_ATOMIC), which may wake kswapd, until it too moved to the BPF
-// memory allocator (6.4), and later to kmalloc_nolock() (7.x), which is safe anywhere.
+// memory allocator (6.4), and later to kmalloc_nolock() (7.x), which is safe anywhere. On a
+// PREEMPT_RT kernel kmalloc() takes sleeping locks, and a tracepoint's programs run with
+// preemption off: there such local storage is made on no hook (seen on Debian's 6.1-rt:
+// "BUG: scheduling while atomic" from a task's first system call after the attach).
 //
 // Whether the kernel has those allocators is read from its BTF (the fields that hold them),
 // never from its version number.
@@ -36,6 +39,11 @@ struct KernelAllocators {
   // bpf_local_storage_map has a selem_ma: 6.4+) or from kmalloc_nolock() (the kernel has
   // its kfree_nolock(): 6.18+; local storage moved to it in 7.x).
   bool task_storage = false;
+  // A PREEMPT_RT kernel: spinlock_t is a sleeping lock (struct spinlock holds an rt_mutex),
+  // so kmalloc() may sleep, and must not be called where preemption is off: in any
+  // tracepoint's program. There local storage that allocates with kmalloc cannot be created
+  // on any hook.
+  bool sleeping_spinlocks = false;
 };
 
 // From the kernel's BTF (kernel_btf_path() when set); both false without BTF.
@@ -63,7 +71,8 @@ std::vector<std::string> host_safety_refusals(bpf_object* obj, const KernelAlloc
 //    maps have no BPF memory allocator;
 //  - an autoloaded program on a scheduler hook that calls a local-storage get helper, or a
 //    subprogram (whose instructions libbpf shows only at load), is refused (BpfError with
-//    the reason) where local storage has no allocator that is safe there.
+//    the reason) where local storage has no allocator that is safe there; on a PREEMPT_RT
+//    kernel, so is a program on any hook that calls a local-storage get helper.
 // Map sizes must be set before: preallocation is sized from max_entries.
 HostSafetyReport make_host_safe(bpf_object* obj, const KernelAllocators& kernel);
 
