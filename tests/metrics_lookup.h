@@ -106,8 +106,9 @@ inline double histogram_sum(const MetricStore& store, const std::string& name,
   return m ? m->histogram.sample_sum : 0;
 }
 
-// Every counter series of `name` that has the labels `having` (and any others), as
-// " label=value ...: count;" each, for failure messages.
+// Every counter series of `name` that has the labels `having` (and any others) and counted
+// something, as " label=value ...: count;" each (its labels other than `having`), or " none":
+// for failure messages.
 inline std::string counters_text(const std::vector<CollectedFamily>& fams, const std::string& name,
                                  const Labels& having) {
   std::string text;
@@ -117,11 +118,14 @@ inline std::string counters_text(const std::vector<CollectedFamily>& fams, const
       Labels have;
       for (const auto& l : m.label) have[l.name] = l.value;
       if (!std::includes(have.begin(), have.end(), having.begin(), having.end())) continue;
-      for (const auto& [k, v] : have) text += " " + k + "=" + v;
+      if (m.counter.value == 0) continue;
+      for (const auto& [k, v] : have) {
+        if (!having.count(k)) text += " " + k + "=" + v;
+      }
       text += ": " + std::to_string(static_cast<long long>(m.counter.value)) + ";";
     }
   }
-  return text;
+  return text.empty() ? " none" : text;
 }
 
 inline double counter_value(const MetricStore& store, const std::string& name,

@@ -108,18 +108,18 @@ TEST_CASE("run-queue totals agree with libbpf-tools runqlat over the same window
           "[scheduler][external]") {
   MetricStore store;
   auto runq = test::start_tracer(store, "runqueue_latency");
-  test::OracleTool oracle("/usr/sbin/runqlat 3 1", "Tracing run queue latency");
+  test::OracleTool oracle("/usr/sbin/runqlat 600 1", "Tracing run queue latency");
   runq->drain();
   const std::uint64_t before = histogram_count(store, kRunq, {});
   workload::pipe_ping_pong(kRounds);
-  const std::string& out = oracle.finish();  // at the end of its 3 s interval
+  const std::string& out = oracle.finish();  // interrupted: its window ends here
   runq->drain();
   REQUIRE(oracle.status() == 0);
   const std::uint64_t ours = histogram_count(store, kRunq, {}) - before;
   const std::uint64_t theirs = oracle.histogram_total();
   INFO("ours " << ours << ", runqlat " << theirs
                << " (runqlat, an external tool, loses wakeups on a slow or loaded machine: "
-                  "its 10240-entry pid hash and its 3 s window; the exact check against the "
+                  "its 10240-entry pid hash; the exact check against the "
                   "same-tracepoint oracle is the test above)\n"
                << out);
   // Same events, but: the windows are offset (runqlat starts before our first drain and

@@ -512,7 +512,7 @@ def failure_text(case):
                 expanded = (e.findtext("Expanded") or "").strip()
                 where = f"{os.path.basename(e.get('filename', ''))}:{e.get('line', '')}"
                 lines.append(f"{where}: {orig}  with  {expanded}")
-                lines.extend("  info: " + i[:400] for i in infos)
+                lines.extend("  info: " + i[:2000] for i in infos)
             infos = []
         elif e.tag in ("Exception", "FatalErrorCondition", "Failure"):
             where = f"{os.path.basename(e.get('filename', ''))}:{e.get('line', '')}"
