@@ -72,10 +72,22 @@ struct {
 	__type(value, __u64);
 } emd_slow_return_drops SEC(".maps");
 
-/* Where a held event is copied before its taker deletes it. */
+/*
+ * Where a held event is copied before its taker deletes it: one slot for
+ * sys_exit, one for sched_process_exit and sched_process_exec. Since 7.2 the
+ * system call tracepoints run their programs with preemption on (migration
+ * off): a sys_exit program preempted between its copy and its send would
+ * find the copy overwritten by an exit or exec on the same CPU meanwhile,
+ * were the slot shared (the event sent with another thread's data). Those
+ * two run with preemption off and cannot interrupt each other, and a sys_exit
+ * program preempted on a CPU keeps the same program from running there until
+ * it resumes (the kernel counts that as a recursion miss).
+ */
+#define EMD_SLOW_TAKEN_SYS_EXIT 0
+#define EMD_SLOW_TAKEN_TASK_END 1
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
+	__uint(max_entries, 2);
 	__type(key, __u32);
 	__type(value, struct emd_slow_held);
 } emd_slow_taken SEC(".maps");
@@ -222,19 +234,19 @@ static __always_inline void emd_slow_end(__u64 key, __u64 latency_ns,
 	bpf_map_delete_elem(&slow_origins, &key);
 }
 
-/* Takes thread tid's held event: a copy, or NULL (none, or another taker
- * deleted it first). */
-static __always_inline struct emd_slow_held *emd_slow_take(__u32 tid)
+/* Takes thread tid's held event: a copy in the taker's slot of
+ * emd_slow_taken, or NULL (none, or another taker deleted it first). */
+static __always_inline struct emd_slow_held *emd_slow_take(__u32 tid,
+							    __u32 slot)
 {
 	struct emd_slow_held *held, *copy;
-	__u32 zero = 0;
 
 	if (emd_slow_holding == emd_slow_swept)
 		return NULL;
 	held = bpf_map_lookup_elem(&emd_slow_held, &tid);
 	if (!held)
 		return NULL;
-	copy = bpf_map_lookup_elem(&emd_slow_taken, &zero);
+	copy = bpf_map_lookup_elem(&emd_slow_taken, &slot);
 	if (!copy)
 		return NULL;
 	*copy = *held;
@@ -297,7 +309,7 @@ static __always_inline void emd_slow_call_returns(void *ctx,
 	__u64 ip = 0, sp = 0, nr = 0;
 
 	emd_slow_unmark(tid);
-	h = emd_slow_take(tid);
+	h = emd_slow_take(tid, EMD_SLOW_TAKEN_SYS_EXIT);
 	if (!h)
 		return;
 	bpf_probe_read_kernel(&ip, sizeof(ip), &u->ip);
@@ -319,7 +331,7 @@ emd_slow_call_ends(__u32 tid, __u32 why, void *drops_map, __u32 full_reason)
 	struct emd_slow_held *h;
 
 	emd_slow_unmark(tid);
-	h = emd_slow_take(tid);
+	h = emd_slow_take(tid, EMD_SLOW_TAKEN_TASK_END);
 	if (h)
 		emd_slow_send_held_origin(h, why, drops_map, full_reason);
 }

@@ -250,6 +250,8 @@ TEST_CASE(
                                    &profiles);
   // Its main thread burns 2 s of CPU while the reads happen, and it lives on until the test
   // has found their stacks (a guest emulated on a busy host names them seconds later).
+  tracer->drain();
+  const double missed0 = test::recursion_misses(store, "syscall_latency");
   test::SpawnedWorkload workload({binary, "2000", std::to_string(kReads), "hold"});
   const pid_t pid = workload.pid();
   // Its blocking reads, each 20 ms at least: the process's only read(2) calls but the
@@ -302,7 +304,16 @@ TEST_CASE(
                          << test::counters_text(fams, "ebpf_metricsd_dropped_events_total",
                                                 {{"tracer", "syscall_latency"}}));
   }
-  CHECK(named.size() == kReads);
+  // A read whose sys_exit program the kernel skipped is counted as a recursion miss: since
+  // 7.2 the system call tracepoints run their programs preemptibly, and one preempted inside
+  // the program keeps it from running for other threads on that CPU until it resumes (an
+  // emulated guest on a busy host preempts its 16 KiB stack copies often).
+  const auto missed =
+      static_cast<std::size_t>(test::recursion_misses(store, "syscall_latency") - missed0);
+  INFO("recursion misses: " << missed);
+  CHECK(named.size() <= static_cast<std::size_t>(kReads));
+  CHECK(named.size() + missed >= static_cast<std::size_t>(kReads));
+  CHECK(named.size() * 2 >= static_cast<std::size_t>(kReads));  // the premise: most were seen
   for (const auto& user : named) {
     INFO("user frames: " << chain_of(user));
     // The wrapper, then the function that called it and its callers, to the thread's start.
@@ -320,5 +331,5 @@ TEST_CASE(
   const auto* complete = test::find_series(fams, "ebpf_metricsd_slow_unwinds_total",
                                            {{"tracer", "syscall_latency"}, {"result", "complete"}});
   REQUIRE(complete);
-  CHECK(complete->counter.value >= kReads);
+  CHECK(complete->counter.value >= static_cast<double>(named.size()));
 }
