@@ -500,7 +500,9 @@ static __always_inline void syscall_returns(void *ctx, struct pt_regs *regs,
 			return;
 	}
 	key.kstack = w.kstack;
-	key.ustack = emd_stack_take(ctx, 3, BPF_F_USER_STACK);
+	/* Slot 5, its own: preempted here (7.2+), the sched_switch program that
+	 * runs at the preemption takes its stacks in slots 2 and 3. */
+	key.ustack = emd_stack_take(ctx, 5, BPF_F_USER_STACK);
 	key.syscall = w.site.nr;
 	add_n(&key, w.waits, w.ns, w.began, w.ended);
 }

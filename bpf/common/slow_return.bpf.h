@@ -73,21 +73,22 @@ struct {
 } emd_slow_return_drops SEC(".maps");
 
 /*
- * Where a held event is copied before its taker deletes it: one slot for
- * sys_exit, one for sched_process_exit and sched_process_exec. Since 7.2 the
- * system call tracepoints run their programs with preemption on (migration
- * off): a sys_exit program preempted between its copy and its send would
- * find the copy overwritten by an exit or exec on the same CPU meanwhile,
- * were the slot shared (the event sent with another thread's data). Those
- * two run with preemption off and cannot interrupt each other, and a sys_exit
- * program preempted on a CPU keeps the same program from running there until
- * it resumes (the kernel counts that as a recursion miss).
+ * Where a held event is copied before its taker deletes it: a slot for each
+ * taking program (sys_exit, sched_process_exit, sched_process_exec). Since
+ * 7.2 the system call tracepoints run their programs with preemption on
+ * (migration off): a sys_exit program preempted between its copy and its
+ * send would find a shared slot overwritten by an exit or exec on the same
+ * CPU meanwhile (the event sent with another thread's data). A program
+ * preempted on a CPU keeps itself from running there until it resumes (the
+ * kernel counts that as a recursion miss), so one slot a program suffices
+ * wherever tracepoints run preemptibly.
  */
 #define EMD_SLOW_TAKEN_SYS_EXIT 0
-#define EMD_SLOW_TAKEN_TASK_END 1
+#define EMD_SLOW_TAKEN_EXIT 1
+#define EMD_SLOW_TAKEN_EXEC 2
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 2);
+	__uint(max_entries, 3);
 	__type(key, __u32);
 	__type(value, struct emd_slow_held);
 } emd_slow_taken SEC(".maps");
@@ -326,12 +327,13 @@ static __always_inline void emd_slow_call_returns(void *ctx,
  * it (it exits, or execs): its held event is sent with the stacks from its
  * start, counted under `why`. */
 static __always_inline void
-emd_slow_call_ends(__u32 tid, __u32 why, void *drops_map, __u32 full_reason)
+emd_slow_call_ends(__u32 tid, __u32 why, __u32 slot, void *drops_map,
+		   __u32 full_reason)
 {
 	struct emd_slow_held *h;
 
 	emd_slow_unmark(tid);
-	h = emd_slow_take(tid, EMD_SLOW_TAKEN_TASK_END);
+	h = emd_slow_take(tid, slot);
 	if (h)
 		emd_slow_send_held_origin(h, why, drops_map, full_reason);
 }
@@ -358,7 +360,8 @@ emd_slow_call_ends(__u32 tid, __u32 why, void *drops_map, __u32 full_reason)
 	int BPF_PROG(name##_exit, struct task_struct *p)                       \
 	{                                                                      \
 		emd_slow_call_ends((__u32)bpf_get_current_pid_tgid(),          \
-				   EMD_SLOW_RETURN_EXITED, drops_map,          \
+				   EMD_SLOW_RETURN_EXITED,                     \
+				   EMD_SLOW_TAKEN_EXIT, drops_map,             \
 				   full_reason);                               \
 		return 0;                                                      \
 	}                                                                      \
@@ -366,7 +369,8 @@ emd_slow_call_ends(__u32 tid, __u32 why, void *drops_map, __u32 full_reason)
 	int BPF_PROG(name##_exec, struct task_struct *p, pid_t old_pid)        \
 	{                                                                      \
 		emd_slow_call_ends((__u32)old_pid, EMD_SLOW_RETURN_EXEC,       \
-				   drops_map, full_reason);                    \
+				   EMD_SLOW_TAKEN_EXEC, drops_map,             \
+				   full_reason);                               \
 		return 0;                                                      \
 	}
 

@@ -14,7 +14,10 @@
  *
  * Scratch slots: bpf_get_stack writes into a per-CPU slot before the stack is
  * hashed. A program that can interrupt another on the same CPU (a perf event
- * sample, a syscall tracepoint) must use other slots than it.
+ * sample, a syscall tracepoint) must use other slots than it, and so must a
+ * program that can be preempted (the system call tracepoints' since 7.2) from
+ * every program that can run on its CPU meanwhile (sched_switch runs at the
+ * preemption itself).
  */
 #ifndef EBPF_METRICSD_STACKS_BPF_H
 #define EBPF_METRICSD_STACKS_BPF_H
@@ -24,7 +27,7 @@
 #include "common/maps.bpf.h"
 #include "common/stacks.h"
 
-#define EMD_STACK_SCRATCH_SLOTS 5
+#define EMD_STACK_SCRATCH_SLOTS 6
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);

@@ -203,12 +203,21 @@ std::vector<std::string> host_safety_refusals(bpf_object* obj, const KernelAlloc
     const bool gets_storage = std::any_of(calls.helpers.begin(), calls.helpers.end(),
                                           [](int h) { return one_of(kStorageGetHelpers, h); });
     if (!hook_holds_scheduler_locks(bpf_program__section_name(prog))) {
-      if (gets_storage && kernel.sleeping_spinlocks && !kernel.task_storage) {
+      // An iterator runs in process context, preemptible: kmalloc() may sleep there.
+      const bool iterator = std::string_view(bpf_program__section_name(prog)).starts_with("iter");
+      if (kernel.storage_in_tracepoints() || iterator) continue;
+      if (gets_storage) {
         refusals.push_back(which +
-                           " would create local storage with preemption off, and on this "
-                           "PREEMPT_RT kernel local storage allocates with kmalloc(), which "
-                           "takes sleeping locks (no BPF memory allocator for it before "
-                           "Linux 6.4)");
+                           " calls a local-storage get helper, which may create local storage "
+                           "with preemption off, and on this PREEMPT_RT kernel local storage "
+                           "allocates with kmalloc(), which takes sleeping locks (no BPF memory "
+                           "allocator for it before Linux 6.4)");
+      } else if (calls.out_of_sight) {
+        refusals.push_back(which +
+                           " calls a subprogram or hands a callback to a helper on this "
+                           "PREEMPT_RT kernel, where local storage would allocate with kmalloc() "
+                           "with preemption off, and what a subprogram calls cannot be checked "
+                           "before load");
       }
       continue;
     }

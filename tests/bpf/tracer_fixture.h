@@ -35,8 +35,7 @@ namespace ebpf_metricsd::test {
 // tracepoint (not on PREEMPT_RT before 6.4: docs/host-safety.md), else raw_tp, whose programs
 // keep it in a pid-keyed hash.
 inline std::string auto_hook_with_task_storage() {
-  const KernelAllocators& k = kernel_allocators();
-  if (k.sleeping_spinlocks && !k.task_storage) return "raw_tp";
+  if (!kernel_allocators().storage_in_tracepoints()) return "raw_tp";
   return libbpf_probe_bpf_map_type(BPF_MAP_TYPE_TASK_STORAGE, nullptr) == 1 ? "tp_btf" : "raw_tp";
 }
 // The scheduler tracers create task storage on scheduler hooks: only where the kernel's task

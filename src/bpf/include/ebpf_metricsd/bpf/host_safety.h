@@ -44,6 +44,10 @@ struct KernelAllocators {
   // tracepoint's program. There local storage that allocates with kmalloc cannot be created
   // on any hook.
   bool sleeping_spinlocks = false;
+
+  // Whether a tracepoint's program (preemption off) may create local storage: not on
+  // PREEMPT_RT where local storage allocates with kmalloc().
+  bool storage_in_tracepoints() const { return task_storage || !sleeping_spinlocks; }
 };
 
 // From the kernel's BTF (kernel_btf_path() when set); both false without BTF.
