@@ -501,7 +501,9 @@ TEST_CASE(
     "[profile][browser][unwind]") {
   // Every user-mode sample's stack copied and unwound at 997 Hz on every busy CPU (the
   // default budget, 500 a second, would leave the rest to the frame-pointer walk), within the
-  // ring a quarter second of copies takes (20,000 a second: 85 MB).
+  // ring a quarter second of copies takes (20,000 a second: 85 MB). The budget is shared with
+  // the copies of every thread's long waits, and a daemon short of CPU leaves the ring full:
+  // the failure message says how many samples kept their leaf alone so.
   const unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
   ProfileDaemon p("    stack_copies_per_second: " + std::to_string(std::min(1200u * cpus, 20000u)) +
                   "\n");
@@ -513,6 +515,22 @@ TEST_CASE(
   REQUIRE_THAT(dom, Contains("data-loaded=\"1\""));
   const std::vector<Bar> bars = bars_of(dom);
   INFO(bars.size() << " bars");
+  // A sample whose user stack was not copied keeps the frame-pointer walk: its leaf alone,
+  // in this workload. The daemon's counts of those, for a failure's message.
+  const std::string copies = [&] {
+    const std::string m = p.get("/metrics", true, "5").second;
+    const auto value = [&](const std::string& series) {
+      const auto at = m.find("\n" + series + " ");
+      if (at == std::string::npos) return std::string("none");
+      const auto from = at + 1 + series.size() + 1;
+      return m.substr(from, m.find('\n', from) - from);
+    };
+    const std::string drops = "ebpf_metricsd_dropped_events_total{tracer=\"profile\",reason=\"";
+    return "on-CPU samples " + value("ebpf_metricsd_profile_samples_total{state=\"on_cpu\"}") +
+           ", stacks not copied: over the budget " + value(drops + "ustack_budget\"}") +
+           ", no room in the ring " + value(drops + "ustack_ring_full\"}");
+  }();
+  INFO(copies);
   // The on-CPU leaves, each under its callers down to main; the reader's wait in read(),
   // called through the C library, under wait_on_pipe and its callers to the thread's start.
   const std::vector<std::vector<std::string>> chains = {
