@@ -869,15 +869,21 @@ TEST_CASE("profile: perf --call-graph dwarf on the same workload agrees on whole
     if (s.comm == "profile_workloa" && s.kind == SampleKind::OnCpu && s.pid == s.tid) pid = s.pid;
   }
   std::uint64_t copies = 0;
+  std::string unknown;  // the frames of one of our stacks whose chain perf did not find
   for (const auto& s : w.samples) {
     if (static_cast<pid_t>(s.pid) != pid || s.tid != s.pid || s.kind != SampleKind::OnCpu) continue;
     std::vector<std::string> names;
+    std::ostringstream frames;
     for (std::uint32_t f : w.stacks[s.stack]) {
-      if (!w.frames[f].kernel) names.push_back(w.frames[f].function);
+      if (w.frames[f].kernel) continue;
+      names.push_back(w.frames[f].function);
+      frames << "\n    " << w.frames[f].function << " " << w.frames[f].module << "+0x" << std::hex
+             << w.frames[f].address << std::dec;
     }
     if (!names.empty() && leaves.contains(names.front())) {
       ours[chain(names, "main")] += static_cast<double>(s.count);
       copies += s.count;
+      if (unknown.empty() && !theirs.contains(chain(names, "main"))) unknown = frames.str();
     }
   }
   const double agree = overlap(ours, theirs);
@@ -887,7 +893,8 @@ TEST_CASE("profile: perf --call-graph dwarf on the same workload agrees on whole
   const double known_share = known / static_cast<double>(copies);
   INFO("stacks, leaf to main: ours" << heaviest(ours) << "\n  perf's" << heaviest(theirs)
                                     << "\n  agreement " << agree << ", chains perf found too "
-                                    << known_share);
+                                    << known_share
+                                    << "\n  one of ours perf did not find:" << unknown);
   REQUIRE(copies > 200);
   REQUIRE(theirs.size() > 0);
   // At least 95% of the samples have the same function names from the leaf to main as
