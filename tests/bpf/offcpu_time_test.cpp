@@ -215,14 +215,8 @@ TEST_CASE(
   // that cannot be held (the call holds another slow wait already, the hold map is full, the
   // reader exited or exec'd in the call, or did not return in time) goes at once with the
   // stacks from its start, where a wait in a call keeps no user stack. Counted, each.
-  double not_held = 0;
   std::string not_held_text;
-  for (const char* reason : {"slow_return_second", "slow_return_full", "slow_return_exited",
-                             "slow_return_exec", "slow_return_late", "slow_return_mismatch"}) {
-    const double n = test::dropped_events(store, "offcpu_time", reason);
-    not_held += n;
-    not_held_text += std::string(" ") + reason + "=" + std::to_string(static_cast<long>(n));
-  }
+  const double not_held = test::slow_not_held(store, "offcpu_time", not_held_text);
   INFO("events not held for their return:" << not_held_text);
   std::size_t at_start = 0;
   for (const auto& e : ours) {
@@ -329,13 +323,19 @@ TEST_CASE(
   CHECK(test::wake_missed(store) - wake_missed0 >= static_cast<double>(unseen));
   const auto found = test::wait_for_slow(offcpu, profiles, metric, kWaits - unseen, is_read);
   CHECK(w.finish() == 0);
-  std::uint64_t reads = 0;
+  std::uint64_t reads = 0, from_start = 0;
   int conds = 0;
   for (const auto& e : found.window.events) {
     if (e.pid != pid) continue;
     const auto user = test::user_functions(e, found.window);
     INFO("user frames: " << test::chain_text(user));
-    if (has(user, "wait_on_pipe") && e.latency_ns >= 20'000'000) {
+    if (e.tid == first.events[0].tid && e.latency_ns >= 20'000'000 && e.stack_at_start &&
+        user.empty()) {
+      // A read not held for its return: since 7.2 a sys_exit program preempted on a CPU keeps
+      // itself from running there for other threads (a recursion miss), and the wait goes
+      // with the stacks from its start at the thread's next return (slow_return_second).
+      ++from_start;
+    } else if (has(user, "wait_on_pipe") && e.latency_ns >= 20'000'000) {
       ++reads;
       CHECK_FALSE(e.stack_at_start);
       CHECK(test::holds_in_order(user, {"wait_on_pipe", "read_all", "reader", "start_thread"}));
@@ -370,7 +370,12 @@ TEST_CASE(
   // The counts first: the kernel matrix's report keeps the start of each message.
   INFO("counts:" << counts);
   INFO("slow events of the workload:" << events);
-  CHECK(reads + unseen == static_cast<std::uint64_t>(kWaits));
+  std::string not_held_text;
+  const double not_held = test::slow_not_held(store, "offcpu_time", not_held_text);
+  INFO("reads sent from their start: " << from_start << ";" << not_held_text);
+  CHECK(reads + from_start + unseen == static_cast<std::uint64_t>(kWaits));
+  CHECK(static_cast<double>(from_start) <= not_held);
+  CHECK(from_start * 2 <= static_cast<std::uint64_t>(kWaits));  // the premise: most were held
   CHECK(conds >= 1);
   const auto fams = test::collect(store);
   const auto* complete = test::find_series(fams, "ebpf_metricsd_slow_unwinds_total",

@@ -93,6 +93,20 @@ inline double dropped_events(const MetricStore& store, const std::string& tracer
 inline double recursion_misses(const MetricStore& store, const std::string& tracer) {
   return dropped_events(store, tracer, "recursion");
 }
+// The slow events of `tracer` sent with the stacks from their start in place of being held
+// for their system call's return (common/slow_return.bpf.h), each counted under a
+// slow_return_* reason: their sum, and the counts as text in `text`.
+inline double slow_not_held(const MetricStore& store, const std::string& tracer,
+                            std::string& text) {
+  double sum = 0;
+  for (const char* reason : {"slow_return_second", "slow_return_full", "slow_return_exited",
+                             "slow_return_exec", "slow_return_late", "slow_return_mismatch"}) {
+    const double n = dropped_events(store, tracer, reason);
+    sum += n;
+    text += std::string(" ") + reason + "=" + std::to_string(static_cast<long>(n));
+  }
+  return sum;
+}
 // offcpu_time's count of waits whose end no program saw (README: wake_missed).
 inline double wake_missed(const MetricStore& store) {
   return dropped_events(store, "offcpu_time", "wake_missed");
