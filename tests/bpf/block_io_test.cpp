@@ -248,11 +248,7 @@ TEST_CASE(
   CHECK(found.events.size() == requests);  // none lost
   // Where an event comes with the stack from its start: why the tracer did not hold it.
   std::string returns;
-  for (const char* reason : {"slow_return_mismatch", "slow_return_exited", "slow_return_exec",
-                             "slow_return_full", "slow_return_late", "slow_return_second"}) {
-    returns += std::string(" ") + reason + "=" +
-               std::to_string(static_cast<long>(test::dropped_events(store, "block_io", reason)));
-  }
+  test::slow_not_held(store, "block_io", returns);
   INFO("events not held for their return:" << returns);
   std::size_t from_writer = 0, writer_at_start = 0;
   for (const auto& e : found.events) {

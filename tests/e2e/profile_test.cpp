@@ -520,10 +520,8 @@ TEST_CASE(
   const std::string copies = [&] {
     const std::string m = p.get("/metrics", true, "5").second;
     const auto value = [&](const std::string& series) {
-      const auto at = m.find("\n" + series + " ");
-      if (at == std::string::npos) return std::string("none");
-      const auto from = at + 1 + series.size() + 1;
-      return m.substr(from, m.find('\n', from) - from);
+      const auto v = sample(m, series);
+      return v ? std::to_string(static_cast<long long>(*v)) : std::string("none");
     };
     const std::string drops = "ebpf_metricsd_dropped_events_total{tracer=\"profile\",reason=\"";
     return "on-CPU samples " + value("ebpf_metricsd_profile_samples_total{state=\"on_cpu\"}") +
