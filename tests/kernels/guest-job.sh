@@ -44,18 +44,20 @@ run_daemon() {
 
 
 # The stall job (stall-job.sh, before this) ran the daemon with every tracer and label on;
-# its tracer_up lines are the matrix's hooks. Here the shipped config with every tracer
-# enabled runs with the kernel's BTF hidden, as on a kernel built without it, and a copy of
-# it named by btf_path.
-sed -e 's/enabled: false/enabled: true/' -e 's/^drain_interval:.*/drain_interval: 1s/' \
-  "$SOURCE_DIR/config/ebpf-metricsd.yaml" >/tmp/all-tracers.yaml
-cp /sys/kernel/btf/vmlinux /tmp/guest-vmlinux.btf
-: >/tmp/empty
-sed -e 's|^btf_path:.*|btf_path: /tmp/guest-vmlinux.btf|' /tmp/all-tracers.yaml >/tmp/btf-path.yaml
-grep -q '^btf_path: /tmp/guest-vmlinux.btf' /tmp/btf-path.yaml ||
-  echo "btf_path: /tmp/guest-vmlinux.btf" >>/tmp/btf-path.yaml
-run_daemon btf-path /tmp/btf-path.yaml unshare -m --propagation private /bin/sh -c \
-  'mount --bind /tmp/empty /sys/kernel/btf/vmlinux && exec "$@"' sh
+# its tracer_up lines are the matrix's hooks. Here, at the ends of the range (BTF_PATH_RUN),
+# the shipped config with every tracer enabled runs with the kernel's BTF hidden, as on a
+# kernel built without it, and a copy of it named by btf_path.
+if [ "$BTF_PATH_RUN" = 1 ]; then
+  sed -e 's/enabled: false/enabled: true/' -e 's/^drain_interval:.*/drain_interval: 1s/' \
+    "$SOURCE_DIR/config/ebpf-metricsd.yaml" >/tmp/all-tracers.yaml
+  cp /sys/kernel/btf/vmlinux /tmp/guest-vmlinux.btf
+  : >/tmp/empty
+  sed -e 's|^btf_path:.*|btf_path: /tmp/guest-vmlinux.btf|' /tmp/all-tracers.yaml >/tmp/btf-path.yaml
+  grep -q '^btf_path: /tmp/guest-vmlinux.btf' /tmp/btf-path.yaml ||
+    echo "btf_path: /tmp/guest-vmlinux.btf" >>/tmp/btf-path.yaml
+  run_daemon btf-path /tmp/btf-path.yaml unshare -m --propagation private /bin/sh -c \
+    'mount --bind /tmp/empty /sys/kernel/btf/vmlinux && exec "$@"' sh
+fi
 
 cd /tmp
 # Inside TCG the libbpf-tools oracles lose events: the exact oracles decide here.

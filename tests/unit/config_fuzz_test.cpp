@@ -9,7 +9,7 @@
 
 using namespace ebpf_metricsd;
 
-TEST_CASE("mutated configs parse or fail with a ConfigError") {
+TEST_CASE("mutated configs parse or fail with a ConfigError", "[mutations]") {
   std::ifstream in(SOURCE_DIR "/config/ebpf-metricsd.yaml");
   std::stringstream ss;
   ss << in.rdbuf();
