@@ -1,7 +1,8 @@
 #!/bin/bash
 # Runs inside a kernel-matrix guest, chrooted in the host's root (read-only, with the
-# guest's /proc, /sys, /dev, /tmp, /run and a scratch disk at /var/tmp): a short run of the
-# daemon with every tracer enabled, then the privileged BPF tests. Everything the host reads
+# guest's /proc, /sys, /dev, /tmp, /run and a scratch disk at /var/tmp), after the stall job:
+# at the ends of the kernel range (BTF_PATH_RUN=1) a short run of the daemon with every tracer
+# enabled and the kernel's BTF hidden, then the privileged BPF tests. Everything the host reads
 # goes to the second serial port between EMD-* markers.
 set -u
 . /tmp/emd-matrix.env

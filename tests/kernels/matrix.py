@@ -32,7 +32,7 @@ SKIP = 77
 
 # Debian's kernels (tests/kernels/fetch-kernels.sh names them), the ones whose first boot
 # also runs the oracle tests, and how often each is booted. Each boot is watched for stalls;
-# a stall that happens in one boot of two is missed by a single boot in one run of four, so
+# a stall that happens in one boot of n escapes k boots with odds ((n - 1) / n) ** k, so
 # repeated boots find rarer ones, at a boot's cost each: the kernel without the allocators
 # that keep BPF programs off the scheduler's locks (5.10: docs/host-safety.md) boots twice,
 # its cloud flavour once (three 5.10 boots a run).
@@ -58,6 +58,11 @@ BETWEEN_KERNELS = {"6.1", "6.12"}
 # it named by btf_path (its CO-RE relocations made against the file): the same code path on
 # every kernel, proven where the kernels' types differ most, and not again between them
 # (about 50 s of guest time each, the daemon loading every tracer under emulation).
+
+
+def btf_path_run(name):
+    return name not in BETWEEN_KERNELS
+
 
 # Kernels whose kmalloc tracer refuses `caches: true` (kmem_cache_alloc has no cache argument
 # before 6.1): their stall job runs it without, so that its programs are loaded there too.
@@ -427,7 +432,7 @@ def boot(name, kernel_root, build_dir, tracers, job, tests, keep, timeout, stall
             "JOB": job,
             "STALL_SECONDS": str(stall_seconds),
             "KMALLOC_CACHES": "false" if name in NO_KMALLOC_CACHES else "true",
-            "BTF_PATH_RUN": "0" if name in BETWEEN_KERNELS else "1",
+            "BTF_PATH_RUN": "1" if btf_path_run(name) else "0",
         }
         initrd = make_initramfs(workdir, kernel_root, version, env)
         disk = make_scratch_disk(workdir)
@@ -745,7 +750,7 @@ def main():
             if job == "full":
                 rows.append((name, version, seconds, result))
                 problems += full_problems(tracers, result, drain_errs, values,
-                                          name not in BETWEEN_KERNELS)
+                                          btf_path_run(name))
             possible = values.get("EMD-POSSIBLE-CPUS", "?").strip()
             want = f"0-{cpus_of[(name, n)] - 1}"
             if possible != want:
@@ -780,7 +785,7 @@ def main():
         status = "up" if r["up"] else "DOWN"
         oracle = "-" if not r["tests"] else ("FAIL" if r["failed"] else "pass")
         btf_path = ("DOWN" if not r["btf_path"] or not r["btf_path"][1] else r["btf_path"][0])
-        if name in BETWEEN_KERNELS:
+        if not btf_path_run(name):
             btf_path = "not run"
         return f"{r['hook']} {status} {oracle} / {btf_path}"
 
