@@ -17,19 +17,26 @@
 #     distinct copies of the workload binary (a file each: its own ELF to open and name);
 #  5. kernel time per on-CPU sample, from the kernel's BPF statistics
 #     (kernel.bpf_stats_enabled): the profile's perf-event program at 99 Hz under
-#     `unwind: cfi` (registers and a copy of the stack's top, a ring record) and
-#     `frame_pointers` (the walk, an in-kernel count), against bpftrace's `profile:hz:99`
-#     probe counting user and kernel stacks; the CPU-bound workload on CPU 0. With it, the
-#     daemon's CPU per sample unwound (ebpf_metricsd_profile_unwind_cpu_seconds_total);
+#     `unwind: cfi` (the walk with the unwind tables, tail calls included: the kernel counts
+#     them in the program that started the run) and `frame_pointers` (bpf_get_stack's walk),
+#     both counted in the kernel, against bpftrace's `profile:hz:99` probe counting user and
+#     kernel stacks; the CPU-bound workload on CPU 0. With it, the daemon's CPU per on-CPU
+#     sample in the steady state (its CPU time over the sample program's runs), at 99 Hz and,
+#     the workload on every CPU, at 997 Hz;
 #  6. the read of every thread at each cut (the task iterator profile_threads: the threads'
 #     accounting and the waits in progress): kernel time per thread visited, and the daemon's
 #     CPU time a second (one cut every 5 s drain) with the host's threads alone and with
-#     10,000 idle threads more.
-# Root; run from the repository root after building.
-#   bash bench/profile_bench.sh [rounds] ["sections"]   (e.g. 3 "1 5"; all six by default)
+#     10,000 idle threads more;
+#  7. every sample walked at 997 Hz on every CPU (the rate of 64 CPUs at 31 Hz): one
+#     CPU-bound workload per CPU for 20 s, the walks by how they ended and the samples the
+#     kernel side dropped, by reason.
+# Root; run from the repository root after building. BASELINE=/path/to/ebpf-metricsd (another
+# build, e.g. of the commit before a change) adds it to sections 2 and 3, same run, same
+# config, interleaved: what a change costs a switch and a system call, measured beside it.
+#   bash bench/profile_bench.sh [rounds] ["sections"]   (e.g. 3 "1 5"; all seven by default)
 set -euo pipefail
 rounds=${1:-5}
-sections=${2:-1 2 3 4 5 6}
+sections=${2:-1 2 3 4 5 6 7}
 want() { [[ " $sections " == *" $1 "* ]]; }
 build=${BUILD:-build}
 workload=$build/tests/profile_workload_nofp
@@ -53,7 +60,11 @@ tracers:
 EOF
 }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+daemon_ns() { cat /proc/"$pid"/task/*/schedstat | awk '{s += $1} END {print s}'; }  # all its threads' CPU time
 stop_daemon() { kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""; }
+baseline=${BASELINE:-}
+if [[ -n $baseline && ! -x $baseline ]]; then echo "BASELINE=$baseline is not a program" >&2; exit 2; fi
+start_baseline() { local ours=$bin; bin=$baseline; start_daemon "$1"; bin=$ours; }
 median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 hz=$(getconf CLK_TCK)
 
@@ -106,12 +117,17 @@ loops=200000
 pipe_usecs() {  # usecs per round trip of perf bench sched pipe, both tasks on CPU 0
   taskset -c 0 perf bench sched pipe -l "$loops" 2>/dev/null | awk '/usecs\/op/ {print $1}'
 }
-: >"$dir/base"; : >"$dir/ours"; : >"$dir/both"; : >"$dir/fp"; : >"$dir/theirs"
+: >"$dir/base"; : >"$dir/ours"; : >"$dir/both"; : >"$dir/fp"; : >"$dir/theirs"; : >"$dir/before"
 for _ in $(seq "$rounds"); do
   pipe_usecs >>"$dir/base"
   start_daemon "$dir/off.yaml"
   pipe_usecs >>"$dir/ours"
   stop_daemon
+  if [[ -n $baseline ]]; then
+    start_baseline "$dir/off.yaml"
+    pipe_usecs >>"$dir/before"
+    stop_daemon
+  fi
   start_daemon "$dir/both.yaml"
   pipe_usecs >>"$dir/both"
   stop_daemon
@@ -132,6 +148,10 @@ printf '  profile      %.3f us  (%+.0f ns a switch)\n' "$ours" "$(echo "($ours -
 printf '  + offcpu_time %.3f us  (%+.0f ns a switch)\n' "$both" "$(echo "($both - $base) * 1000 / 2" | bc -l)"
 printf '  frame ptrs   %.3f us  (%+.0f ns a switch)\n' "$fp" "$(echo "($fp - $base) * 1000 / 2" | bc -l)"
 printf '  offcputime   %.3f us  (%+.0f ns a switch)\n' "$theirs" "$(echo "($theirs - $base) * 1000 / 2" | bc -l)"
+if [[ -n $baseline ]]; then
+  before=$(median <"$dir/before")
+  printf '  baseline     %.3f us  (%+.0f ns a switch; %s)\n' "$before" "$(echo "($before - $base) * 1000 / 2" | bc -l)" "$baseline"
+fi
 fi
 
 if want 3; then
@@ -139,12 +159,17 @@ if want 3; then
 syscall_ns() {  # ns per getppid() on CPU 0
   taskset -c 0 perf bench syscall basic -l 2000000 2>/dev/null | awk '/usecs\/op/ {print $1 * 1000}'
 }
-: >"$dir/sc_base"; : >"$dir/sc_cfi"; : >"$dir/sc_fp"
+: >"$dir/sc_base"; : >"$dir/sc_cfi"; : >"$dir/sc_fp"; : >"$dir/sc_before"
 for _ in $(seq "$rounds"); do
   syscall_ns >>"$dir/sc_base"
   start_daemon "$dir/off.yaml"
   syscall_ns >>"$dir/sc_cfi"
   stop_daemon
+  if [[ -n $baseline ]]; then
+    start_baseline "$dir/off.yaml"
+    syscall_ns >>"$dir/sc_before"
+    stop_daemon
+  fi
   start_daemon "$dir/fp.yaml"
   syscall_ns >>"$dir/sc_fp"
   stop_daemon
@@ -154,6 +179,10 @@ echo "System calls (perf bench syscall basic, median of $rounds):"
 printf '  nothing         %.0f ns a call\n' "$sc_base"
 printf '  unwind: cfi     %.0f ns  (%+.0f ns a call)\n' "$sc_cfi" "$(echo "$sc_cfi - $sc_base" | bc -l)"
 printf '  frame pointers  %.0f ns  (%+.0f ns a call)\n' "$sc_fp" "$(echo "$sc_fp - $sc_base" | bc -l)"
+if [[ -n $baseline ]]; then
+  sc_before=$(median <"$dir/sc_before")
+  printf '  baseline        %.0f ns  (%+.0f ns a call; %s)\n' "$sc_before" "$(echo "$sc_before - $sc_base" | bc -l)" "$baseline"
+fi
 fi
 
 if want 4; then
@@ -196,52 +225,74 @@ trap 'sysctl -q kernel.bpf_stats_enabled='"$stats_before"'; if [[ -n $pid ]]; th
 if want 5; then
 # 5. Kernel ns per on-CPU sample, ours against bpftrace's profile:hz.
 metric_sum() { curl -s "$url" | awk -v m="$1" 'index($0, m) == 1 {s += $NF} END {print s + 0}'; }
-per_sample() {  # per_sample NAME: ns per run of NAME (every CPU's samples) over 3 s of the workload's CPU
+per_sample() {  # per_sample NAME [DEPTH]: ns per run of NAME (every CPU's samples) over 3 s of
+               # the workload's CPU, its loop DEPTH frames deeper (its stack DEPTH + 6 frames)
   read -r a0 c0 < <(prog_ns perf_event "$1")
-  taskset -c 0 "$workload" 3000 0 >/dev/null
+  if [[ -n ${2:-} ]]; then
+    PROFILE_WORKLOAD_DEPTH=$2 taskset -c 0 "$workload" 3000 0 >/dev/null
+  else
+    taskset -c 0 "$workload" 3000 0 >/dev/null
+  fi
   read -r a1 c1 < <(prog_ns perf_event "$1")
   echo "($a1 - $a0) / ($c1 - $c0)" | bc -l
 }
+daemon_per_sample() {  # [all]: ns of the daemon's CPU per on-CPU sample over 10 s, the workload
+                      # on CPU 0 (or on every CPU)
+  local ws=() c
+  for c in $(seq 0 $([[ ${1:-} == all ]] && echo $(($(nproc) - 1)) || echo 0)); do
+    taskset -c "$c" "$workload" 25000 0 >/dev/null &
+    ws+=($!)
+  done
+  sleep 6
+  local t0 t1 a0 c0 a1 c1
+  t0=$(daemon_ns); read -r a0 c0 < <(prog_ns perf_event on_cpu_sample)
+  sleep 10
+  t1=$(daemon_ns); read -r a1 c1 < <(prog_ns perf_event on_cpu_sample)
+  kill "${ws[@]}"; wait "${ws[@]}" 2>/dev/null || true
+  echo "($t1 - $t0) / ($c1 - $c0)" | bc -l
+}
 sysctl -q kernel.bpf_stats_enabled=1
 config "$dir/s_cfi.yaml" 99 true false cfi
+config "$dir/s_fast.yaml" 997 true false cfi
 config "$dir/s_fp.yaml" 99 true false frame_pointers
-: >"$dir/s_cfi"; : >"$dir/s_fp"; : >"$dir/s_bt"; : >"$dir/s_unwind"
+: >"$dir/s_cfi"; : >"$dir/s_fp"; : >"$dir/s_bt"; : >"$dir/s_daemon"; : >"$dir/s_cfi20"
+: >"$dir/s_daemon997"
+: >"$dir/s_bt20"
 for _ in $(seq "$rounds"); do
   start_daemon "$dir/s_cfi.yaml"
   sleep 1
   per_sample on_cpu_sample >>"$dir/s_cfi"
-  # The daemon's CPU per sample unwound, in the steady state: a workload already named (its
-  # files read at its first samples), over the 10 s between two reads of the counters, which
-  # the drain (every 5 s) publishes.
-  taskset -c 0 "$workload" 25000 0 >/dev/null &
-  wl=$!
-  sleep 6
-  u0=$(metric_sum ebpf_metricsd_profile_unwind_cpu_seconds_total)
-  n0=$(metric_sum ebpf_metricsd_profile_unwinds_total)
-  sleep 10
-  u1=$(metric_sum ebpf_metricsd_profile_unwind_cpu_seconds_total)
-  n1=$(metric_sum ebpf_metricsd_profile_unwinds_total)
-  kill "$wl"; wait "$wl" 2>/dev/null || true
-  echo "($u1 - $u0) * 1000000000 / ($n1 - $n0)" | bc -l >>"$dir/s_unwind"
+  per_sample on_cpu_sample 20 >>"$dir/s_cfi20"
+  # The daemon's CPU per on-CPU sample, in the steady state: a workload already named (its
+  # files read and its tables loaded at its first samples), over 10 s, the samples counted
+  # by the kernel (the sample program's runs: no process is started to read them).
+  daemon_per_sample >>"$dir/s_daemon"
+  stop_daemon
+  start_daemon "$dir/s_fast.yaml"
+  daemon_per_sample all >>"$dir/s_daemon997"
   stop_daemon
   start_daemon "$dir/s_fp.yaml"
   sleep 1
   per_sample on_cpu_sample >>"$dir/s_fp"
   stop_daemon
-  bpftrace -e 'profile:hz:99 { @[ustack, kstack] = count(); }' >/dev/null 2>&1 &
+  bpftrace -e 'profile:hz:99 { @[kstack, ustack, pid] = count(); }' >/dev/null 2>&1 &
   bt=$!
   for _ in $(seq 100); do
     [[ $(prog_ns perf_event 99) != "0 0" ]] && break
     sleep 0.1
   done
   per_sample 99 >>"$dir/s_bt"
+  per_sample 99 20 >>"$dir/s_bt20"
   kill -INT "$bt"; wait "$bt" 2>/dev/null || true
 done
 echo "Kernel time per on-CPU sample at 99 Hz (kernel.bpf_stats_enabled, median of $rounds):"
-printf '  profile, unwind: cfi             %.0f ns  (registers, the stack top copied, a ring record)\n' "$(median <"$dir/s_cfi")"
-printf '  profile, unwind: frame_pointers  %.0f ns  (the walk, counted in the kernel)\n' "$(median <"$dir/s_fp")"
-printf '  bpftrace profile:hz:99           %.0f ns  (@[ustack, kstack] = count())\n' "$(median <"$dir/s_bt")"
-printf '  daemon CPU per sample unwound    %.0f ns  (cfi: CFI unwinding and naming, a warm workload; other processes sampled meanwhile count too)\n' "$(median <"$dir/s_unwind")"
+printf '  profile, unwind: cfi             %.0f ns  (the walk with the unwind tables, counted in the kernel)\n' "$(median <"$dir/s_cfi")"
+printf '    stack of 26 frames             %.0f ns\n' "$(median <"$dir/s_cfi20")"
+printf '  profile, unwind: frame_pointers  %.0f ns  (bpf_get_stack, counted in the kernel)\n' "$(median <"$dir/s_fp")"
+printf '  bpftrace profile:hz:99           %.0f ns  (@[kstack, ustack, pid] = count(), frame pointers)\n' "$(median <"$dir/s_bt")"
+printf '    stack of 26 frames             %.0f ns  (its frame-pointer walk ends early in code without them)\n' "$(median <"$dir/s_bt20")"
+printf '  daemon CPU per on-CPU sample     %.0f ns  (cfi at 99 Hz, a warm workload on one CPU: names cached; the daemon'"'"'s fixed costs a second count)\n' "$(median <"$dir/s_daemon")"
+printf '    at 997 Hz                      %.0f ns  (a warm workload on every CPU)\n' "$(median <"$dir/s_daemon997")"
 fi
 
 if want 6; then
@@ -250,7 +301,6 @@ if want 6; then
 #    idle threads more (a Python process whose threads wait on one event).
 sysctl -q kernel.bpf_stats_enabled=1
 config "$dir/threads.yaml" 19 true true
-daemon_ns() { cat /proc/"$pid"/task/*/schedstat | awk '{s += $1} END {print s}'; }  # all its threads
 threads_run() {  # prints "daemon_ns_per_s iterator_ns_per_thread threads_on_host"
   start_daemon "$dir/threads.yaml"
   sleep 6
@@ -284,4 +334,54 @@ printf '  host alone         %s threads, iterator %.0f ns a thread, daemon %.2f 
   "$(col 3 <"$dir/t_base")" "$(col 2 <"$dir/t_base")" "$(echo "$(col 1 <"$dir/t_base") / 1000000" | bc -l)"
 printf '  + 10,000 threads   %s threads, iterator %.0f ns a thread, daemon %.2f ms of CPU a second\n' \
   "$(col 3 <"$dir/t_many")" "$(col 2 <"$dir/t_many")" "$(echo "$(col 1 <"$dir/t_many") / 1000000" | bc -l)"
+fi
+
+if want 7; then
+# 7. Every sample walked at 997 Hz on every CPU.
+config "$dir/fast.yaml" 997 true false cfi
+sum_of() { curl -s "$url" | awk -v m="$1" 'index($0, m) == 1 {s += $NF} END {print s + 0}'; }
+start_daemon "$dir/fast.yaml"
+# The workloads' files read and tables loaded first (their first samples wait for them).
+cpus=$(nproc)
+on_every_cpu() {  # on_every_cpu MS: the workload on each CPU for MS ms of its CPU, waited for
+  local ws=()
+  for c in $(seq 0 $((cpus - 1))); do
+    taskset -c "$c" "$workload" "$1" 0 >/dev/null &
+    ws+=($!)
+  done
+  wait "${ws[@]}"  # not the daemon's pid
+}
+on_every_cpu 1000
+sleep 6  # a drain
+before=$(curl -s "$url")
+on_every_cpu 20000
+sleep 6
+after=$(curl -s "$url")
+stop_daemon
+python3 - "$before" "$after" "$cpus" <<'PY'
+import re, sys
+def series(text):
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r'(ebpf_metricsd_(?:profile_unwinds_total|dropped_events_total|profile_samples_total))\{([^}]*)\} (\S+)', line)
+        if m:
+            out[(m.group(1), m.group(2))] = float(m.group(3))
+    return out
+b, a = series(sys.argv[1]), series(sys.argv[2])
+d = {k: a[k] - b.get(k, 0) for k in a}
+walks = {k[1]: v for k, v in d.items() if k[0].endswith("unwinds_total") and v}
+total = sum(walks.values())
+samples = sum(v for k, v in d.items() if k[0].endswith("samples_total") and 'on_cpu' in k[1])
+print(f"Every sample walked at 997 Hz on {sys.argv[3]} CPUs, 20 s of one CPU-bound workload a CPU:")
+print(f"  on-CPU samples {samples:.0f}, walks {total:.0f}")
+for labels, v in sorted(walks.items(), key=lambda kv: -kv[1]):
+    print(f"    {labels:40s} {v:8.0f}  {100 * v / total if total else 0:6.2f}%")
+# Stacks cut (reason="unwind_*") are the walks above; these are samples or waits lost.
+drops = {k[1]: v for k, v in d.items() if k[0].endswith("dropped_events_total")
+         and 'tracer="profile"' in k[1] and 'reason="unwind_' not in k[1] and v}
+print(f"  lost by the profile's kernel side: {sum(drops.values()):.0f}"
+      f" ({100 * sum(drops.values()) / samples if samples else 0:.2f}% of the samples)")
+for labels, v in sorted(drops.items(), key=lambda kv: -kv[1]):
+    print(f"    {labels:40s} {v:8.0f}")
+PY
 fi

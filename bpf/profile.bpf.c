@@ -4,15 +4,15 @@
  *  - on-CPU: a CPU-clock perf event in frequency mode on every CPU runs
  *    on_cpu_sample; each sample adds its period (ns of CPU time) to the
  *    interrupted thread's (kernel stack, user stack). With `unwind: cfi` the
- *    sample is sent instead, with a copy of the top of its user stack and its
- *    user registers (common/ustack.bpf.h), for the daemon to unwind, within a
- *    budget of copies a second (beyond it, or where no copy can be made, the
- *    frame-pointer walk is aggregated as before);
+ *    user stack is walked in the kernel with the tables the daemon compiles
+ *    from each file's CFI (common/unwind.bpf.h: the sample tail-calls
+ *    profile_sample_walk, which records it once the walk is done); else it
+ *    is the frame-pointer walk;
  *  - off-CPU: at sched_switch a thread that blocks leaves the time in
  *    per-thread state; when it is switched in again after at least
  *    offcpu_min, its kernel stack is taken where it still waits. Its user
  *    stack: a thread blocked inside a system call returns to the same one,
- *    which with `unwind: cfi` is copied when the call returns (sys_exit), in
+ *    which with `unwind: cfi` is walked when the call returns (sys_exit), in
  *    the thread's own context and only for the long waits; where it blocked
  *    elsewhere (a page fault), or without `unwind: cfi`, it is walked by frame
  *    pointer when it blocks. A shorter wait costs one comparison more.
@@ -49,6 +49,7 @@
 #include "common/offcpu.bpf.h"
 #include "common/read.bpf.h"
 #include "common/stacks.bpf.h"
+#include "common/unwind.bpf.h"
 #include "common/ustack.bpf.h"
 #include "profile.h"
 
@@ -60,7 +61,7 @@ const volatile __u8 on_cpu_on = 1;
 const volatile __u8 off_cpu_on = 1;
 const volatile __u64 offcpu_min_ns = 1000000;
 const volatile __u32 nr_workloads = 0; /* 0: every workload */
-/* `unwind: cfi`: user stacks are copied for the daemon to unwind. */
+/* `unwind: cfi`: user stacks are walked with the daemon's unwind tables. */
 const volatile __u8 unwind_cfi = 0;
 /* When the batch the aggregates go to began (monotonic ns), and whether the
  * maps are being swapped: set by user space at each read, batch_begin_ns and
@@ -106,23 +107,6 @@ struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 64 * 1024);
 } new_processes SEC(".maps");
-
-/* Samples and waits with a copy of the user stack; sized by user space. */
-struct {
-	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 4096);
-} samples SEC(".maps");
-
-/* Where a record is made before it is sent: one slot for the perf sample and
- * one for the tracepoints, which it can interrupt. */
-#define RECORD_SAMPLE 0
-#define RECORD_TRACEPOINT 1
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 2);
-	__type(key, __u32);
-	__type(value, struct profile_record);
-} records SEC(".maps");
 
 EMD_DROPS_MAP(PROFILE_DROP__COUNT);
 
@@ -205,8 +189,8 @@ static __always_inline void add_n(struct profile_key *key, __u64 count,
 	counts = bpf_map_lookup_elem(&counts_slot, &slot);
 	if (!counts)
 		return;
-	key->began = began && (batch_swapping || began < batch_begin_ns) ? began
-									  : 0;
+	key->began =
+	    began && (batch_swapping || began < batch_begin_ns) ? began : 0;
 	v = emd_lookup_or_init(counts, key, &zero, &drops,
 			       PROFILE_DROP_COUNTS_FULL);
 	if (!v)
@@ -229,63 +213,81 @@ static __always_inline bool user_task(void)
 	return !(BPF_CORE_READ(t, flags) & PF_KTHREAD);
 }
 
-/* The user registers of a sample: the interrupted ones when it interrupted
- * user mode (whole-word loads from the context, which the verifier rewrites),
- * else those saved at the top of the task's kernel stack. */
-static __always_inline bool sample_user_regs(struct bpf_perf_event_data *ctx,
-					     struct emd_ustack *u)
+/*
+ * The walks: a sample (perf_event) or a wait at the return of its system call
+ * (sys_exit, tp_btf or raw_tp) starts one and tail-calls the walker of its
+ * program type, which adds the sample or the wait once the stack has ended.
+ * Filled by user space after load (index 0: the walker).
+ */
+struct walkers {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} sample_walkers SEC(".maps"), exit_walkers_btf SEC(".maps"),
+    exit_walkers_raw SEC(".maps");
+
+/* What a walk carries for its finish (emd_walk.caller). */
+struct walk_caller {
+	struct profile_key key;
+	__u64 count, ns, began, ended;
+};
+
+/* A walk is done: its sample or wait is added with the stack it found. */
+static __always_inline void walk_done(void *ctx, struct emd_walk *w)
+{
+	struct walk_caller *c = (void *)w->caller;
+
+	c->key.ustack = emd_walk_keep(w);
+	add_n(&c->key, c->count, c->ns, c->began, c->ended);
+}
+
+/* Hands walk w, its caller filled, to `walkers`, or adds its sample or wait
+ * at once where no walker runs (EMD_WALK_HAND_OFF). */
+#define WALK_ON(ctx, w, walkers)                                               \
+	do {                                                                   \
+		EMD_WALK_HAND_OFF(ctx, w, walkers);                            \
+		walk_done(ctx, w);                                             \
+	} while (0)
+
+/* Starts the walk of a sample's user stack: from the interrupted registers
+ * when it interrupted user mode (whole-word loads from the context, which the
+ * verifier rewrites), else from those saved at the top of the task's kernel
+ * stack. */
+static __always_inline struct emd_walk *
+sample_walk_begin(struct bpf_perf_event_data *ctx)
 {
 	const struct emd_user_regs *interrupted = (void *)&ctx->regs;
-	struct emd_user_regs r;
+	__u64 cs = interrupted->cs;
 
-	if ((interrupted->cs & 3) != 3)
-		return emd_ustack_regs(u, emd_task_user_regs());
-	r.r15 = interrupted->r15;
-	r.r14 = interrupted->r14;
-	r.r13 = interrupted->r13;
-	r.r12 = interrupted->r12;
-	r.bp = interrupted->bp;
-	r.bx = interrupted->bx;
-	r.r11 = interrupted->r11;
-	r.r10 = interrupted->r10;
-	r.r9 = interrupted->r9;
-	r.r8 = interrupted->r8;
-	r.ax = interrupted->ax;
-	r.cx = interrupted->cx;
-	r.dx = interrupted->dx;
-	r.si = interrupted->si;
-	r.di = interrupted->di;
-	r.ip = interrupted->ip;
-	r.cs = interrupted->cs;
-	r.sp = interrupted->sp;
-	return emd_ustack_regs_of(u, &r);
+	if ((cs & 3) != 3)
+		return emd_walk_begin_saved(EMD_WALK_SLOT_SAMPLE);
+	return emd_walk_begin(EMD_WALK_SLOT_SAMPLE, interrupted->ip,
+			      interrupted->sp, interrupted->bp, cs);
 }
 
-/* A sample sent with a copy of its user stack; false when none could be
- * taken (counted), and the sample is aggregated as frame pointers show it. */
-static __always_inline bool send_sample(struct bpf_perf_event_data *ctx,
-					struct profile_key *key)
+SEC("perf_event")
+int profile_sample_walk(struct bpf_perf_event_data *ctx)
 {
-	__u32 slot = RECORD_SAMPLE;
-	struct profile_record *r = bpf_map_lookup_elem(&records, &slot);
-
-	if (!r || !emd_has_user_stack() || !emd_ustack_admit())
-		return false;
-	if (!sample_user_regs(ctx, &r->ustack) || !emd_ustack_copy(&r->ustack))
-		return false;
-	r->tgid = key->tgid;
-	r->tid = key->tid;
-	r->cgroup = key->cgroup;
-	r->ns = ctx->sample_period;
-	r->count = 1;
-	r->kind = PROFILE_ON_CPU;
-	r->syscall = -1;
-	r->began = 0;
-	r->ended = 0;
-	__builtin_memcpy(r->comm, key->comm, sizeof(r->comm));
-	r->kstack_len = emd_stack_take_into(ctx, r->kstack, 0);
-	return emd_ustack_send(&samples, r, &r->ustack);
+	EMD_WALK_RUN(ctx, EMD_WALK_SLOT_SAMPLE, &sample_walkers, walk_done);
+	return 0;
 }
+
+SEC("tp_btf/sys_exit")
+int BPF_PROG(profile_exit_walk_btf, struct pt_regs *regs, long ret)
+{
+	EMD_WALK_RUN(ctx, EMD_WALK_SLOT_TASK, &exit_walkers_btf, walk_done);
+	return 0;
+}
+
+SEC("raw_tp/sys_exit")
+int BPF_PROG(profile_exit_walk_raw, struct pt_regs *regs, long ret)
+{
+	EMD_WALK_RUN(ctx, EMD_WALK_SLOT_TASK, &exit_walkers_raw, walk_done);
+	return 0;
+}
+
+EMD_UNWIND_EXIT_PROG(profile_walk_exit)
 
 SEC("perf_event")
 int on_cpu_sample(struct bpf_perf_event_data *ctx)
@@ -306,9 +308,22 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	bpf_get_current_comm(&key.comm, sizeof(key.comm));
 	if (user_task())
 		announce(key.tgid);
-	if (unwind_cfi && user_task() && send_sample(ctx, &key))
-		return 0;
 	key.kstack = emd_stack_take(ctx, 0, 0);
+	if (unwind_cfi && user_task()) {
+		struct emd_walk *w = sample_walk_begin(ctx);
+		struct walk_caller *c;
+
+		if (w) {
+			c = (void *)w->caller;
+			c->key = key;
+			c->count = 1;
+			c->ns = ctx->sample_period;
+			c->began = 0;
+			c->ended = 0;
+			WALK_ON(ctx, w, &sample_walkers);
+			return 0;
+		}
+	}
 	if (user_task())
 		key.ustack = emd_stack_take(ctx, 1, BPF_F_USER_STACK);
 	add(&key, ctx->sample_period);
@@ -446,20 +461,27 @@ static __always_inline void current_wait_key(struct profile_key *key)
 }
 
 /* The current task returns from a system call with user registers `regs`:
- * the long waits it had inside are sent with a copy of the user stack it
- * returns to (else kept with the frame-pointer walk of it). */
+ * the long waits it had inside are added with the user stack it returns to,
+ * walked with the unwind tables (else the frame-pointer walk of it). With
+ * `unwind: cfi` this is also where the walk learns that a process's code may
+ * have changed (common/unwind.bpf.h). */
 static __always_inline void syscall_returns(void *ctx, struct pt_regs *regs,
 					    long ret, bool raw)
 {
 	long nr = EMD_READ(raw, regs, orig_ax);
-	__u32 slot = RECORD_TRACEPOINT, loss = EMD_SYSCALL_WAIT_KEPT;
+	__u32 loss = EMD_SYSCALL_WAIT_KEPT;
 	struct emd_syscall_wait w;
 	struct emd_user_regs r;
-	struct profile_record *rec;
 	struct profile_key key = {};
-	struct emd_offcpu *s = emd_offcpu_current(raw);
+	/* Without off_cpu there is no off-CPU state (and no map for it): only
+	 * the walk's watch runs here. */
+	struct emd_offcpu *s = off_cpu_on ? emd_offcpu_current(raw) : NULL;
+	struct emd_walk *walk;
+	struct walk_caller *c;
 	__u64 id = bpf_get_current_pid_tgid();
 
+	if (unwind_cfi)
+		emd_unwind_syscall_returns(regs, ret);
 	if (nr == 9 || nr == 10) { /* mmap, mprotect: more code to read? */
 		if ((EMD_READ(raw, regs, dx) & 0x4 /* PROT_EXEC */) && ret >= 0)
 			announce_again(id >> 32, false);
@@ -481,30 +503,29 @@ static __always_inline void syscall_returns(void *ctx, struct pt_regs *regs,
 		keep_without_ustack(&key, &w, loss);
 		return;
 	}
-	rec = bpf_map_lookup_elem(&records, &slot);
-	if (rec && emd_has_user_stack() && emd_ustack_admit() &&
-	    emd_ustack_regs_of(&rec->ustack, &r) &&
-	    emd_ustack_copy(&rec->ustack)) {
-		rec->tgid = key.tgid;
-		rec->tid = key.tid;
-		rec->cgroup = key.cgroup;
-		rec->ns = w.ns;
-		rec->count = w.waits;
-		rec->kind = PROFILE_OFF_CPU;
-		rec->syscall = w.site.nr;
-		rec->began = w.began;
-		rec->ended = w.ended;
-		__builtin_memcpy(rec->comm, key.comm, sizeof(rec->comm));
-		rec->kstack_len = emd_stack_copy(w.kstack, rec->kstack, 0);
-		if (emd_ustack_send(&samples, rec, &rec->ustack))
-			return;
-	}
 	key.kstack = w.kstack;
-	/* Slot 5, its own: preempted here (7.2+), the sched_switch program that
-	 * runs at the preemption takes its stacks in slots 2 and 3. */
-	key.ustack = emd_stack_take(ctx, 5, BPF_F_USER_STACK);
 	key.syscall = w.site.nr;
-	add_n(&key, w.waits, w.ns, w.began, w.ended);
+	walk = unwind_cfi
+		   ? emd_walk_begin(EMD_WALK_SLOT_TASK, r.ip, r.sp, r.bp, r.cs)
+		   : NULL;
+	if (!walk) {
+		/* Slot 5, its own: preempted here (7.2+), the sched_switch
+		 * program that runs at the preemption takes its stacks in slots
+		 * 2 and 3. */
+		key.ustack = emd_stack_take(ctx, 5, BPF_F_USER_STACK);
+		add_n(&key, w.waits, w.ns, w.began, w.ended);
+		return;
+	}
+	c = (void *)walk->caller;
+	c->key = key;
+	c->count = w.waits;
+	c->ns = w.ns;
+	c->began = w.began;
+	c->ended = w.ended;
+	if (raw)
+		WALK_ON(ctx, walk, &exit_walkers_raw);
+	else
+		WALK_ON(ctx, walk, &exit_walkers_btf);
 }
 
 SEC("tp_btf/sys_exit")
@@ -551,7 +572,6 @@ int BPF_PROG(profile_thread_exit_raw, struct task_struct *p)
 	thread_exits(true);
 	return 0;
 }
-
 
 /* The scheduler's accounting of task t, seen at `now`. Profiled threads only:
  * with `workloads`, those of processes the profile has seen (announced). */

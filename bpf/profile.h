@@ -44,27 +44,6 @@ struct profile_value {
 };
 
 /*
- * An on-CPU sample or an off-CPU wait sent with a copy of the user stack, for
- * the daemon to unwind with CFI (`unwind: cfi`): not aggregated in the
- * kernel, each is a record of the ring `samples`.
- */
-struct profile_record {
-	__u32 tgid;
-	__u32 tid;
-	__u64 cgroup;
-	__u64 ns;	  /* CPU time sampled, or time blocked */
-	__u32 count;	  /* samples, or waits */
-	__u32 kind;	  /* enum profile_kind */
-	__s32 syscall;	  /* the system call the thread waited in, -1: none */
-	__s32 kstack_len; /* bytes of kstack */
-	char comm[16];
-	__u64 began; /* a wait: when it began (the first of them) */
-	__u64 ended; /* and when it ended (the last) */
-	__u64 kstack[EMD_STACK_MAX_DEPTH];
-	struct emd_ustack ustack; /* last: sent up to the bytes copied */
-};
-
-/*
  * A thread as the iterator profile_threads sees it when user space reads
  * (each cut), or as it exits (the map thread_ends): the scheduler's own
  * accounting of it, and the wait it is in now (blocked 0: none), which counts

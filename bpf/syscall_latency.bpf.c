@@ -6,8 +6,8 @@
  * by thread id (for kernels whose tracing programs have no task storage,
  * before 5.12, or no BTF-typed task): user space loads the first kind the
  * kernel takes. A syscall at or above the `slow` threshold is also sent to
- * user space with the caller's user stack, copied for the daemon to unwind
- * with CFI or walked by frame pointer (common/slow_copy.bpf.h).
+ * user space with the caller's user stack, walked in the kernel with the
+ * unwind tables or by frame pointer (common/slow_walk.bpf.h).
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -16,7 +16,7 @@
 #include "common/cgroup.bpf.h"
 #include "common/maps.bpf.h"
 #include "common/read.bpf.h"
-#include "common/slow_copy.bpf.h"
+#include "common/slow_walk.bpf.h"
 #include "syscall_latency.h"
 
 /* Set by user space before load from the include/exclude options. */
@@ -97,13 +97,15 @@ static __always_inline int on_enter(long id, bool raw)
 }
 
 static __always_inline int on_exit(void *ctx, const struct pt_regs *regs,
-				   bool raw)
+				   long ret, bool raw)
 {
 	struct syscall_latency_hist *h;
 	struct start *s;
 	__u64 now, delta;
 	__u32 nr;
 
+	if (emd_slow_unwind_cfi)
+		emd_unwind_syscall_returns(regs, ret);
 	s = thread_start(false, raw);
 	/* No stamp: the syscall began before we attached, or is not traced. */
 	if (!s || !s->ts)
@@ -127,15 +129,17 @@ static __always_inline int on_exit(void *ctx, const struct pt_regs *regs,
 	emd_hist_add_ns(h, delta);
 	emd_slow_record_at_exit(ctx, regs, now, delta, emd_seconds_slot(delta),
 				nr, &drops, SYSLAT_DROP_SLOW_LIMITED,
-				SYSLAT_DROP_SLOW_RING_FULL);
+				SYSLAT_DROP_SLOW_RING_FULL, raw);
 	return 0;
 }
 
 #define ENTER(raw) on_enter(id, raw)
-#define EXIT(raw) on_exit(ctx, regs, raw)
+#define EXIT(raw) on_exit(ctx, regs, ret, raw)
 
 EMD_TP_PROGS(sys_enter, sys_enter, ENTER, struct pt_regs *regs, long id)
 EMD_TP_PROGS(sys_exit, sys_exit, EXIT, struct pt_regs *regs, long ret)
+
+EMD_SLOW_WALKERS(&drops, SYSLAT_DROP_SLOW_RING_FULL)
 
 /* raw_tp: a thread's stamp goes with the thread (its last syscall, exit,
  * never returns). */

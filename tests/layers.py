@@ -15,6 +15,11 @@ import subprocess
 import sys
 import tempfile
 
+# The kernel side's shared headers (bpf/, the emd_kernel_headers target): taken by the layers
+# that know features, refused below them.
+KERNEL_HEADER = "common/stacks.h"
+KERNEL_LAYERS = {"profile", "tracers"}
+
 # Per layer: a header of a layer above it (refused) and one of a layer below it (taken).
 PROBES = {
     "base": ("metrics/metric_store.h", "base/gzip.h"),
@@ -27,9 +32,9 @@ PROBES = {
 }
 
 
-def compiles(command, directory, header):
+def compiles(command, directory, header, prefix="ebpf_metricsd/"):
     with tempfile.NamedTemporaryFile("w", suffix=".cpp", delete=False) as f:
-        f.write(f'#include "ebpf_metricsd/{header}"\n')
+        f.write(f'#include <linux/types.h>\n#include "{prefix}{header}"\n')
         probe = f.name
     try:
         args = shlex.split(command)
@@ -58,7 +63,7 @@ def main():
     problems = []
     for layer, (above, below) in PROBES.items():
         entry = next((c for c in commands
-                      if re.search(rf"/src/{layer}/[^/]+\.cpp$", c["file"])), None)
+                      if re.search(rf"/src/{layer}/(?:[^/]+/)*[^/]+\.cpp$", c["file"])), None)
         if not entry:
             problems.append(f"{layer}: no source in compile_commands.json")
             continue
@@ -72,6 +77,12 @@ def main():
         if not ok:
             problems.append(f"{layer}: ebpf_metricsd/{below}, a layer below, does not compile: "
                             f"{err}")
+        ok, err = compiles(entry["command"], entry["directory"], KERNEL_HEADER, prefix="")
+        if ok != (layer in KERNEL_LAYERS):
+            problems.append(f"{layer}: the kernel header {KERNEL_HEADER} "
+                            f"{'does not compile' if layer in KERNEL_LAYERS else 'compiles'}")
+        elif not ok:
+            print(f"{layer}: {KERNEL_HEADER} refused: {err[0] if err else ''}")
     for root, _, files in os.walk(os.path.join(source, "src")):
         for name in files:
             path = os.path.join(root, name)

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * A budget of events a second over all CPUs, for what must not flood user
- * space (slow events, stack copies): an array map of one emd_budget, declared
+ * space (slow events): an array map of one emd_budget, declared
  * with EMD_BUDGET_MAP(name). A race at a second's turn may let one more per
  * CPU through.
  */

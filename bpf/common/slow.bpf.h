@@ -32,8 +32,9 @@
 
 const volatile __u64 emd_slow_threshold_ns = 0;
 const volatile __u32 emd_slow_per_second = 100;
-/* Slow events sent with a copy of the user stack where they are waited for
- * inside a system call (common/slow_copy.bpf.h, common/slow_return.bpf.h). */
+/* Slow events sent with the user stack walked in the kernel where they are
+ * waited for inside a system call (common/slow_walk.bpf.h,
+ * common/slow_return.bpf.h). */
 const volatile __u8 emd_slow_unwind_cfi = 0;
 /* The daemon's own process: its waits are not what anyone asks about. */
 const volatile __u32 emd_slow_self_tgid = 0;

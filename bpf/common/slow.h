@@ -8,7 +8,7 @@
 #define EBPF_METRICSD_SLOW_H
 
 #include "common/stacks.h"
-#include "common/ustack.h"
+#include "common/ustack.h" /* emd_syscall_site */
 
 #define EMD_SLOW_MAX_DEPTH EMD_STACK_MAX_DEPTH
 /* A stack length: the stack was kept at the event's start but evicted since. */
@@ -43,14 +43,6 @@ struct emd_slow_event {
  * by a flusher thread, a non-blocking connect()), or whose return could not
  * be used (enum emd_slow_return_drop_reason). */
 #define EMD_SLOW_TAKEN_AT_START 1
-
-/* A slow event with a copy of the user stack (common/slow_copy.bpf.h): the
- * record is cut after the stack bytes copied, so it is longer than an
- * emd_slow_event by the copy's header at least. */
-struct emd_slow_event_copy {
-	struct emd_slow_event event;
-	struct emd_ustack ustack;
-};
 
 /* Who started an event that ends elsewhere (a block request issued by a task
  * and completed in an interrupt): kept from start to end. */

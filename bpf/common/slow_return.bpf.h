@@ -7,9 +7,9 @@
  *
  * With emd_slow_unwind_cfi, an event whose starter waits for it inside a
  * system call (a synchronous read, a blocking connect()) is held until that
- * call returns and sent then, with a copy of the user stack it returns to
- * (common/slow_copy.bpf.h), as syscall_latency's are: the function that
- * called read() through libc is found, with or without frame pointers.
+ * call returns and sent then, with the user stack it returns to walked in the
+ * kernel (common/slow_walk.bpf.h), as syscall_latency's are: the function
+ * that called read() through libc is found, with or without frame pointers.
  *
  * - At the start, a user task inside a system call is marked in
  *   emd_slow_calls with the call's return site (emd_syscall_site_here).
@@ -20,9 +20,9 @@
  *   did not start inside a call (a page fault, a flusher thread).
  * - At sys_exit (emd_slow_call_returns), the task's mark goes, and its held
  *   event is sent: with the copy where the task returns to the site it
- *   started the event from, else with the stack from its start (counted:
- *   EMD_SLOW_RETURN_MISMATCH). A task that exits inside the call sends it
- *   from sched_process_exit the same way (EMD_SLOW_RETURN_EXITED), and one
+ *   started the event from (walked), else with the stack from its start
+ * (counted: EMD_SLOW_RETURN_MISMATCH). A task that exits inside the call sends
+ * it from sched_process_exit the same way (EMD_SLOW_RETURN_EXITED), and one
  *   that execs in it (execve reading the new program) from
  *   sched_process_exec (EMD_SLOW_RETURN_EXEC).
  *
@@ -44,7 +44,7 @@
 #ifndef EBPF_METRICSD_SLOW_RETURN_BPF_H
 #define EBPF_METRICSD_SLOW_RETURN_BPF_H
 
-#include "common/slow_copy.bpf.h"
+#include "common/slow_walk.bpf.h"
 
 /* What a map update with BPF_NOEXIST returns, negated, where the key is
  * there already (a full map returns another error). */
@@ -166,8 +166,8 @@ emd_slow_hold_origin(const struct emd_slow_origin *o, __u64 now,
 	/* another event of the call is held already, or the map is full: this
 	 * one goes now */
 	emd_count_drop(&emd_slow_return_drops, err == -EMD_EEXIST
-						     ? EMD_SLOW_RETURN_SECOND
-						     : EMD_SLOW_RETURN_FULL);
+						   ? EMD_SLOW_RETURN_SECOND
+						   : EMD_SLOW_RETURN_FULL);
 	return false;
 }
 
@@ -275,40 +275,48 @@ emd_slow_send_held_origin(const struct emd_slow_held *h, __u32 why,
 			     h->cgroup, &h->origin, drops_map, full_reason);
 }
 
-/* Sends held event h with a copy of the user stack the current thread returns
- * to (user registers `regs`). */
+/* Sends held event h with the user stack the current thread returns to (user
+ * registers `regs`), walked with the unwind tables by the walker of the
+ * sys_exit hook kind `raw`. */
 static __always_inline void
-emd_slow_send_held_copy(void *ctx, const struct emd_slow_held *h,
-			const struct pt_regs *regs, void *drops_map,
-			__u32 full_reason)
+emd_slow_send_held_walked(void *ctx, const struct emd_slow_held *h,
+			  const struct pt_regs *regs, void *drops_map,
+			  __u32 full_reason, bool raw)
 {
-	struct emd_slow_event_copy *c = emd_slow_copy_record();
+	struct emd_slow_walk_caller c = {};
 
-	if (!c)
-		return;
-	emd_slow_fill_origin(&c->event, h->ts, h->latency_ns, h->slot, h->key,
-			     h->label, h->cgroup, &h->origin);
-	c->event.taken = EMD_SLOW_TAKEN_AT_RETURN;
-	c->event.ustack_len =
-	    emd_stack_take_into(ctx, c->event.ustack, BPF_F_USER_STACK);
-	emd_slow_send_copy(c, regs, drops_map, full_reason);
+	c.ts = h->ts;
+	c.latency_ns = h->latency_ns;
+	c.cgroup = h->cgroup;
+	c.key = h->key;
+	c.kstack = h->origin.kstack;
+	c.tgid = h->origin.tgid;
+	c.tid = h->origin.tid;
+	c.slot = h->slot;
+	__builtin_memcpy(c.comm, h->origin.comm, sizeof(c.comm));
+	__builtin_memcpy(c.label, h->label, sizeof(c.label));
+	emd_slow_walk(ctx, regs, &c, raw, drops_map, full_reason);
 }
 
 /*
- * The current thread returns from a system call to user registers `regs`:
- * its held event, if any, is sent with a copy of the user stack it returns to
- * when it returns from the call it started the event in.
+ * The current thread returns from a system call (the tracepoint's hook kind
+ * `raw`) to user registers `regs`, with return value ret: its held event, if
+ * any, is sent with the user stack it returns to when it returns from the call
+ * it started the event in. With the walk, this is also where it learns that a
+ * process's code may have changed (common/unwind.bpf.h).
  */
 static __always_inline void emd_slow_call_returns(void *ctx,
 						  const struct pt_regs *regs,
-						  void *drops_map,
-						  __u32 full_reason)
+						  long ret, void *drops_map,
+						  __u32 full_reason, bool raw)
 {
 	const struct emd_user_regs *u = (const void *)regs;
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	struct emd_slow_held *h;
 	__u64 ip = 0, sp = 0, nr = 0;
 
+	if (emd_slow_unwind_cfi)
+		emd_unwind_syscall_returns(regs, ret);
 	emd_slow_unmark(tid);
 	h = emd_slow_take(tid, EMD_SLOW_TAKEN_SYS_EXIT);
 	if (!h)
@@ -317,7 +325,8 @@ static __always_inline void emd_slow_call_returns(void *ctx,
 	bpf_probe_read_kernel(&sp, sizeof(sp), &u->sp);
 	bpf_probe_read_kernel(&nr, sizeof(nr), &u->orig_ax);
 	if (emd_syscall_site_is(&h->origin.site, ip, sp, (__s64)nr))
-		emd_slow_send_held_copy(ctx, h, regs, drops_map, full_reason);
+		emd_slow_send_held_walked(ctx, h, regs, drops_map, full_reason,
+					  raw);
 	else
 		emd_slow_send_held_origin(h, EMD_SLOW_RETURN_MISMATCH,
 					  drops_map, full_reason);
@@ -341,19 +350,23 @@ emd_slow_call_ends(__u32 tid, __u32 why, __u32 slot, void *drops_map,
 /*
  * The programs that send held events: name_sys_exit_btf, name_sys_exit_raw
  * (sys_exit), name_exit (sched_process_exit) and name_exec
- * (sched_process_exec); the tracer's drops map and reason for a full ring.
+ * (sched_process_exec), and the walkers they hand them to; the tracer's drops
+ * map and reason for a full ring.
  */
 #define EMD_SLOW_RETURN_PROGS(name, drops_map, full_reason)                    \
+	EMD_SLOW_WALKERS(drops_map, full_reason)                               \
 	SEC("tp_btf/sys_exit")                                                 \
 	int BPF_PROG(name##_sys_exit_btf, struct pt_regs *regs, long ret)      \
 	{                                                                      \
-		emd_slow_call_returns(ctx, regs, drops_map, full_reason);      \
+		emd_slow_call_returns(ctx, regs, ret, drops_map, full_reason,  \
+				      false);                                  \
 		return 0;                                                      \
 	}                                                                      \
 	SEC("raw_tp/sys_exit")                                                 \
 	int BPF_PROG(name##_sys_exit_raw, struct pt_regs *regs, long ret)      \
 	{                                                                      \
-		emd_slow_call_returns(ctx, regs, drops_map, full_reason);      \
+		emd_slow_call_returns(ctx, regs, ret, drops_map, full_reason,  \
+				      true);                                   \
 		return 0;                                                      \
 	}                                                                      \
 	SEC("raw_tp/sched_process_exit")                                       \

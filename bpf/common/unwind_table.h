@@ -64,6 +64,13 @@ struct emd_unwind_row {
 	__u16 rule; /* index into the rules */
 };
 
+/* The row array's element: two rows, row i in element i / 2 at i % 2 (the
+ * kernel gives each array element 8 bytes, so one row each would take as
+ * much again). A table's first row is even. */
+struct emd_unwind_row_pair {
+	struct emd_unwind_row row[2];
+};
+
 /* A page of a file's table: its rows in the row array. */
 struct emd_unwind_page_key {
 	__u32 file; /* the file's id, given by the daemon */

@@ -1,10 +1,7 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * Copying the top of the current thread's user stack with its user registers
- * (common/ustack.h), for the daemon to unwind with CFI. Every copy becomes a
- * ring record of its own, so copies are limited to emd_ustack_per_second over
- * all CPUs (what the limit refuses is counted), and everything that keeps a
- * copy from being made is counted in emd_ustack_drops by reason.
+ * A thread's user registers, where the walk of its user stack starts
+ * (common/unwind.bpf.h), and the system call it is in.
  *
  * The user registers: a perf sample that interrupted user mode carries them;
  * everywhere else they are the ones saved at the top of the task's kernel
@@ -18,7 +15,6 @@
 #include <bpf/bpf_core_read.h>
 #include <bpf/bpf_helpers.h>
 
-#include "common/budget.bpf.h"
 #include "common/maps.bpf.h"
 #include "common/ustack.h"
 
@@ -37,31 +33,6 @@ struct emd_user_regs {
 };
 
 const volatile __u32 emd_ptregs_offset = 0;
-const volatile __u32 emd_ustack_per_second = 0;
-
-EMD_BUDGET_MAP(emd_ustack_budget);
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, EMD_USTACK_DROP__COUNT);
-	__type(key, __u32);
-	__type(value, __u64);
-} emd_ustack_drops SEC(".maps");
-
-static __always_inline void emd_ustack_count(__u32 reason)
-{
-	emd_count_drop(&emd_ustack_drops, reason);
-}
-
-/* Whether another copy fits this second's budget (counted when not). */
-static __always_inline bool emd_ustack_admit(void)
-{
-	if (emd_budget_take(&emd_ustack_budget, emd_ustack_per_second,
-			    bpf_ktime_get_ns()))
-		return true;
-	emd_ustack_count(EMD_USTACK_DROP_BUDGET);
-	return false;
-}
 
 /* The user registers saved at the top of the current task's kernel stack. */
 static __always_inline struct pt_regs *emd_task_user_regs(void)
@@ -77,67 +48,6 @@ static __always_inline struct pt_regs *emd_task_user_regs(void)
 	if (!stack || !emd_ptregs_offset)
 		return NULL;
 	return (struct pt_regs *)(stack + emd_ptregs_offset);
-}
-
-/* Whether the current task has a user stack of its own: not a kernel thread,
- * not an io_uring or vhost worker (their saved registers are zeros). */
-static __always_inline bool emd_has_user_stack(void)
-{
-	struct task_struct *t = (struct task_struct *)bpf_get_current_task();
-	__u32 flags = BPF_CORE_READ(t, flags);
-
-	if (flags & PF_KTHREAD)
-		return false;
-	if (flags & EMD_PF_IO_WORKER) {
-		emd_ustack_count(EMD_USTACK_DROP_WORKER);
-		return false;
-	}
-	return true;
-}
-
-/* Fills u's registers from user registers r (a copy, or a perf context's);
- * false (counted) when they are not a 64-bit user thread's. */
-static __always_inline bool emd_ustack_regs_of(struct emd_ustack *u,
-					       const struct emd_user_regs *rp)
-{
-	const struct emd_user_regs r = *rp;
-
-	if ((r.cs & 3) != 3 || !r.sp || !r.ip) {
-		emd_ustack_count(r.ip ? EMD_USTACK_DROP_NO_REGS
-				      : EMD_USTACK_DROP_WORKER);
-		return false;
-	}
-	u->regs[0] = r.ax;
-	u->regs[1] = r.dx;
-	u->regs[2] = r.cx;
-	u->regs[3] = r.bx;
-	u->regs[4] = r.si;
-	u->regs[5] = r.di;
-	u->regs[6] = r.bp;
-	u->regs[7] = r.sp;
-	u->regs[8] = r.r8;
-	u->regs[9] = r.r9;
-	u->regs[10] = r.r10;
-	u->regs[11] = r.r11;
-	u->regs[12] = r.r12;
-	u->regs[13] = r.r13;
-	u->regs[14] = r.r14;
-	u->regs[15] = r.r15;
-	u->regs[16] = r.ip;
-	return true;
-}
-
-/* The same from the user registers saved at `saved` in the kernel. */
-static __always_inline bool emd_ustack_regs(struct emd_ustack *u,
-					    const struct pt_regs *saved)
-{
-	struct emd_user_regs r;
-
-	if (!saved || bpf_probe_read_kernel(&r, sizeof(r), saved)) {
-		emd_ustack_count(EMD_USTACK_DROP_NO_REGS);
-		return false;
-	}
-	return emd_ustack_regs_of(u, &r);
 }
 
 /*
@@ -186,74 +96,5 @@ static __always_inline bool emd_syscall_site_here(struct emd_syscall_site *at,
 	at->nr = (__s32)r.orig_ax;
 	return true;
 }
-
-/* Copies the stack from the page of the stack pointer up, page by page, until
- * a page is not resident (bpf_probe_read_user never faults one in); the bytes
- * copied, 0 (counted) when none. */
-static __always_inline __u32 emd_ustack_copy(struct emd_ustack *u)
-{
-	__u64 base = u->regs[EMD_UREG_SP] & ~((__u64)EMD_USTACK_PAGE - 1);
-	__u32 i, n = 0;
-
-	u->base = base;
-	for (i = 0; i < EMD_USTACK_PAGES; i++) {
-		if (bpf_probe_read_user(&u->data[i * EMD_USTACK_PAGE],
-					EMD_USTACK_PAGE,
-					(void *)(base + i * EMD_USTACK_PAGE)))
-			break;
-		n++;
-	}
-	u->len = n * EMD_USTACK_PAGE;
-	if (!n)
-		emd_ustack_count(EMD_USTACK_DROP_UNREADABLE);
-	return u->len;
-}
-
-/*
- * Takes the current task's user stack into u: from `interrupted` (a perf
- * sample's registers) when they are user mode's, else from the task's saved
- * ones. False (counted) when there is none to take, or the budget is spent.
- */
-static __always_inline bool emd_ustack_take(struct emd_ustack *u,
-					    const struct pt_regs *interrupted)
-{
-	if (!emd_has_user_stack())
-		return false;
-	if (!emd_ustack_admit())
-		return false;
-	if (!emd_ustack_regs(u,
-			     interrupted ? interrupted : emd_task_user_regs()))
-		return false;
-	return emd_ustack_copy(u) > 0;
-}
-
-/* How a record of len bytes wakes the reader of `ring`: only once the ring
- * is a quarter full, else the reader drains it on its own period. A reader
- * woken by every record runs right after it, on a CPU a sample has just
- * found busy: it takes that CPU from the sampled thread and moves the next
- * samples off it, so the samples would not be where the time goes. */
-static __always_inline __u64 emd_ring_wakeup(void *ring, __u64 len)
-{
-	__u64 size = bpf_ringbuf_query(ring, BPF_RB_RING_SIZE);
-	__u64 held = bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA);
-
-	return held + len >= size / 4 ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
-}
-
-/* Sends record rec, whose last member is an emd_ustack u, through `ring`:
- * what precedes u and the bytes of u actually copied. */
-#define emd_ustack_send(ring, rec, u)                                          \
-	({                                                                     \
-		__u64 __len =                                                  \
-		    (__u64)((void *)(u)->data - (void *)(rec)) + (u)->len;     \
-		long __err;                                                    \
-		if (__len > sizeof(*(rec)))                                    \
-			__len = sizeof(*(rec));                                \
-		__err = bpf_ringbuf_output(ring, rec, __len,                   \
-					   emd_ring_wakeup(ring, __len));      \
-		if (__err)                                                     \
-			emd_ustack_count(EMD_USTACK_DROP_RING_FULL);           \
-		__err == 0;                                                    \
-	})
 
 #endif

@@ -4,36 +4,32 @@
 #include <bpf/libbpf.h>
 #include <linux/types.h>
 
-// clang-format off
-#include "common/slow.h"
-#include "common/stacks.h"
-#include "common/ustack.h"
-// clang-format on
+#include <map>
+#include <mutex>
+#include <string_view>
 
 namespace ebpf_metricsd {
 
 namespace {
-// The drop maps of the headers objects share, by map name.
-struct SharedDrops {
-  const char* map;
-  std::vector<std::string> reasons;
-};
-const std::vector<SharedDrops>& shared_drops() {
-  static const std::vector<SharedDrops> tables = {
-      {"emd_stack_drops",
-       drop_reasons<EMD_STACK_DROP__COUNT>(
-           {"stack_error", "stack_truncated", "stack_collision", "stack_not_kept"})},
-      {"emd_ustack_drops",
-       drop_reasons<EMD_USTACK_DROP__COUNT>({"ustack_no_regs", "ustack_unreadable", "ustack_budget",
-                                             "ustack_ring_full", "ustack_worker"})},
-      {"emd_slow_return_drops",
-       drop_reasons<EMD_SLOW_RETURN__COUNT>({"slow_return_mismatch", "slow_return_exited",
-                                             "slow_return_full", "slow_return_exec",
-                                             "slow_return_second"})},
-  };
+// The shared drop maps, by map name.
+std::map<std::string, std::vector<std::string>>& shared_drops() {
+  static std::map<std::string, std::vector<std::string>> tables;
   return tables;
 }
+std::mutex& shared_drops_mutex() {
+  static std::mutex m;
+  return m;
+}
+// Whether a map of this name counts drops of a shared header (emd_*_drops, emd_*_ends).
+bool shared_drop_name(std::string_view name) {
+  return name.starts_with("emd_") && (name.ends_with("_drops") || name.ends_with("_ends"));
+}
 }  // namespace
+
+void register_shared_drops(std::string map, std::vector<std::string> reasons) {
+  std::lock_guard lock(shared_drops_mutex());
+  shared_drops()[std::move(map)] = std::move(reasons);
+}
 
 DropAccounting::DropAccounting(MetricScope& scope, std::vector<std::string> reasons,
                                std::string swept_reason)
@@ -49,12 +45,26 @@ DropAccounting::DropAccounting(MetricScope& scope, std::vector<std::string> reas
 void DropAccounting::bind(const bpf_object* obj, const std::vector<ProgramChoice>& programs) {
   tables_.clear();
   if (const bpf_map* drops = bpf_object__find_map_by_name(obj, "drops"))
-    tables_.push_back({drops, &reasons_});
-  for (const SharedDrops& shared : shared_drops()) {
-    const bpf_map* map = bpf_object__find_map_by_name(obj, shared.map);
-    if (!map) continue;
-    tables_.push_back({map, &shared.reasons});
-    for (const auto& r : shared.reasons) scope_.add_dropped(r, 0);
+    tables_.push_back({drops, reasons_});
+  const bpf_map* map = nullptr;
+  bpf_object__for_each_map(map, obj) {
+    const std::string name = bpf_map__name(map);
+    if (!shared_drop_name(name)) continue;
+    std::vector<std::string> reasons;
+    {
+      std::lock_guard lock(shared_drops_mutex());
+      auto it = shared_drops().find(name);
+      if (it == shared_drops().end())
+        throw BpfError("the drop map " + name +
+                       " has no reasons registered (register_shared_drops)");
+      reasons = it->second;
+    }
+    if (bpf_map__max_entries(map) < reasons.size())
+      throw BpfError("the drop map " + name + " has fewer entries than its reasons");
+    for (const auto& r : reasons) {
+      if (!r.empty()) scope_.add_dropped(r, 0);
+    }
+    tables_.push_back({map, std::move(reasons)});
   }
   prog_fds_.clear();
   for (const auto& p : programs) {
@@ -65,10 +75,9 @@ void DropAccounting::bind(const bpf_object* obj, const std::vector<ProgramChoice
 
 void DropAccounting::drain() {
   for (Table& t : tables_) {
-    t.deltas.drain_array(t.map, static_cast<std::uint32_t>(t.reasons->size()),
+    t.deltas.drain_array(t.map, static_cast<std::uint32_t>(t.reasons.size()),
                          [&](const void* key, const std::uint64_t* delta) {
-                           const auto& reason =
-                               (*t.reasons)[*static_cast<const std::uint32_t*>(key)];
+                           const auto& reason = t.reasons[*static_cast<const std::uint32_t*>(key)];
                            if (!reason.empty()) scope_.add_dropped(reason, delta[0]);
                          });
   }

@@ -48,7 +48,7 @@ void PerCpuDeltas::drain_array(const bpf_map* map, std::uint32_t entries, const 
 
 void PerCpuDeltas::drain_hash(const bpf_map* map, std::size_t key_size, const Visit& visit,
                               const Retire& retire) {
-  drain_hash(reader(map), key_size, visit, retire);
+  drain_hash(reader(map), key_size, bpf_map__max_entries(map), visit, retire);
 }
 
 void PerCpuDeltas::drain_array(MapReader& r, std::uint32_t entries, const Visit& visit) {
@@ -61,21 +61,18 @@ void PerCpuDeltas::drain_array(MapReader& r, std::uint32_t entries, const Visit&
   }
 }
 
-void PerCpuDeltas::drain_hash(MapReader& r, std::size_t key_size, const Visit& visit,
-                              const Retire& retire) {
+void PerCpuDeltas::drain_hash(MapReader& r, std::size_t key_size, std::size_t limit,
+                              const Visit& visit, const Retire& retire) {
   const std::size_t copies = r.copies();
   std::vector<std::uint64_t> per_cpu(copies * width_);
-  std::vector<std::uint8_t> key(key_size), next(key_size);
   std::vector<std::vector<std::uint8_t>> retired;
-  // The kernel side never deletes keys, so walking with get_next_key sees each once.
-  bool more = r.next_key(nullptr, next.data());
-  while (more) {
-    key = next;
-    if (r.lookup(key.data(), per_cpu.data()) &&
-        !account(key.data(), key_size, copies, per_cpu.data(), visit) && retire &&
-        retire(key.data()))
-      retired.push_back(key);
-    more = r.next_key(key.data(), next.data());
+  // The kernel side never deletes keys, so the walk sees each once.
+  const std::vector<std::uint8_t> keys = r.keys(key_size, limit);
+  for (std::size_t at = 0; at + key_size <= keys.size(); at += key_size) {
+    const std::uint8_t* key = keys.data() + at;
+    if (r.lookup(key, per_cpu.data()) && !account(key, key_size, copies, per_cpu.data(), visit) &&
+        retire && retire(key))
+      retired.emplace_back(key, key + key_size);
   }
   // After the walk, which a deletion would restart. The entry was idle for a whole drain
   // interval and its owner is gone. Taken out with its values in one step where the kernel
@@ -150,15 +147,11 @@ std::uint64_t sweep_stale_stamps(const bpf_map* map, std::chrono::nanoseconds ma
   // The stamp is the value's first u64 (some maps keep the event's owner after it).
   std::vector<std::uint64_t> value((std::max<std::uint32_t>(bpf_map__value_size(map), 8) + 7) / 8);
   std::vector<std::uint64_t> stale;
-  std::uint64_t key = 0, next = 0;
-  bool more = r->next_key(nullptr, &next);
-  while (more) {
-    key = next;
+  for (std::uint64_t key : r->keys<std::uint64_t>(bpf_map__max_entries(map))) {
     if (r->lookup(&key, value.data())) {
       const std::uint64_t stamp = value[0];
       if (stamp != 0 && stamp < now_ns && now_ns - stamp > limit) stale.push_back(key);
     }
-    more = r->next_key(&key, &next);
   }
   std::uint64_t deleted = 0;
   for (std::uint64_t k : stale) {

@@ -70,6 +70,17 @@ class KernelMapReader final : public MapReader {
 
 }  // namespace
 
+std::vector<std::uint8_t> MapReader::keys(std::size_t key_size, std::size_t limit) {
+  std::vector<std::uint8_t> out;
+  std::vector<std::uint8_t> next(key_size);
+  for (std::size_t n = 0; n < limit; ++n) {
+    const void* prev = n == 0 ? nullptr : out.data() + (n - 1) * key_size;
+    if (!next_key(prev, next.data())) break;
+    out.insert(out.end(), next.begin(), next.end());
+  }
+  return out;
+}
+
 std::unique_ptr<MapReader> read_map(const bpf_map* map) {
   if (KernelStandIn* s = g_stand_in.load()) return s->reader(map);
   return std::make_unique<KernelMapReader>(bpf_map__fd(map), is_per_cpu(map));

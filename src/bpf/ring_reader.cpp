@@ -27,17 +27,20 @@ struct RingReader::State {
   }
 };
 
-RingReader::RingReader(const bpf_map* map, OnRecord on_record, const std::string& what) {
-  if (kernel_stand_in()) return;  // nothing in the kernel to read
+RingReader::RingReader(const bpf_map* map, OnRecord on_record, const std::string& what)
+    : RingReader(kernel_stand_in() ? -1 : bpf_map__fd(map), std::move(on_record), what) {}
+
+RingReader::RingReader(int fd, OnRecord on_record, const std::string& what) {
+  if (kernel_stand_in() || fd < 0) return;  // nothing in the kernel to read
   state_ = std::make_unique<State>();
   state_->on_record = std::move(on_record);
-  state_->ring.reset(ring_buffer__new(bpf_map__fd(map), &State::on_sample, state_.get(), nullptr));
+  state_->ring.reset(ring_buffer__new(fd, &State::on_sample, state_.get(), nullptr));
   if (!state_->ring) throw BpfError(bpf_error_text(what + ": ring buffer", errno));
   state_->thread = std::jthread([s = state_.get()](const std::stop_token& stop) {
-    const int fd = ring_buffer__epoll_fd(s->ring.get());
+    const int epoll_fd = ring_buffer__epoll_fd(s->ring.get());
     while (!stop.stop_requested()) {
       epoll_event ready{};
-      epoll_wait(fd, &ready, 1, 100);
+      epoll_wait(epoll_fd, &ready, 1, 100);
       std::lock_guard lock(s->consuming);
       ring_buffer__consume(s->ring.get());
     }

@@ -53,6 +53,8 @@ Config parse_config(const std::string& yaml_text, const std::string& file_name) 
       "max_samples", static_cast<std::int64_t>(kept.max_samples), 1000, 10'000'000));
   kept.max_slow_events = static_cast<std::size_t>(profiles.get_int(
       "max_slow_events", static_cast<std::int64_t>(kept.max_slow_events), 100, 1'000'000));
+  kept.unwind_table_rows = static_cast<std::uint32_t>(
+      profiles.get_int("unwind_table_rows", kept.unwind_table_rows, 65536, 64 * 1024 * 1024));
   profiles.finish();
 
   cfg.btf_path = top.get_string("btf_path", "");

@@ -20,8 +20,9 @@
 #include "ebpf_metricsd/http/server.h"
 #include "ebpf_metricsd/http/web_config.h"
 #include "ebpf_metricsd/metrics/metric_store.h"
+#include "ebpf_metricsd/profile/process_manager.h"
 #include "ebpf_metricsd/profile/profile_routes.h"
-#include "ebpf_metricsd/profile/profile_store.h"
+#include "ebpf_metricsd/profile/profiles.h"
 #include "ebpf_metricsd/tracers/registry.h"
 
 namespace ebpf_metricsd {
@@ -95,7 +96,10 @@ class Daemon {
   DaemonOptions options_;
   Config cfg_;
   std::shared_ptr<MetricStore> store_ = std::make_shared<MetricStore>();
-  std::shared_ptr<profiling::ProfileStore> profiles_ = std::make_shared<profiling::ProfileStore>();
+  std::shared_ptr<profiling::Profiles> profiles_ = std::make_shared<profiling::Profiles>();
+  // The walk of user stacks in the kernel, for every tracer that walks (made when the first
+  // starts).
+  profiling::Walker walker_;
   MetricStore::MetricId reload_ok_ = 0, reload_time_ = 0;
   KernelHookProber prober_;
   // Destroyed in reverse: the web server first, then the drain loop, then the tracers.
@@ -181,7 +185,8 @@ bool Daemon::reload_web(const WebSettings& wanted) {
 }
 
 void Daemon::keep_profiles(const Config::Profiles& kept) {
-  profiles_->set_limits({kept.retention, kept.max_samples});
+  profiles_->store().set_limits({kept.retention, kept.max_samples});
+  walker_.set_rows(kept.unwind_table_rows);
   profiling::SlowEventStore::Limits slow;
   slow.retention = kept.retention;
   slow.max_events = kept.max_slow_events;
@@ -261,7 +266,7 @@ int Daemon::run() {
   // store through the context they are built with.
   tracers_ =
       std::make_shared<TracerSet>(*store_, [this](const TracerConfig& config, MetricScope& scope) {
-        return build_tracer(config, scope, prober_, TracerContext{profiles_.get()});
+        return build_tracer(config, scope, prober_, TracerContext{profiles_.get(), &walker_});
       });
   drain_ = std::make_shared<DrainLoop>(
       [tracers = tracers_.get(), profiles = profiles_.get()] {

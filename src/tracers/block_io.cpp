@@ -73,7 +73,7 @@ class BlockIoTracer final : public Tracer {
                                                   "slow_origin_full", "complete_unseen"}),
                "never_completed"),
         slow_(scope, latency_, "ebpf_block_io_latency_seconds", options.slow, labels_,
-              context.profiles),
+              context.profiles, context.walker),
         in_flight_(scope.declare({"ebpf_block_io_requests_in_flight",
                                   "Requests issued whose completion the tracer has not seen "
                                   "yet, by disk: the device's own in-flight count, unless a "

@@ -46,7 +46,7 @@ class OffcpuTimeTracer final : public Tracer {
                drop_reasons<OFFCPU_DROP__COUNT>({"task_state", "map_full", "slow_limited",
                                                  "slow_ring_full", "slow_exiting", "wake_missed"})),
         slow_(scope, hist_.metric(), "ebpf_offcpu_seconds", options.slow, hist_.cgroups(),
-              context.profiles) {}
+              context.profiles, context.walker) {}
 
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 4> tracepoints = {"sched_switch", "sched_process_free",

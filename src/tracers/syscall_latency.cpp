@@ -15,6 +15,7 @@
 #include "ebpf_metricsd/profile/slow_capture.h"
 #include "ebpf_metricsd/profile/slow_options.h"
 #include "ebpf_metricsd/tracers/registry.h"
+#include "user_stack.h"
 
 // clang-format off
 #include <linux/types.h>
@@ -112,7 +113,7 @@ class SyscallLatencyTracer final : public Tracer {
         drops_(scope, drop_reasons<SYSLAT_DROP__COUNT>({"map_full", "unknown_syscall", "map_full",
                                                         "slow_limited", "slow_ring_full"})),
         slow_(scope, latency_, latency_spec(options_.buckets).name, options_.slow, labels_,
-              context.profiles) {}
+              context.profiles, context.walker) {}
 
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 3> tracepoints = {"sys_enter", "sys_exit",
@@ -138,11 +139,11 @@ class SyscallLatencyTracer final : public Tracer {
     // Exits before enters: an enter without its exit attached would only leave stale stamps.
     // raw_tp removes the stamps of exiting threads from its hash (task storage goes with
     // the task).
-    return {
-        {nullptr, skel->progs.thread_exit_raw},
-        {skel->progs.sys_exit_btf, skel->progs.sys_exit_raw},
-        {skel->progs.sys_enter_btf, skel->progs.sys_enter_raw},
-    };
+    std::vector<HookTwin> hooks = {{nullptr, skel->progs.thread_exit_raw}};
+    for (const HookTwin& t : slow_walker_hooks(skel, options_.slow)) hooks.push_back(t);
+    hooks.push_back({skel->progs.sys_exit_btf, skel->progs.sys_exit_raw});
+    hooks.push_back({skel->progs.sys_enter_btf, skel->progs.sys_enter_raw});
+    return hooks;
   }
 
   std::string hook() const override { return skel_.hook(); }

@@ -52,7 +52,7 @@ class TcpConnectLatencyTracer final : public Tracer {
                    {"map_full", "map_full", "slow_limited", "slow_ring_full", "slow_origin_full"}),
                "never_finished"),
         slow_(scope, latency_metric_, "ebpf_tcp_connect_latency_seconds", options.slow, labels_,
-              context.profiles) {}
+              context.profiles, context.walker) {}
 
   void start(HookProber& prober, HookPreference preference) override {
     static const std::array<std::string, 3> tps = {"inet_sock_set_state", "sys_exit",

@@ -21,7 +21,7 @@
 #include "../slow_reads.h"
 #include "ebpf_metricsd/base/clock.h"
 #include "ebpf_metricsd/metrics/exposition_format.h"
-#include "ebpf_metricsd/profile/profile_store.h"
+#include "ebpf_metricsd/profile/profiles.h"
 #include "oracle_tool.h"
 #include "tracer_fixture.h"
 
@@ -34,7 +34,7 @@ using namespace ebpf_metricsd;
 namespace {
 
 // The slow events of writes on `loop`, once there are `n` (test::wait_for_slow).
-test::SlowFound slow_writes(const test::StartedTracer& tracer, profiling::ProfileStore& profiles,
+test::SlowFound slow_writes(const test::StartedTracer& tracer, profiling::Profiles& profiles,
                             const test::LoopDevice& loop, std::size_t n) {
   const std::vector<std::pair<std::string, std::string>> writes = {{"device", loop.name()},
                                                                    {"op", "write"}};
@@ -167,7 +167,7 @@ TEST_CASE(
     "[block_io][slow]") {
   test::LoopDevice loop;
   MetricStore store;
-  profiling::ProfileStore profiles;
+  profiling::Profiles profiles;
   // 1us: every request is slow at any machine speed, so the disk's own count is the oracle.
   auto tracer = test::start_tracer(store, "block_io",
                                    "    slow: {threshold: 1us, max_per_second: 1000}\n", &profiles);
@@ -224,11 +224,12 @@ TEST_CASE(
   // (whose wrapper keeps no frame), built as Debian builds and with frame pointers. The writer
   // waits inside pwrite() until its request completes, so each event it issued is sent when
   // the call returns, with a copy of the user stack it returns to.
-  const std::string binary = GENERATE(std::string(IO_WORKLOAD_FP), std::string(IO_WORKLOAD_NOFP));
+  const std::string binary =
+      GENERATE(from_range(test::workload_builds(IO_WORKLOAD_FP, IO_WORKLOAD_NOFP)));
   INFO(binary);
   test::LoopDevice loop;
   MetricStore store;
-  profiling::ProfileStore profiles;
+  profiling::Profiles profiles;
   auto tracer = test::start_tracer(store, "block_io",
                                    "    slow: {threshold: 1us, max_per_second: 1000}\n", &profiles);
   constexpr int kWrites = 20;
@@ -237,7 +238,7 @@ TEST_CASE(
   // mapped (the daemon must read its mappings again for the writes).
   INFO("evicted from the page cache: " << test::evict_from_page_cache(binary));
   const auto s0 = loop.stat();
-  test::SpawnedWorkload w({binary, "write", loop.dev(), std::to_string(kWrites)});
+  test::SpawnedWorkload w({binary, "write", loop.dev(), std::to_string(kWrites)}, /*gated=*/true);
   const std::uint64_t requests = loop.writes_since(s0, kWrites);
   REQUIRE(requests >= kWrites);
   const auto found = slow_writes(tracer, profiles, loop, requests);
@@ -284,11 +285,10 @@ TEST_CASE(
   }
   const auto fams = test::collect(store);
   std::string ends;
-  for (const char* result :
-       {"complete", "no_cfi", "no_module", "stack_copy_end", "depth", "loop"}) {
+  for (const std::string& result : test::walk_ends()) {
     const auto* n = test::find_series(fams, "ebpf_metricsd_slow_unwinds_total",
                                       {{"tracer", "block_io"}, {"result", result}});
-    ends += std::string(" ") + result + "=" + (n ? std::to_string(n->counter.value) : "none");
+    if (n && n->counter.value > 0) ends += " " + result + "=" + std::to_string(n->counter.value);
   }
   INFO("unwinds:" << ends);
   const auto* complete = test::find_series(fams, "ebpf_metricsd_slow_unwinds_total",
@@ -313,12 +313,13 @@ TEST_CASE(
   test::LoopDevice loop;
   loop.limit_requests_kib(4);
   MetricStore store;
-  profiling::ProfileStore profiles;
+  profiling::Profiles profiles;
   auto tracer = test::start_tracer(store, "block_io",
                                    "    slow: {threshold: 1us, max_per_second: 1000}\n", &profiles);
   constexpr int kWrites = 4;
   const auto s0 = loop.stat();
-  test::SpawnedWorkload w({IO_WORKLOAD_NOFP, "write", loop.dev(), std::to_string(kWrites), "64"});
+  test::SpawnedWorkload w({IO_WORKLOAD_NOFP, "write", loop.dev(), std::to_string(kWrites), "64"},
+                          /*gated=*/true);
   const std::uint64_t requests = loop.writes_since(s0, kWrites * 16);
   REQUIRE(requests >= kWrites * 16);
   const auto found = slow_writes(tracer, profiles, loop, requests);
@@ -360,7 +361,7 @@ TEST_CASE(
     "from its start, and counted",
     "[block_io][slow]") {
   MetricStore store;
-  profiling::ProfileStore profiles;
+  profiling::Profiles profiles;
   auto tracer = test::start_tracer(store, "block_io",
                                    "    slow: {threshold: 1us, max_per_second: 1000}\n", &profiles);
   // The tracer's map of held events: the newest of that name (ids only grow; the maps of

@@ -27,10 +27,10 @@ TEST_CASE("retiring an idle entry deletes it once counted; a new one counts from
   std::uint64_t seen = 0;
   const PerCpuDeltas::Visit visit = [&](const void*, const std::uint64_t* d) { seen += d[0]; };
   const PerCpuDeltas::Retire gone = [](const void*) { return true; };
-  deltas.drain_hash(*map, sizeof key, visit, gone);  // changed since the last drain: kept
+  deltas.drain_hash(*map, sizeof key, 16, visit, gone);  // changed since the last drain: kept
   CHECK(seen == 5);
   CHECK(bpf_map_lookup_elem(fd, &key, v.data()) == 0);
-  deltas.drain_hash(*map, sizeof key, visit, gone);  // idle and gone: retired
+  deltas.drain_hash(*map, sizeof key, 16, visit, gone);  // idle and gone: retired
   CHECK(deltas.retired() == 1);
   CHECK(bpf_map_lookup_elem(fd, &key, v.data()) != 0);
   CHECK(seen == 5);
@@ -39,9 +39,9 @@ TEST_CASE("retiring an idle entry deletes it once counted; a new one counts from
   v.assign(cpus, 0);
   v[cpus - 1] = 3;
   REQUIRE(bpf_map_update_elem(fd, &key, v.data(), BPF_ANY) == 0);
-  deltas.drain_hash(*map, sizeof key, visit, [](const void*) { return false; });
+  deltas.drain_hash(*map, sizeof key, 16, visit, [](const void*) { return false; });
   CHECK(seen == 8);
-  deltas.drain_hash(*map, sizeof key, visit, [](const void*) { return false; });  // kept
+  deltas.drain_hash(*map, sizeof key, 16, visit, [](const void*) { return false; });  // kept
   CHECK(bpf_map_lookup_elem(fd, &key, v.data()) == 0);
   CHECK(seen == 8);
   close(fd);

@@ -25,7 +25,7 @@
 #include "../slow_reads.h"
 #include "../test_support.h"
 #include "../workloads.h"
-#include "ebpf_metricsd/profile/profile_store.h"
+#include "ebpf_metricsd/profile/profiles.h"
 #include "oracle_tool.h"
 #include "sched_oracle.h"
 #include "tracer_fixture.h"
@@ -125,7 +125,7 @@ TEST_CASE(
   constexpr int kSlowReads = 5;
   const std::string metric = "ebpf_offcpu_seconds";
   MetricStore store;
-  profiling::ProfileStore profiles;
+  profiling::Profiles profiles;
   // Every thread's wait of 125 ms or more is sent (idle threads wake after long sleeps): the
   // highest limit leaves room for the machine's own. 125 ms is a bucket bound: every wait
   // counted above it is an event.
@@ -277,13 +277,13 @@ TEST_CASE(
   // wait_for_signal), both through the C library, whose wrappers keep no frame, each wait at
   // least 20 ms; built with frame pointers and without, as Debian builds.
   const std::string binary =
-      GENERATE(std::string(PROFILE_WORKLOAD_FP), std::string(PROFILE_WORKLOAD_NOFP));
+      GENERATE(from_range(test::workload_builds(PROFILE_WORKLOAD_FP, PROFILE_WORKLOAD_NOFP)));
   const std::string hook = GENERATE(std::string("auto"), std::string("raw_tp"));
   INFO(binary << ", hook " << hook);
   constexpr int kWaits = 6;
   const std::string metric = "ebpf_offcpu_seconds";
   MetricStore store;
-  profiling::ProfileStore profiles;
+  profiling::Profiles profiles;
   auto offcpu = test::start_tracer(
       store, "offcpu_time",
       "    hook: " + hook + "\n    slow: {threshold: 10ms, max_per_second: 1000}\n", &profiles);
@@ -297,7 +297,7 @@ TEST_CASE(
   const double wake_missed0 = test::wake_missed(store);
   // Its main thread burns 2 s of CPU while the waits happen, and it lives on until the test
   // has found their stacks (a guest emulated on a busy host names them seconds later).
-  test::SpawnedWorkload w({binary, "2000", std::to_string(kWaits), "hold"});
+  test::SpawnedWorkload w({binary, "2000", std::to_string(kWaits), "hold"}, /*gated=*/true);
   const auto pid = static_cast<std::uint32_t>(w.pid());
   const auto has = [](const std::vector<std::string>& user, const char* name) {
     return std::find(user.begin(), user.end(), name) != user.end();

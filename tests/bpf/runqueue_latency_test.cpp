@@ -21,7 +21,7 @@
 #include "../metrics_lookup.h"
 #include "../slow_reads.h"
 #include "../workloads.h"
-#include "ebpf_metricsd/profile/profile_store.h"
+#include "ebpf_metricsd/profile/profiles.h"
 #include "oracle_tool.h"
 #include "sched_oracle.h"
 #include "tracer_fixture.h"

@@ -17,7 +17,7 @@
 #include "../workloads.h"
 #include "ebpf_metricsd/bpf/hook_probe.h"
 #include "ebpf_metricsd/daemon/config.h"
-#include "ebpf_metricsd/profile/profile_store.h"
+#include "ebpf_metricsd/profile/profiles.h"
 #include "ebpf_metricsd/tracers/registry.h"
 #include "tracer_fixture.h"
 
@@ -192,7 +192,7 @@ TEST_CASE(
     "[syscall_latency][slow]") {
   constexpr int kSlowReads = 5;
   MetricStore store;
-  profiling::ProfileStore profiles;
+  profiling::Profiles profiles;
   // The highest limit: other processes' slow reads do not use up the budget.
   auto tracer = test::start_tracer(store, "syscall_latency",
                                    "    per_syscall: all\n    include: [read]\n    slow:\n"
@@ -240,19 +240,22 @@ TEST_CASE(
   // library (whose wrapper keeps no frame) from reader -> read_all -> wait_on_pipe, each read
   // at least 20 ms; built with frame pointers and without, as Debian builds.
   const std::string binary =
-      GENERATE(std::string(PROFILE_WORKLOAD_FP), std::string(PROFILE_WORKLOAD_NOFP));
+      GENERATE(from_range(test::workload_builds(PROFILE_WORKLOAD_FP, PROFILE_WORKLOAD_NOFP)));
   constexpr int kReads = 8;
   MetricStore store;
-  profiling::ProfileStore profiles;
+  profiling::Profiles profiles;
   auto tracer = test::start_tracer(store, "syscall_latency",
                                    "    per_syscall: all\n    include: [read]\n    slow:\n"
                                    "      threshold: 10ms\n      max_per_second: 1000\n",
                                    &profiles);
   // Its main thread burns 2 s of CPU while the reads happen, and it lives on until the test
   // has found their stacks (a guest emulated on a busy host names them seconds later).
+  // Gated: its reads start once a walk of it reaches main (test::open_when_walked), so that
+  // they are not walked before its mappings are read.
   tracer->drain();
   const double missed0 = test::recursion_misses(store, "syscall_latency");
-  test::SpawnedWorkload workload({binary, "2000", std::to_string(kReads), "hold"});
+  test::SpawnedWorkload workload({binary, "2000", std::to_string(kReads), "hold"},
+                                 /*gated=*/true);
   const pid_t pid = workload.pid();
   // Its blocking reads, each 20 ms at least: the process's only read(2) calls but the
   // loader's (which take microseconds, unless a busy machine preempts one for 20 ms). The

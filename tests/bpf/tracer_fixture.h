@@ -3,7 +3,9 @@
 
 #include <bpf/libbpf.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,6 +13,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -25,7 +28,8 @@
 #include "ebpf_metricsd/daemon/config.h"
 #include "ebpf_metricsd/metrics/exposition_format.h"
 #include "ebpf_metricsd/metrics/metric_scope.h"
-#include "ebpf_metricsd/profile/profile_store.h"
+#include "ebpf_metricsd/profile/process_manager.h"
+#include "ebpf_metricsd/profile/profiles.h"
 #include "ebpf_metricsd/tracers/registry.h"
 
 namespace ebpf_metricsd::test {
@@ -62,12 +66,21 @@ struct StartedTracer {
   Tracer& operator*() const { return *tracer; }
 };
 
+// The walk of user stacks in the kernel every tracer of the test process shares, as the
+// daemon's tracers share the daemon's (its maps made when the first tracer that walks starts).
+inline profiling::Walker& test_walker() {
+  static profiling::Walker walker;
+  return walker;
+}
+
 // Builds and starts tracer `name` as the daemon does (build_tracer), with the YAML option
 // lines `options` (each indented by four spaces, e.g. "    hook: raw_tp\n").
 // `profiles`: where the profile tracer keeps its stacks.
+// `walker`: the walk's maps and processes (default: test_walker()).
 inline StartedTracer start_tracer(MetricStore& store, const std::string& name,
                                   const std::string& options = "",
-                                  profiling::ProfileStore* profiles = nullptr) {
+                                  profiling::Profiles* profiles = nullptr,
+                                  profiling::Walker* walker = nullptr) {
   const Config cfg =
       parse_config("tracers:\n  " + name + ":\n    enabled: true\n" + options, "test.yaml");
   for (const auto& tc : cfg.tracers) {
@@ -75,7 +88,8 @@ inline StartedTracer start_tracer(MetricStore& store, const std::string& name,
     StartedTracer t;
     t.scope = std::make_unique<MetricScope>(store, name);
     KernelHookProber prober;
-    t.tracer = build_tracer(tc, *t.scope, prober, TracerContext{profiles});
+    t.tracer = build_tracer(tc, *t.scope, prober,
+                            TracerContext{profiles, walker ? walker : &test_walker()});
     return t;
   }
   throw std::runtime_error("tracer " + name + " is not registered");
@@ -119,7 +133,7 @@ struct SchedulerTracers {
 };
 inline SchedulerTracers start_scheduler_tracers(MetricStore& store, const std::string& runq,
                                                 const std::string& offcpu,
-                                                profiling::ProfileStore* profiles = nullptr) {
+                                                profiling::Profiles* profiles = nullptr) {
   const Config cfg = parse_config("tracers:\n  runqueue_latency:\n    enabled: true\n" + runq +
                                       "  offcpu_time:\n    enabled: true\n" + offcpu,
                                   "test.yaml");
@@ -145,7 +159,7 @@ struct SlowFound {
   profiling::SlowWindow window;
 };
 inline SlowFound wait_for_slow(
-    const StartedTracer& tracer, profiling::ProfileStore& profiles, const std::string& metric,
+    const StartedTracer& tracer, profiling::Profiles& profiles, const std::string& metric,
     std::size_t n,
     const std::function<bool(const profiling::SlowEvent&, const profiling::SlowWindow&)>& wanted) {
   profiling::SlowEventStore::Query q;
@@ -165,7 +179,7 @@ inline SlowFound wait_for_slow(
   return found;
 }
 inline std::vector<profiling::SlowEvent> wait_for_slow_events(
-    const StartedTracer& tracer, profiling::ProfileStore& profiles, const std::string& metric,
+    const StartedTracer& tracer, profiling::Profiles& profiles, const std::string& metric,
     std::size_t n, const std::function<bool(const profiling::SlowEvent&)>& wanted) {
   return wait_for_slow(
              tracer, profiles, metric, n,
@@ -197,6 +211,15 @@ inline std::vector<std::string> user_functions(const profiling::SlowEvent& e,
   }
   return user;
 }
+// The `result` label values of the walks' counts (ebpf_metricsd_profile_unwinds_total,
+// ebpf_metricsd_slow_unwinds_total): every end of a walk (bpf/common/unwind.h).
+inline std::vector<std::string> walk_ends() {
+  std::vector<std::string> out;
+  for (std::uint32_t e = 0; e < EMD_UNWIND_END__COUNT; ++e)
+    out.emplace_back(profiling::walk_end_name(e));
+  return out;
+}
+
 // "a <- b <- c": a stack's functions, innermost first, for messages.
 inline std::string chain_text(const std::vector<std::string>& functions) {
   std::string chain;
@@ -214,45 +237,145 @@ inline bool holds_in_order(const std::vector<std::string>& functions,
   return true;
 }
 
-// A workload program run with `args`, its output discarded, that stays until finish() closes
-// its standard input (the io_workload's convention).
+// Whether the profile in `store` holds, since `from`, an on-CPU sample of process `pid` in
+// `function` (warm_up(), by default) whose stack reaches main: the walk in the kernel has its
+// mappings and its files' tables.
+inline bool walked_to_main(profiling::Profiles& store, pid_t pid, profiling::Clock::time_point from,
+                           const std::string& function = "warm_up") {
+  const profiling::ProfileWindow w = store.store().window(from, profiling::Clock::now());
+  for (const auto& s : w.samples) {
+    if (s.pid != static_cast<std::uint32_t>(pid)) continue;
+    bool in = false, main = false;
+    for (std::uint32_t f : w.stacks[s.stack]) {
+      if (w.frames[f].kernel) continue;
+      in = in || w.frames[f].function == function;
+      main = main || w.frames[f].function == "main";
+    }
+    if (in && main) return true;
+  }
+  return false;
+}
+
+// Opens the gate of gated workload `pid` (SIGUSR1) once the profile in `store` has walked
+// it to main (walked_to_main), for at most two minutes (an emulated guest on a busy host
+// reads a new process late).
+inline void open_when_walked(profiling::Profiles& store, pid_t pid,
+                             profiling::Clock::time_point from) {
+  bool walked = false;
+  for (int i = 0; i < 1200 && !walked; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    REQUIRE(store.cut());
+    walked = walked_to_main(store, pid, from);
+  }
+  INFO("no walk of the gated workload " << pid << " reached main");
+  REQUIRE(walked);
+  REQUIRE(kill(pid, SIGUSR1) == 0);
+}
+
+// The same for a test of tracers that walk events, not samples (slow events): a profile of
+// its own, at 997 Hz on-CPU, walks the workload's warm_up() with the same maps
+// (test_walker()), and is stopped once the gate is open.
+inline void open_when_walked(pid_t pid) {
+  MetricStore metrics;
+  profiling::Profiles store;
+  auto profile =
+      start_tracer(metrics, "profile", "    frequency: 997\n    off_cpu: false\n", &store);
+  REQUIRE(store.cut());
+  open_when_walked(store, pid, profiling::Clock::now() - std::chrono::seconds(1));
+}
+
+// The environment of a gated workload (PROFILE_WORKLOAD_GATE: it spins in warm_up() until
+// SIGUSR1, tests/profile_workload/): this process's, and the gate.
+inline std::vector<char*> gated_environment() {
+  static std::string gate = "PROFILE_WORKLOAD_GATE=1";
+  std::vector<char*> env;
+  for (char** e = environ; *e; ++e) env.push_back(*e);
+  env.push_back(gate.data());
+  env.push_back(nullptr);
+  return env;
+}
+
+// The builds of a workload that a slow-event test runs: with frame pointers and without (as
+// Debian builds), or, where EBPF_METRICSD_ONE_WORKLOAD_BUILD is set (the kernel matrix's
+// emulated guests), the one without alone. Both run the same programs over the same kernel
+// events (the walk reads either's table); what differs is in user space, and both run on the
+// host.
+inline std::vector<std::string> workload_builds(const char* frame_pointers, const char* without) {
+  if (std::getenv("EBPF_METRICSD_ONE_WORKLOAD_BUILD")) return {without};
+  return {frame_pointers, without};
+}
+
+// A workload program run with `args` that stays until finish() closes its standard input
+// (the io_workload's convention), or exits by itself.
 class SpawnedWorkload {
  public:
-  explicit SpawnedWorkload(std::vector<std::string> args) {
-    int in[2];
+  enum class Gate {
+    None,
+    // It waits at its gate (gated_environment) until open_when_walked() lets it go, here.
+    WhenWalked,
+    // It waits at each of its gates until the caller signals it (SIGUSR1); killed, not
+    // waited for, when it is destroyed unfinished (a failed check leaves nothing spinning).
+    Caller,
+  };
+  enum class Output { Discarded, Piped };
+  explicit SpawnedWorkload(std::vector<std::string> args, bool gated = false)
+      : SpawnedWorkload(std::move(args), gated ? Gate::WhenWalked : Gate::None, Output::Discarded) {
+  }
+  SpawnedWorkload(std::vector<std::string> args, Gate gate, Output output) : gate_(gate) {
+    int in[2], out[2] = {-1, -1};
     REQUIRE(pipe2(in, O_CLOEXEC) == 0);
+    if (output == Output::Piped) REQUIRE(pipe2(out, O_CLOEXEC) == 0);
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_adddup2(&actions, in[0], STDIN_FILENO);
-    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
-    const int err = posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ);
+    if (output == Output::Piped) {
+      posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
+    } else {
+      posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+    }
+    const bool gated = gate != Gate::None;
+    std::vector<char*> env = gated ? gated_environment() : std::vector<char*>{};
+    const int err =
+        posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), gated ? env.data() : environ);
     posix_spawn_file_actions_destroy(&actions);
     close(in[0]);
     stdin_ = in[1];
+    if (out[1] >= 0) close(out[1]);
+    if (out[0] >= 0) output_ = fdopen(out[0], "r");
     REQUIRE(err == 0);
+    if (output == Output::Piped) REQUIRE(output_);
+    if (gate == Gate::WhenWalked) open_when_walked(pid_);
   }
-  ~SpawnedWorkload() { finish(); }
+  ~SpawnedWorkload() {
+    if (gate_ == Gate::Caller && pid_ > 0) kill(pid_, SIGKILL);
+    finish();
+    if (output_) fclose(output_);
+  }
   SpawnedWorkload(const SpawnedWorkload&) = delete;
   SpawnedWorkload& operator=(const SpawnedWorkload&) = delete;
   pid_t pid() const { return pid_; }
-  // Its exit status (-1: it did not exit normally).
-  int finish() {
+  // Its standard output, with Output::Piped (nullptr otherwise).
+  FILE* output() const { return output_; }
+  // Its exit status (-1: it did not exit normally), and what it used into `usage` if given.
+  int finish(rusage* usage = nullptr) {
     if (stdin_ >= 0) close(std::exchange(stdin_, -1));
     if (pid_ > 0) {
       int status = 0;
-      waitpid(std::exchange(pid_, 0), &status, 0);
+      wait4(std::exchange(pid_, 0), &status, 0, usage);
       status_ = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     }
     return status_;
   }
 
  private:
+  Gate gate_;
   pid_t pid_ = 0;
   int stdin_ = -1;
   int status_ = -1;
+  FILE* output_ = nullptr;
 };
 
 // The bucket `last` (a kept slow event) was counted in (the first le at or above its latency)

@@ -1,10 +1,10 @@
 #pragma once
 // What the daemon does with a user's ELF file, on one buffer: checked as ElfFile (elf_file.h)
 // and, when taken, read through libdwfl as the symbolizer and the unwinder read it (symbols by
-// address across its load range, their source lines from its DWARF, CFI for the same
-// addresses, the build ID) and compiled into an unwind table as the walk in the kernel reads
-// it. Shared by the libFuzzer target (elf_fuzz.cpp) and the unit
-// suite, which replays the seed corpus.
+// address across its load range through the symbol index, their source lines from its DWARF,
+// CFI for the same addresses, the build ID) and compiled into an unwind table as the walk in
+// the kernel reads it. Shared by the libFuzzer target (elf_fuzz.cpp) and the unit suite, which
+// replays the seed corpus.
 #include <elf.h>
 #include <elfutils/libdw.h>
 #include <elfutils/libdwfl.h>
@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "ebpf_metricsd/profile/elf_file.h"
+#include "ebpf_metricsd/profile/symbol_index.h"
 #include "ebpf_metricsd/profile/unwind_table.h"
 
 namespace ebpf_metricsd::test {
@@ -40,13 +41,9 @@ inline std::size_t exercise_elf(const std::uint8_t* data, std::size_t size) {
   profiling::ElfRefusal why{};
   auto file = profiling::ElfFile::open(fd, limits, why);
   if (!file) return 0;
-  Dwfl* dwfl = dwfl_begin(&profiling::dwfl_callbacks(false));
-  if (!dwfl) return 0;
-  dwfl_report_begin(dwfl);
-  Dwfl_Module* mod = file->report(dwfl, "fuzz");
-  dwfl_report_end(dwfl, nullptr, nullptr);
+  const profiling::DwflSession session(*file, "fuzz", false);
   std::size_t named = 0;
-  if (mod) {
+  if (Dwfl_Module* mod = session.module()) {
     Dwarf_Addr bias = 0;
     if (dwfl_module_getelf(mod, &bias)) {
       const unsigned char* bits = nullptr;
@@ -56,11 +53,9 @@ inline std::size_t exercise_elf(const std::uint8_t* data, std::size_t size) {
       const std::uint64_t span = file->high() - file->low();
       const std::uint64_t step = span / 64 + 1;
       bool lines = file->dwarf_bytes() > 0;
+      const profiling::SymbolIndex symbols(mod);
       for (std::uint64_t a = file->low(); a < file->high(); a += step) {
-        GElf_Off off = 0;
-        GElf_Sym sym;
-        if (const char* name =
-                dwfl_module_addrinfo(mod, a, &off, &sym, nullptr, nullptr, nullptr)) {
+        if (const char* name = symbols.at(a)) {
           ++named;
           // Lines only from DWARF the symbolizer reads (ElfFile::dwarf_bytes), and only until
           // a line table cannot be read, as the symbolizer does.
@@ -80,7 +75,6 @@ inline std::size_t exercise_elf(const std::uint8_t* data, std::size_t size) {
       }
     }
   }
-  dwfl_end(dwfl);
   // Bounded as the daemon bounds it, smaller: an input is a few milliseconds.
   profiling::UnwindTableLimits table_limits;
   table_limits.max_rows = 1u << 16;

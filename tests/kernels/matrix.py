@@ -18,6 +18,7 @@ import gzip
 import lzma
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -47,12 +48,14 @@ MANY_CPUS_KERNEL = "6.1"
 
 # What a full boot's bpf_tests run (a Catch2 test spec). The ends of the supported range run
 # every test but the comparisons with external tools, which lose events under TCG. The
-# kernels between them run every tracer's oracle tests but the profiler's checks of its
-# user-space work (CPU shares, thread times, windows, stacks unwound by CFI through the C
-# library: 250 guest seconds of the two boots), which run the same programs as at the ends;
-# there, one profile test (workloads by cgroup) proves its programs load, attach and count.
+# kernels between them run every tracer's oracle tests and, of the profiler's checks of its
+# user-space work (CPU shares, thread times, windows, stacks walked through the C library:
+# 250 guest seconds of the two boots, the same programs as at the ends), two: the known
+# workload's shares and stacks (with and without frame pointers, walked and not), and one
+# (workloads by cgroup) that proves its programs load, attach and count per cgroup.
 TESTS_ALL = "~[external]"
-TESTS_BETWEEN = "~[external]~[profile]~[unwind],[cgroup][profile]"
+TESTS_BETWEEN = ("~[external]~[profile]~[unwind],[cgroup][profile],"
+                 "profile: a known workload's CPU shares*")
 BETWEEN_KERNELS = {"6.1", "6.12"}
 # The full boots at the ends also run the daemon with the kernel's BTF hidden and a copy of
 # it named by btf_path (its CO-RE relocations made against the file): the same code path on
@@ -187,7 +190,7 @@ def make_initramfs(workdir, kernel_root, version, env):
         shutil.copy(os.path.realpath(lib), dest)
     with open(os.path.join(tree, "matrix.env"), "w") as f:
         for k, v in env.items():
-            f.write(f"{k}='{v}'\n")
+            f.write(f"{k}={shlex.quote(v)}\n")
     names = []
     for i, path in enumerate(module_files(kernel_root, version, BOOT_MODULES)):
         name = f"{i:02d}-" + re.sub(r"\.ko.*$", ".ko", os.path.basename(path))

@@ -23,11 +23,16 @@
 // less the CPU time the thread used meanwhile (the time it was off the CPU, which a slow
 // or emulated machine makes a smaller part of the call), and "rounds N". A third argument
 // "hold" keeps the process until its standard input ends, for a test to name its stacks
-// while it lives.
+// while it lives. With PROFILE_WORKLOAD_GATE in its environment it first spins in warm_up()
+// until SIGUSR1, before its threads start and before CPU_MS begins to count: a test whose
+// stacks are walked in the kernel waits until a walk of warm_up() reaches main (the process's
+// mappings read, its files' tables loaded), so that what it measures is not its first
+// milliseconds.
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,6 +83,16 @@ __attribute__((noinline, noipa)) void tick(void) { __asm__ volatile(""); }
     }                                                        \
     sink = x;                                                \
   } while (0)
+
+static volatile sig_atomic_t gate_open;
+static void open_gate(int sig) {
+  (void)sig;
+  gate_open = 1;
+}
+
+__attribute__((noinline, noipa)) void warm_up(void) {
+  while (!gate_open) SPIN(UNIT / 8);
+}
 
 // hot_three's loop, inlined into it: with source lines, a frame of its own (and the line
 // below, which tests find by its marker, the hottest line of the program).
@@ -248,17 +263,38 @@ __attribute__((noinline, noipa)) long long run_rounds(long long cpu_ns) {
   return rounds;
 }
 
+/* run_rounds under `depth` + 1 frames of its own (PROFILE_WORKLOAD_DEPTH=depth + 1, unset in
+ * the tests): the benchmarks' deep stacks. Not a tail call, not inlined: each level is a frame
+ * the walk must pass. */
+__attribute__((noinline, noipa)) long long run_deeper(int depth, long long cpu_ns) {
+  long long rounds;
+
+  if (depth <= 0) return run_rounds(cpu_ns);
+  rounds = run_deeper(depth - 1, cpu_ns);
+  __asm__ volatile("" : "+r"(rounds));
+  return rounds;
+}
+
 int main(int argc, char **argv) {
   pthread_t r, w, f;
   long long rounds;
+  const char *depth = getenv("PROFILE_WORKLOAD_DEPTH");
 
   if (argc != 3 && !(argc == 4 && strcmp(argv[3], "hold") == 0)) return 2;
   reads = atoi(argv[2]);
+  if (getenv("PROFILE_WORKLOAD_GATE")) {
+    struct sigaction go = {.sa_handler = open_gate};
+
+    sigaction(SIGUSR1, &go, NULL);
+    warm_up();
+  }
   if (pipe(fds) != 0) return 2;
   pthread_create(&r, NULL, reader, NULL);
   pthread_create(&w, NULL, waiter, NULL);
   pthread_create(&f, NULL, feeder, NULL);
-  rounds = run_rounds(atoll(argv[1]) * 1000000LL);
+  rounds = depth ? run_deeper(atoi(depth) - 1,
+                              clock_ns(CLOCK_THREAD_CPUTIME_ID) + atoll(argv[1]) * 1000000LL)
+                 : run_rounds(clock_ns(CLOCK_THREAD_CPUTIME_ID) + atoll(argv[1]) * 1000000LL);
   pthread_join(r, NULL);
   pthread_join(w, NULL);
   pthread_join(f, NULL);

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -19,9 +20,11 @@
 #include <fstream>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "../fuzz/elf_exercise.h"
 #include "ebpf_metricsd/profile/elf_file.h"
+#include "ebpf_metricsd/profile/symbol_index.h"
 #include "ebpf_metricsd/profile/symbols.h"
 #include "ebpf_metricsd/profile/unwind_table.h"
 
@@ -279,11 +282,8 @@ TEST_CASE("elf files: source lines in a file built by clang, whose DWARF has no 
   }
   REQUIRE(line > 0);
 
-  Dwfl* dwfl = dwfl_begin(&dwfl_callbacks(true));
-  REQUIRE(dwfl);
-  dwfl_report_begin(dwfl);
-  Dwfl_Module* mod = file->report(dwfl, "lines_workload_clang");
-  dwfl_report_end(dwfl, nullptr, nullptr);
+  const DwflSession session(*file, "lines_workload_clang", true);
+  Dwfl_Module* mod = session.module();
   REQUIRE(mod);
   GElf_Addr addr = 0;
   for (int i = 0, n = dwfl_module_getsymtab(mod); i < n; ++i) {
@@ -294,7 +294,6 @@ TEST_CASE("elf files: source lines in a file built by clang, whose DWARF has no 
   }
   REQUIRE(addr != 0);
   const auto lines = source_lines(mod, addr, "emd_lined_by_clang");
-  dwfl_end(dwfl);
   REQUIRE(lines);
   REQUIRE(lines->size() == 1);
   CHECK(lines->back().function == "emd_lined_by_clang");
@@ -349,13 +348,6 @@ TEST_CASE("elf files: a file its owner truncates while it is read", "[elf]") {
   const Frame f = u.resolve(b.pid, b.start + main_at, false);
   CHECK(f.function != "main");
   CHECK(f.module == cut);
-  const std::array<std::uint8_t, 64> stack{};
-  UserStackCopy copy;
-  copy.regs[UserStackCopy::kIp] = b.start + main_at;
-  copy.regs[UserStackCopy::kSp] = copy.base = 0x7ff000000000;
-  copy.bytes = stack;
-  const Unwound unwound = u.unwind(b.pid, b.pid, copy, 128);
-  CHECK(unwound.frames.size() <= 1);
   // Its unwind table, built from a file checked whole and cut before its CFI is read: the
   // table is refused or cut short, nothing faults.
   const std::string cfi = dir.copy("cfi");
@@ -386,4 +378,59 @@ TEST_CASE("elf files: the fuzzer's seed corpus, each through the whole read", "[
         reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size());
     if (name.rfind("real-", 0) == 0) CHECK(named > 0);
   }
+}
+
+TEST_CASE("elf files: the symbol index names each address as libdwfl's own lookup does", "[elf]") {
+  // Files of every kind a host runs: this test (a .symtab with locals and C++ names), the C
+  // and C++ libraries (.dynsym alone), the workloads without frame pointers, and where
+  // installed an interpreter and a compiler (tens of thousands of exported symbols).
+  std::vector<std::string> paths = {"/proc/self/exe", PROFILE_WORKLOAD_NOFP};
+  for (const char* p : {"/lib/x86_64-linux-gnu/libc.so.6", "/lib/x86_64-linux-gnu/libstdc++.so.6",
+                        "/usr/bin/python3.11", "/usr/lib/gcc/x86_64-linux-gnu/12/cc1plus"}) {
+    if (fs::exists(p)) paths.emplace_back(p);
+  }
+  std::size_t files = 0;
+  for (const std::string& path : paths) {
+    INFO(path);
+    ElfRefusal why{};
+    ElfLimits limits;
+    limits.max_file_size = std::uint64_t{1} << 30;
+    limits.max_symbols = 1u << 22;
+    auto file = ElfFile::open(open_user_file(path), limits, why);
+    REQUIRE(file);
+    const DwflSession session(*file, fs::path(path).filename(), false);
+    Dwfl_Module* mod = session.module();
+    REQUIRE(mod);
+    const SymbolIndex index(mod);
+    REQUIRE(index.symbols() > 20);
+    // Each symbol's edges and middle, and the addresses between, at most 2,000 of them.
+    std::vector<std::uint64_t> addresses;
+    for (int i = 1, n = dwfl_module_getsymtab(mod); i < n; ++i) {
+      GElf_Sym sym;
+      GElf_Addr at = 0;
+      if (!dwfl_module_getsym_info(mod, i, &sym, &at, nullptr, nullptr, nullptr)) continue;
+      for (const std::uint64_t a : {at - 1, at, at + sym.st_size / 2, at + sym.st_size - 1,
+                                    at + sym.st_size, at + sym.st_size + 7})
+        addresses.push_back(a);
+    }
+    std::sort(addresses.begin(), addresses.end());
+    addresses.erase(std::unique(addresses.begin(), addresses.end()), addresses.end());
+    const std::size_t stride = addresses.size() / 2000 + 1;
+    std::size_t compared = 0, named = 0;
+    for (std::size_t i = 0; i < addresses.size(); i += stride) {
+      const std::uint64_t a = addresses[i];
+      GElf_Off off = 0;
+      GElf_Sym sym;
+      const char* dwfl = dwfl_module_addrinfo(mod, a, &off, &sym, nullptr, nullptr, nullptr);
+      const char* ours = index.at(a);
+      INFO("address 0x" << std::hex << a);
+      CHECK(std::string(ours ? ours : "(none)") == std::string(dwfl ? dwfl : "(none)"));
+      ++compared;
+      named += dwfl != nullptr;
+    }
+    CHECK(compared > 100);
+    CHECK(named * 2 > compared);
+    ++files;
+  }
+  CHECK(files >= 4);
 }

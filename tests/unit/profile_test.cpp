@@ -22,6 +22,7 @@
 #include "ebpf_metricsd/profile/pprof.h"
 #include "ebpf_metricsd/profile/profile_routes.h"
 #include "ebpf_metricsd/profile/profile_store.h"
+#include "ebpf_metricsd/profile/profiles.h"
 #include "ebpf_metricsd/profile/symbols.h"
 #include "profile.pb.h"
 
@@ -968,8 +969,8 @@ TEST_CASE("flame graph views: on-CPU, off-CPU or both; idle waits set apart by t
 }
 
 TEST_CASE("profile routes: bad parameters are a 400 that says why, no tracer a 503") {
-  auto store = std::make_shared<ProfileStore>();
-  const auto routes = profile_routes(store);
+  auto profiles = std::make_shared<Profiles>();
+  const auto routes = profile_routes(profiles);
   const auto find = [&](const std::string& path) -> const Route& {
     for (const auto& r : routes) {
       if (r.path == path) return r;

@@ -1,14 +1,15 @@
 #pragma once
-// A tracer's kernel-side drop counters (a per-CPU array "drops" indexed by reason code), the
-// stacks its object could not keep whole (the per-CPU arrays "emd_stack_drops" of
-// bpf/common/stacks.bpf.h and "emd_ustack_drops" of bpf/common/ustack.bpf.h, where it takes
-// stacks) and the recursion misses of its programs, as ebpf_metricsd_dropped_events_total.
+// A tracer's kernel-side drop counters (a per-CPU array "drops" indexed by reason code), those
+// of the headers of bpf/common/ its object includes (per-CPU arrays their owners register by
+// name: register_shared_drops) and the recursion misses of its programs, as
+// ebpf_metricsd_dropped_events_total.
 
 #include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ebpf_metricsd/bpf/bpf_support.h"
@@ -26,6 +27,18 @@ std::vector<std::string> drop_reasons(const char* const (&names)[N]) {
   return std::vector<std::string>(names, names + N);
 }
 
+// A drop map that a header of bpf/common/ gives every object including it (by map name), and
+// the names of its codes (from drop_reasons<>()): registered by the part of the daemon that
+// owns the header, with a SharedDrops object at namespace scope in its source, so that this
+// layer names no feature. bind() refuses an object with a map of a name nobody registered
+// (every drop counted by name, none silently).
+void register_shared_drops(std::string map, std::vector<std::string> reasons);
+struct SharedDrops {
+  SharedDrops(std::string map, std::vector<std::string> reasons) {
+    register_shared_drops(std::move(map), std::move(reasons));
+  }
+};
+
 class DropAccounting {
  public:
   // `reasons` from drop_reasons<>(); `swept_reason` names stale in-flight entries that
@@ -33,7 +46,8 @@ class DropAccounting {
   DropAccounting(MetricScope& scope, std::vector<std::string> reasons,
                  std::string swept_reason = {});
   // Call after load: the object whose drop maps to read, and the programs whose misses
-  // count (the wanted ones of the list).
+  // count (the wanted ones of the list). Throws BpfError for a shared drop map (a map named
+  // emd_*_drops or emd_*_ends) that no part registered.
   void bind(const bpf_object* obj, const std::vector<ProgramChoice>& programs);
   void drain();
   // Deletes stamps older than max_age from an in-flight map (sweep_stale_stamps) and counts
@@ -44,7 +58,7 @@ class DropAccounting {
   MetricScope& scope_;
   struct Table {
     const bpf_map* map;
-    const std::vector<std::string>* reasons;
+    std::vector<std::string> reasons;
     PerCpuDeltas deltas{1};
   };
   std::vector<std::string> reasons_;

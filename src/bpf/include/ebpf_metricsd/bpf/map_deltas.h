@@ -32,9 +32,9 @@ class PerCpuDeltas {
   // does not fill up with the dead.
   void drain_hash(const bpf_map* map, std::size_t key_size, const Visit& visit,
                   const Retire& retire = {});
-  // The same, from a reader of the map.
+  // The same, from a reader of the map; `limit`: the map's max_entries.
   void drain_array(MapReader& map, std::uint32_t entries, const Visit& visit);
-  void drain_hash(MapReader& map, std::size_t key_size, const Visit& visit,
+  void drain_hash(MapReader& map, std::size_t key_size, std::size_t limit, const Visit& visit,
                   const Retire& retire = {});
   // Entries deleted so far by drain_hash.
   std::uint64_t retired() const { return retired_; }

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -23,6 +24,19 @@ class MapReader {
   virtual std::vector<std::uint8_t> read_array(std::uint32_t entries, std::size_t value_size) = 0;
   // The key after `key` (nullptr: the first) into `next`; false past the last.
   virtual bool next_key(const void* key, void* next) = 0;
+  // The keys of a hash map as they are now, key_size bytes each, end to end: the one walk
+  // every read of keys uses. At most `limit` (the map's max_entries): a key deleted during
+  // the walk sends the kernel back to the first key, so a map whose keys come and go is
+  // walked a bounded number of steps, never for ever (a key may then come twice). Throws
+  // BpfError when the kernel refuses the walk.
+  std::vector<std::uint8_t> keys(std::size_t key_size, std::size_t limit);
+  template <class Key>
+  std::vector<Key> keys(std::size_t limit) {
+    const std::vector<std::uint8_t> bytes = keys(sizeof(Key), limit);
+    std::vector<Key> out(bytes.size() / sizeof(Key));
+    if (!out.empty()) std::memcpy(out.data(), bytes.data(), out.size() * sizeof(Key));
+    return out;
+  }
   // The value (every copy) of `key` into `value`; false when there is no such key.
   virtual bool lookup(const void* key, void* value) = 0;
   // Takes `key` out of the map with its value in one step.

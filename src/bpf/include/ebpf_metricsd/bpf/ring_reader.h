@@ -22,6 +22,8 @@ class RingReader {
   RingReader();
   // Starts reading `map` (a BPF_MAP_TYPE_RINGBUF); throws BpfError naming `what`.
   RingReader(const bpf_map* map, OnRecord on_record, const std::string& what);
+  // The same for the ring buffer map behind `fd` (one the daemon made itself).
+  RingReader(int fd, OnRecord on_record, const std::string& what);
   ~RingReader();
   RingReader(RingReader&&) noexcept;
   RingReader& operator=(RingReader&&) noexcept;

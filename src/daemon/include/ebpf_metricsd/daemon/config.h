@@ -9,6 +9,7 @@
 #include "ebpf_metricsd/core/tracer.h"
 #include "ebpf_metricsd/http/web_settings.h"
 #include "ebpf_metricsd/profile/profile_store.h"
+#include "ebpf_metricsd/profile/unwind_maps.h"
 
 namespace ebpf_metricsd {
 
@@ -30,6 +31,8 @@ struct Config {
     std::chrono::seconds retention = profiling::kDefaultRetention;
     std::size_t max_samples = profiling::ProfileStore::Limits{}.max_samples;
     std::size_t max_slow_events = profiling::SlowEventStore::Limits{}.max_events;
+    // Rows of the unwind tables the kernel holds for every file walks meet (4 bytes each).
+    std::uint32_t unwind_table_rows = profiling::UnwindMapLimits{}.rows;
   } profiles;
   // The kernel's BTF for kernels built without /sys/kernel/btf/vmlinux; "" = that file.
   std::string btf_path;

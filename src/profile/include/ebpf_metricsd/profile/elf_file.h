@@ -83,6 +83,7 @@ class ElfFile {
   // Reports the file to `dwfl` (between dwfl_report_begin and dwfl_report_end) as module
   // `name`, its addresses moved by `bias`, for a Dwfl begun with dwfl_callbacks(): libdwfl
   // then reads this checked file and opens none by itself. nullptr when libdwfl refuses it.
+  // DwflSession does all of that.
   Dwfl_Module* report(Dwfl* dwfl, const std::string& name, std::uint64_t bias = 0) const;
 
   // The separate debug file of this file (find_debug_file), looked for once and kept with
@@ -129,6 +130,27 @@ std::optional<std::vector<SourceLine>> source_lines(Dwfl_Module* mod, std::uint6
 // its ElfFile; with `debug_files`, its separate debug file is ElfFile::debug_file() (never a
 // .gnu_debuglink target, never the network), without, none is looked for.
 const Dwfl_Callbacks& dwfl_callbacks(bool debug_files);
+
+// A libdwfl session over one checked file: begun with dwfl_callbacks(debug_files), the file
+// reported at bias 0 (its link-time addresses) as module `name`, ended when the session goes.
+// The one way the daemon, its tests and the fuzz target read a file with libdwfl. The file
+// must outlive the session.
+class DwflSession {
+ public:
+  DwflSession() = default;
+  DwflSession(const ElfFile& file, const std::string& name, bool debug_files);
+  ~DwflSession();
+  DwflSession(DwflSession&& other) noexcept;
+  DwflSession& operator=(DwflSession&& other) noexcept;
+  DwflSession(const DwflSession&) = delete;
+  DwflSession& operator=(const DwflSession&) = delete;
+  // The file's module; nullptr when libdwfl could not take it.
+  Dwfl_Module* module() const { return module_; }
+
+ private:
+  Dwfl* dwfl_ = nullptr;
+  Dwfl_Module* module_ = nullptr;
+};
 
 // The separate debug file of a checked file, found by its build ID under `root`
 // (<root>/.build-id/ab/cdef....debug), which is where Debian's -dbgsym packages install

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "ebpf_metricsd/http/server.h"
-#include "ebpf_metricsd/profile/profile_store.h"
+#include "ebpf_metricsd/profile/profiles.h"
 
 namespace ebpf_metricsd::profiling {
 
@@ -24,6 +24,6 @@ inline constexpr std::size_t kMaxFlameGraphNodes = 20000;
 // config's profiles.retention).
 inline constexpr std::size_t kMaxFlameGraphRequests = 2;
 
-std::vector<Route> profile_routes(const std::shared_ptr<ProfileStore>& store);
+std::vector<Route> profile_routes(const std::shared_ptr<Profiles>& profiles);
 
 }  // namespace ebpf_metricsd::profiling

@@ -1,11 +1,10 @@
 #pragma once
-// What the daemon keeps of stacks: the one Symbolizer every tracer that takes stacks uses, the
-// slow events (SlowEventStore), and what the profile tracer saw, symbolized, kept for a
-// while: the source of /debug/pprof/profile and the flame graph page. The tracer adds a batch each
-// time its kernel maps are read (every drain, and when a reader asks for a fresh cut); a reader
-// asks for the batches of a time window. Bounded: batches older than the retention go, and the
-// frame and stack tables are compacted to what the kept batches use. It has its own lock;
-// the metric store's is never taken.
+// What the profile tracer saw, named, kept for a while: the source of /debug/pprof/profile and
+// the flame graph page. Storage only: the tracer adds a batch each time its kernel maps are
+// read (every drain, and when a reader asks for a fresh cut through Profiles); a reader asks
+// for the batches of a time window. Bounded: batches older than the retention go, and the
+// frame and stack tables are compacted to what the kept batches use. It has its own lock; the
+// metric store's is never taken.
 
 #include <sys/types.h>
 
@@ -26,7 +25,7 @@
 #include <vector>
 
 #include "ebpf_metricsd/base/cgroup_names.h"
-#include "ebpf_metricsd/profile/slow_events.h"
+#include "ebpf_metricsd/profile/slow_events.h"  // kDefaultRetention
 #include "ebpf_metricsd/profile/symbols.h"
 
 namespace ebpf_metricsd::profiling {
@@ -140,28 +139,15 @@ class ProfileStore {
                         const std::vector<StackView>& stacks,
                         std::optional<std::vector<ThreadTime>> threads = std::nullopt,
                         std::vector<Sample> waiting = {});
-  // The running profile tracer reads its kernel maps into a batch when called; set while
-  // it runs, cleared (nullptr) before it goes.
-  void set_source(std::function<void()> cut);
   // The on-CPU sampling rate, for the windows' period.
   void set_frequency(std::uint32_t hz) { frequency_ = hz; }
 
   // --- for readers
-  // Reads what the kernel side has so far into a batch (when a profile tracer runs), so
-  // that a window ending now is complete. False when no profile tracer runs.
-  bool cut();
-  // Whether a profile tracer runs now (no waiting for a cut in progress).
-  bool running() const { return running_; }
   // The samples of batches that ended after `from` and by `to` that `filter` keeps, with
   // the stacks and frames they use. A wait that spans the window's edges brings only its
   // part within them, so no window holds more off-CPU time than its threads lasted.
   ProfileWindow window(Clock::time_point from, Clock::time_point to,
                        const SampleFilter& filter = {}) const;
-
-  // The tracers' slow events, which the same routes serve.
-  SlowEventStore& slow_events() { return slow_events_; }
-  // The one symbolizer of the profile and the slow events.
-  Symbolizer& symbolizer() { return symbolizer_; }
 
   std::size_t samples_kept() const;
   std::size_t frames_kept() const;
@@ -211,11 +197,6 @@ class ProfileStore {
   void compact();                                   // caller holds mutex_
 
   Limits limits_;
-  Symbolizer symbolizer_;
-  SlowEventStore slow_events_;
-  std::mutex source_mutex_;  // held while cutting, and while the source changes
-  std::function<void()> source_;
-  std::atomic<bool> running_{false};
   std::atomic<std::uint32_t> frequency_{0};
   mutable std::mutex mutex_;
   std::deque<Batch> batches_;

@@ -24,10 +24,10 @@
 #include "ebpf_metricsd/bpf/cgroup_labels.h"
 #include "ebpf_metricsd/bpf/ring_reader.h"
 #include "ebpf_metricsd/metrics/metric_scope.h"
-#include "ebpf_metricsd/profile/profile_store.h"
+#include "ebpf_metricsd/profile/process_manager.h"
+#include "ebpf_metricsd/profile/profiles.h"
 #include "ebpf_metricsd/profile/slow_events.h"
 #include "ebpf_metricsd/profile/slow_options.h"
-#include "ebpf_metricsd/profile/unwinder.h"
 
 namespace ebpf_metricsd {
 
@@ -35,9 +35,11 @@ class SlowCapture {
  public:
   // Slow events of histogram `metric` (named `metric_name`); `labels`: the tracer's workload
   // labels (their series carry the exemplars too); `stacks`: where they are symbolized and
-  // kept (nullptr: a store of its own, for exemplars only).
+  // kept (nullptr: a store of its own, for exemplars only); `walker`: the daemon's walk of
+  // user stacks in the kernel (nullptr: one of its own, with `unwind: cfi`).
   SlowCapture(MetricScope& scope, MetricScope::Metric metric, std::string metric_name,
-              SlowOptions options, CgroupLabels& labels, profiling::ProfileStore* stacks);
+              SlowOptions options, CgroupLabels& labels, profiling::Profiles* stacks,
+              profiling::Walker* walker = nullptr);
   ~SlowCapture();
   SlowCapture(const SlowCapture&) = delete;
   SlowCapture& operator=(const SlowCapture&) = delete;
@@ -48,10 +50,17 @@ class SlowCapture {
   // least recently used go first): lru_map_entries(4096).
   static std::uint32_t kept_stacks();
 
-  // Before load: the BPF side's threshold, limit and ring size. `origins`: for a tracer whose
-  // events end elsewhere than they start (emd_slow_start), how many are kept at once;
-  // `keeps_stacks`: whether its events keep stacks from start to end (emd_stacks) without
-  // origins.
+  // Before load: the BPF side's threshold, limit and ring size, and, with `unwind: cfi`, the
+  // walker's maps (the daemon's). `origins`: for a tracer whose events end elsewhere than
+  // they start (emd_slow_start), how many are kept at once; `keeps_stacks`: whether its
+  // events keep stacks from start to end (emd_stacks) without origins.
+  template <class Skeleton>
+  void configure(Skeleton* s, std::uint32_t origins = 0, bool keeps_stacks = false) const {
+    configure(s, options_, origins, keeps_stacks);
+    if constexpr (requires { s->maps.emd_unwind_mappings; }) {
+      if (walks()) walker().share(s->obj);
+    }
+  }
   template <class Skeleton>
   static void configure(Skeleton* s, const SlowOptions& options, std::uint32_t origins = 0,
                         bool keeps_stacks = false) {
@@ -67,21 +76,29 @@ class SlowCapture {
     bpf_map__set_max_entries(s->maps.emd_stacks,
                              on && (origins || keeps_stacks) ? kept_stacks() : 1);
   }
-  template <class Skeleton>
-  void configure(Skeleton* s, std::uint32_t origins = 0, bool keeps_stacks = false) const {
-    configure(s, options_, origins, keeps_stacks);
-  }
   // After load: starts reading the ring buffer `map` (when on).
   void start(bpf_map* map);
-  // After load: starts reading the object's ring buffer, and where its events can be held for
-  // their starter's return (bpf/common/slow_return.bpf.h), sends those held too long.
+  // After load: starts reading the object's ring buffer; where its events can be held for
+  // their starter's return (bpf/common/slow_return.bpf.h), sends those held too long; with
+  // `unwind: cfi`, puts its walkers in place and counts how their walks end.
   template <class Skeleton>
   void start(Skeleton* s) {
     start(s->maps.slow_events);
     if constexpr (requires { s->maps.emd_slow_held; }) {
       hold_from(s->maps.emd_slow_held, s->maps.emd_stacks, &s->bss->emd_slow_swept);
     }
+    if constexpr (requires { s->maps.emd_slow_walkers_btf; }) {
+      if (walks()) {
+        stacks_->symbolizer().set_file_source(
+            [manager = &walker()](std::uint32_t id) { return manager->file(id); });
+        profiling::set_walker(s->maps.emd_slow_walkers_btf, s->progs.emd_slow_walk_btf);
+        profiling::set_walker(s->maps.emd_slow_walkers_raw, s->progs.emd_slow_walk_raw);
+        walk_ends_ = s->maps.emd_unwind_ends;
+      }
+    }
   }
+  // Whether its events' user stacks are walked in the kernel (`unwind: cfi`, on).
+  bool walks() const { return options_.on() && options_.unwind_cfi; }
   // After load, for a tracer whose events are held until their starter returns from the
   // system call it waits in (bpf/common/slow_return.bpf.h; with `unwind: cfi`): the map of
   // held events, the stacks they refer to (emd_stacks) and the count of held events user
@@ -106,27 +123,29 @@ class SlowCapture {
   void on_event(std::span<const std::byte> record);
   void sweep_held();
   static std::uint32_t self_tgid();
+  profiling::ProcessManager& walker() const;
 
   MetricScope& scope_;
   MetricScope::Metric metric_;
   std::string metric_name_;
   SlowOptions options_;
   CgroupLabels& labels_;
-  std::unique_ptr<profiling::ProfileStore> own_stacks_;
-  profiling::ProfileStore* stacks_;
+  std::unique_ptr<profiling::Profiles> own_stacks_;
+  profiling::Profiles* stacks_;
   std::mutex mutex_;
   std::deque<Pending> pending_;  // arrived, under mutex_
   std::size_t pending_frames_ = 0;
   std::uint64_t pending_dropped_ = 0;
   std::uint64_t stack_lost_ = 0;
-  // Copies of user stacks unwound, by how the unwind ended (UnwindEnd); with `unwind: cfi`.
-  using Unwinds = std::array<std::uint64_t, std::size(profiling::kUnwindEnds)>;
+  // Walks of user stacks, by how they ended (emd_unwind_ends); with `unwind: cfi`.
   std::optional<MetricScope::Metric> unwinds_metric_;
-  Unwinds unwinds_{};          // under mutex_
+  const bpf_map* walk_ends_ = nullptr;
+  profiling::WalkEnds walk_ends_seen_{};  // on the drain thread
+  profiling::Walker* walker_;
+  mutable std::unique_ptr<profiling::Walker> own_walker_;
   std::deque<Pending> taken_;  // by begin_drain, for drain
   std::uint64_t taken_dropped_ = 0;
   std::uint64_t taken_lost_ = 0;
-  Unwinds taken_unwinds_{};
   bpf_map* held_ = nullptr;
   bpf_map* held_stacks_ = nullptr;
   __u64* swept_ = nullptr;

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -22,7 +23,7 @@
 #include <vector>
 
 #include "ebpf_metricsd/profile/elf_file.h"
-#include "ebpf_metricsd/profile/unwinder.h"
+#include "ebpf_metricsd/profile/proc_files.h"
 
 namespace ebpf_metricsd::profiling {
 
@@ -86,7 +87,6 @@ class UserSymbols {
     std::size_t max_modules = 256;           // ELF files open at once
     std::size_t max_processes = 8192;        // processes whose mappings are kept
     std::size_t max_name_bytes = 16u << 20;  // names and lines cached over all modules
-    std::size_t max_address_spaces = 16;     // processes whose unwind state is kept
     // Perf maps of JIT code (/tmp/perf-PID.map) read: at most this large a file, and this
     // much held over all processes (a map that does not fit is not read).
     std::size_t max_jit_map_file = 16u << 20;
@@ -127,9 +127,10 @@ class UserSymbols {
   void refresh(pid_t tgid, std::uint64_t taken_by_ns = 0);
   // `lines`: with the source lines of the address (Frame::lines) where DWARF has them.
   Frame resolve(pid_t tgid, std::uint64_t address, bool return_address, bool lines = false);
-  // Unwinds a copy of thread `tid`'s user stack with the CFI of the files process `tgid`
-  // maps (captured), at most `max_depth` frames.
-  Unwound unwind(pid_t tgid, pid_t tid, const UserStackCopy& copy, std::size_t max_depth);
+  // The frame at `offset` of file `file` (its descriptor taken), named as resolve() names an
+  // address of a mapping of it: for frames the walk in the kernel kept by file.
+  Frame resolve_file(MappedFileRef file, std::uint64_t offset, bool return_address,
+                     bool lines = false);
   // Forgets processes that had exited already at the previous call: their last stacks have
   // been symbolized by now (call once per read of the kernel side, after it). Closes the
   // files no process it knows maps.
@@ -139,7 +140,6 @@ class UserSymbols {
   std::size_t processes() const { return processes_.size(); }
   // Whether the mappings of process `tgid` were read.
   bool knows(pid_t tgid) const { return processes_.count(tgid) > 0; }
-  std::size_t address_spaces() const { return space_lru_.size(); }
   std::size_t names() const;
   // What the open files hold: names and lines cached (as max_name_bytes counts them), DWARF
   // read for lines (as max_dwarf_bytes counts it), how many lookups found no lines because
@@ -154,7 +154,7 @@ class UserSymbols {
   };
   const Held& held() const { return held_; }
   // The symbol, string and CFI tables of the open files, in all (what they read of them at
-  // most).
+  // most), and the symbol indexes built from them.
   std::uint64_t table_bytes() const;
   // Files refused so far, by ElfRefusal; a refused file is not tried again while it is
   // remembered (up to 4 * max_modules of them).
@@ -184,8 +184,6 @@ class UserSymbols {
     std::chrono::milliseconds refresh_pause{0};  // before refresh() reads them again
     std::vector<Mapping> mappings;
     std::list<pid_t>::iterator lru;
-    std::unique_ptr<AddressSpace> space;  // made on its first unwind
-    std::list<pid_t>::iterator space_lru;
     // JIT code named by the process's perf map (/tmp/perf-PID.map, as the process sees /tmp):
     // read when an address in its anonymous executable memory is first looked up, and again,
     // at most once a second, when such an address is in no entry. Sorted by start.
@@ -202,12 +200,17 @@ class UserSymbols {
   // The module of the file mapped by m: the one open already, else from `fd` (taken; -1:
   // opened from /proc/PID while the process runs).
   std::shared_ptr<ElfModule> open_module(pid_t tgid, const Mapping& m, int fd = -1);
+  // The module of file (dev, inode), open here or opened from `fd` (taken; -1: none).
+  std::shared_ptr<ElfModule> open_module(std::uint64_t dev, std::uint64_t inode, std::string path,
+                                         int fd);
+  // Names `offset` of module `elf` (shown as `module`).
+  Frame name_in(const std::shared_ptr<ElfModule>& elf, Frame f, std::uint64_t offset,
+                bool return_address, bool lines);
   Limits limits_;
   // Before the modules: each gives back what it took when it closes.
   Held held_;
   std::map<pid_t, Process> processes_;
   std::list<pid_t> process_lru_;  // most recently used first
-  std::list<pid_t> space_lru_;    // processes with an AddressSpace, most recently used first
   std::map<std::pair<std::uint64_t, std::uint64_t>, std::weak_ptr<ElfModule>> by_inode_;
   std::list<std::shared_ptr<ElfModule>> modules_;  // the open files, most recently used first
   Refusals refused_{};
@@ -253,10 +256,6 @@ class Symbolizer {
   // `lines`: user frames carry their source lines where DWARF has them (Frame::lines).
   std::vector<Frame> user_frames(std::uint32_t pid, std::span<const std::uint64_t> ips,
                                  bool lines = false, std::uint64_t taken_by_ns = 0);
-  // The user frames of a copy of thread `tid`'s stack, unwound with CFI (at most
-  // `max_depth`), by the same rules; `end` says why the unwind ended.
-  std::vector<Frame> user_frames(std::uint32_t pid, std::uint32_t tid, const UserStackCopy& copy,
-                                 std::size_t max_depth, UnwindEnd& end, bool lines = false);
   // Reads the mappings of a process seen for the first time (or, `execed`, since it exec'd)
   // while it lives, so that its stacks can be symbolized after it exits: at once, without
   // waiting for the symbolizer (installed at its next use).
@@ -265,9 +264,13 @@ class Symbolizer {
   // all been symbolized by now: call once per round of reads of every tracer that takes
   // stacks (the daemon's drain round), never from one reader alone.
   void end_round();
+  // Where the files of frames the walk in the kernel kept by file are found
+  // (ProcessManager::file); without it such frames are "[unknown file]".
+  using FileSource = std::function<std::optional<MappedFileRef>(std::uint32_t id)>;
+  void set_file_source(FileSource source);
 
   struct Sizes {
-    std::size_t elf_files, processes, names, kernel_symbols, address_spaces;
+    std::size_t elf_files, processes, names, kernel_symbols;
     std::size_t kernel_symbol_bytes;
     UserSymbols::Refusals refused;  // files refused so far, by ElfRefusal
     UserSymbols::Held held;
@@ -289,6 +292,7 @@ class Symbolizer {
   std::mutex captured_mutex_;
   std::vector<std::pair<std::shared_ptr<UserSymbols::Snapshot>, bool>> captured_;
   std::chrono::steady_clock::time_point kernel_read_{};
+  FileSource files_;                           // under mutex_
   std::uint64_t stacks_without_mappings_ = 0;  // under mutex_
 };
 

@@ -19,14 +19,18 @@ class MetricScope;
 class YamlMapReader;
 
 namespace profiling {
-class ProfileStore;
-}
+class Profiles;
+class Walker;
+}  // namespace profiling
 
 // What a tracer may use beside its own maps and metrics, given by whoever builds it (the
-// daemon, a test): where stacks are kept and symbolized. nullptr: nowhere (the profile
-// tracer then refuses to start; slow events keep exemplars and an own store).
+// daemon, a test): where stacks are kept and symbolized (nullptr: nowhere; the profile
+// tracer then refuses to start; slow events keep exemplars and an own store), and the walk
+// of user stacks in the kernel that every tracer shares (nullptr: a tracer that walks makes
+// its own).
 struct TracerContext {
-  profiling::ProfileStore* profiles = nullptr;
+  profiling::Profiles* profiles = nullptr;
+  profiling::Walker* walker = nullptr;
 };
 
 // Whose its events are, for the workload labels (`cgroup: true`, cgroup_labels.h).

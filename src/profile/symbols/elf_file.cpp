@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 namespace ebpf_metricsd::profiling {
 
@@ -406,6 +407,30 @@ const Dwfl_Callbacks& dwfl_callbacks(bool debug_files) {
   static const Dwfl_Callbacks without = {checked_elf, no_debug_file, dwfl_offline_section_address,
                                          &no_path};
   return debug_files ? with : without;
+}
+
+DwflSession::DwflSession(const ElfFile& file, const std::string& name, bool debug_files)
+    : dwfl_(dwfl_begin(&dwfl_callbacks(debug_files))) {
+  if (!dwfl_) return;
+  dwfl_report_begin(dwfl_);
+  module_ = file.report(dwfl_, name);
+  dwfl_report_end(dwfl_, nullptr, nullptr);
+}
+
+DwflSession::~DwflSession() {
+  if (dwfl_) dwfl_end(dwfl_);
+}
+
+DwflSession::DwflSession(DwflSession&& other) noexcept
+    : dwfl_(std::exchange(other.dwfl_, nullptr)), module_(std::exchange(other.module_, nullptr)) {}
+
+DwflSession& DwflSession::operator=(DwflSession&& other) noexcept {
+  if (this != &other) {
+    if (dwfl_) dwfl_end(dwfl_);
+    dwfl_ = std::exchange(other.dwfl_, nullptr);
+    module_ = std::exchange(other.module_, nullptr);
+  }
+  return *this;
 }
 
 }  // namespace ebpf_metricsd::profiling

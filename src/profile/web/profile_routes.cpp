@@ -80,8 +80,8 @@ std::variant<std::optional<bool>, std::string> flag(const HttpRequest& req, cons
 }
 
 // How long the store keeps profiles, in seconds: the longest window a reader can ask for.
-int kept_seconds(const ProfileStore& store) {
-  return static_cast<int>(store.limits().retention.count());
+int kept_seconds(Profiles& profiles) {
+  return static_cast<int>(profiles.store().limits().retention.count());
 }
 
 // A range as a request gives it: from= and to=, Unix times in milliseconds (as Grafana's
@@ -218,53 +218,84 @@ std::variant<SlowEventStore::Query, std::string> slow_query(const HttpRequest& r
 }
 
 // The slow events of query q that filter f keeps.
-SlowWindow slow_events(ProfileStore& store, const SlowEventStore::Query& q, const SampleFilter& f) {
-  SlowWindow w = store.slow_events().query(q);
+SlowWindow slow_events(Profiles& profiles, const SlowEventStore::Query& q, const SampleFilter& f) {
+  SlowWindow w = profiles.slow_events().query(q);
   std::erase_if(w.events, [&](const SlowEvent& e) { return !f.matches(e); });
   return w;
 }
 
+// What a request for slow events asks: which events (metric=, min=, stack_id=, seconds=)
+// and whose (the sample filter). Both /debug/pprof/slow and the page's slow=1 read it.
+struct SlowRequest {
+  SlowEventStore::Query query;
+  SampleFilter filter;
+};
+std::variant<SlowRequest, std::string> slow_request(const HttpRequest& req, int kept) {
+  auto query = slow_query(req, kept);
+  if (auto* why = std::get_if<std::string>(&query)) return std::move(*why);
+  auto filter = sample_filter(req);
+  if (auto* why = std::get_if<std::string>(&filter)) return std::move(*why);
+  return SlowRequest{std::get<SlowEventStore::Query>(query), std::get<SampleFilter>(filter)};
+}
+
+// A route of what the store keeps: answered at once, on a worker, at most
+// kMaxFlameGraphRequests at a time.
+Route kept_route(
+    std::string path,
+    std::function<std::variant<HttpResponse, DeferredResponse>(const HttpRequest&)> handler) {
+  Route r;
+  r.path = std::move(path);
+  r.max_deferred = kMaxFlameGraphRequests;
+  r.deferred = std::move(handler);
+  return r;
+}
+
+// Answered on a worker, without waiting.
+DeferredResponse at_once(std::function<HttpResponse()> answer) {
+  return DeferredResponse{{}, std::chrono::milliseconds(0), std::move(answer)};
+}
+
 }  // namespace
 
-std::vector<Route> profile_routes(const std::shared_ptr<ProfileStore>& store) {
+std::vector<Route> profile_routes(const std::shared_ptr<Profiles>& profiles) {
   Route profile;
   profile.path = "/debug/pprof/profile";
   profile.max_deferred = kMaxProfileRequests;
   profile.deferred =
-      [store](const HttpRequest& req) -> std::variant<HttpResponse, DeferredResponse> {
+      [profiles](const HttpRequest& req) -> std::variant<HttpResponse, DeferredResponse> {
     auto filter = sample_filter(req);
     if (const auto* why = std::get_if<std::string>(&filter)) return bad_request(*why);
     // A range the store keeps: answered at once.
     const auto range = kept_range(req);
     if (const auto* why = std::get_if<std::string>(&range)) return bad_request(*why);
     if (const auto& r = std::get<std::optional<Range>>(range)) {
-      return DeferredResponse{
-          {}, std::chrono::milliseconds(0), [store, r = *r, f = std::get<SampleFilter>(filter)] {
-            store->cut();
-            return pprof_file(pprof_profile(store->window(r.from, r.to, f)), "profile");
-          }};
+      return at_once([profiles, r = *r, f = std::get<SampleFilter>(filter)] {
+        profiles->cut();
+        return pprof_file(pprof_profile(profiles->store().window(r.from, r.to, f)), "profile");
+      });
     }
     const auto seconds = window_seconds(req, kMaxProfileSeconds);
     if (const auto* why = std::get_if<std::string>(&seconds)) return bad_request(*why);
-    if (!store->running()) return not_running();
+    if (!profiles->running()) return not_running();
     auto from = std::make_shared<Clock::time_point>();
     return DeferredResponse{
         // The window starts once what the kernel side holds now has been read, so that it
         // holds only what happens from then on. Made on a worker: a read may wait for one
         // in progress.
-        [store, from] {
-          store->cut();
+        [profiles, from] {
+          profiles->cut();
           *from = Clock::now();
         },
         std::chrono::seconds(std::get<int>(seconds)),
-        [store, from, f = std::get<SampleFilter>(filter)]() {
-          if (!store->cut()) {
+        [profiles, from, f = std::get<SampleFilter>(filter)]() {
+          if (!profiles->cut()) {
             HttpResponse r;
             r.status = 503;
             r.body = "503 the profile tracer stopped during the window\n";
             return r;
           }
-          return pprof_file(pprof_profile(store->window(*from, Clock::now(), f)), "profile");
+          return pprof_file(pprof_profile(profiles->store().window(*from, Clock::now(), f)),
+                            "profile");
         }};
   };
   Route page{"/profile", [](const HttpRequest&) {
@@ -274,124 +305,108 @@ std::vector<Route> profile_routes(const std::shared_ptr<ProfileStore>& store) {
                r.compressible = true;
                return r;
              }};
-  // The last N seconds (the page's data), from what the store keeps: answered at once, on a
-  // worker, at most kMaxFlameGraphRequests at a time.
-  Route data;
-  data.path = "/profile/data";
-  data.max_deferred = kMaxFlameGraphRequests;
-  data.deferred = [store](const HttpRequest& req) -> std::variant<HttpResponse, DeferredResponse> {
-    const auto seconds = window_seconds(req, kept_seconds(*store), 60);
-    if (const auto* why = std::get_if<std::string>(&seconds)) return bad_request(*why);
-    FlameGrouping grouping = FlameGrouping::Process;
-    const auto group = single(req, "group");
-    if (const auto* why = std::get_if<std::string>(&group)) return bad_request(*why);
-    if (const auto& name = std::get<std::optional<std::string>>(group)) {
-      const auto g = parse_flame_grouping(*name);
-      if (!g) return bad_request("group must be process, workload, thread or none");
-      grouping = *g;
-    }
-    // lines=1: nodes named function:line.
-    const auto lines_param = flag(req, "lines");
-    if (const auto* why = std::get_if<std::string>(&lines_param)) return bad_request(*why);
-    const bool lines = std::get<std::optional<bool>>(lines_param).value_or(false);
-    // slow=1: the stacks of the tracers' slow events (metric=, min=, stack_id= narrow them).
-    const auto slow = single(req, "slow");
-    if (const auto* why = std::get_if<std::string>(&slow)) return bad_request(*why);
-    if (const auto& on = std::get<std::optional<std::string>>(slow)) {
-      if (*on != "1") return bad_request("slow must be 1");
-      auto query = slow_query(req, kept_seconds(*store));
-      if (const auto* why = std::get_if<std::string>(&query)) return bad_request(*why);
-      auto filter = sample_filter(req);
-      if (const auto* why = std::get_if<std::string>(&filter)) return bad_request(*why);
-      return DeferredResponse{{},
-                              std::chrono::milliseconds(0),
-                              [store, grouping, lines, q = std::get<SlowEventStore::Query>(query),
-                               f = std::get<SampleFilter>(filter)] {
-                                const SlowWindow events = slow_events(*store, q, f);
-                                HttpResponse r;
-                                r.content_type = "application/json";
-                                r.body = flame_graph_json(slow_profile_window(events), grouping,
-                                                          kMaxFlameGraphNodes, events.events.size(),
-                                                          lines);
-                                r.compressible = true;
-                                return r;
-                              }};
-    }
-    for (const char* narrowing : {"metric", "min", "stack_id"}) {
-      if (!req.params(narrowing).empty()) {
-        return bad_request(std::string(narrowing) + " narrows slow events: give slow=1 with it");
-      }
-    }
-    auto filter = sample_filter(req);
-    if (const auto* why = std::get_if<std::string>(&filter)) return bad_request(*why);
-    const SampleFilter& f = std::get<SampleFilter>(filter);
-    // view=on (the default), off or wall; idle=0 sets idle waits apart, idle=1 shows them
-    // (the default for one process or thread, which asked about its waits).
-    FlameSelection selection{FlameView::OnCpu, f.pid.has_value() || f.tid.has_value()};
-    const auto view = single(req, "view");
-    if (const auto* why = std::get_if<std::string>(&view)) return bad_request(*why);
-    if (const auto& name = std::get<std::optional<std::string>>(view)) {
-      const auto v = parse_flame_view(*name);
-      if (!v) return bad_request("view must be on, off or wall");
-      selection.view = *v;
-    }
-    const auto idle = flag(req, "idle");
-    if (const auto* why = std::get_if<std::string>(&idle)) return bad_request(*why);
-    selection.idle = std::get<std::optional<bool>>(idle).value_or(selection.idle);
-    // from= and to= (a kept range) in place of the last `seconds`; compare=before: against
-    // the range of the same length just before (a differential flame graph).
-    const auto range = kept_range(req);
-    if (const auto* why = std::get_if<std::string>(&range)) return bad_request(*why);
-    const std::optional<Range> kept = std::get<std::optional<Range>>(range);
-    const auto compare = single(req, "compare");
-    if (const auto* why = std::get_if<std::string>(&compare)) return bad_request(*why);
-    const auto& against = std::get<std::optional<std::string>>(compare);
-    if (against && *against != "before") return bad_request("compare must be before");
-    if (!kept && !store->running()) return not_running();
-    return DeferredResponse{
-        {},
-        std::chrono::milliseconds(0),
-        [store, seconds, grouping, lines, f, selection, kept, before = against.has_value()] {
-          store->cut();
-          Range r;
-          if (kept) {
-            r = *kept;
-          } else {
-            r.to = Clock::now();
-            r.from = r.to - std::chrono::seconds(std::get<int>(seconds));
+  // The last N seconds (the page's data), from what the store keeps.
+  Route data = kept_route(
+      "/profile/data",
+      [profiles](const HttpRequest& req) -> std::variant<HttpResponse, DeferredResponse> {
+        const auto seconds = window_seconds(req, kept_seconds(*profiles), 60);
+        if (const auto* why = std::get_if<std::string>(&seconds)) return bad_request(*why);
+        FlameGrouping grouping = FlameGrouping::Process;
+        const auto group = single(req, "group");
+        if (const auto* why = std::get_if<std::string>(&group)) return bad_request(*why);
+        if (const auto& name = std::get<std::optional<std::string>>(group)) {
+          const auto g = parse_flame_grouping(*name);
+          if (!g) return bad_request("group must be process, workload, thread or none");
+          grouping = *g;
+        }
+        // lines=1: nodes named function:line.
+        const auto lines_param = flag(req, "lines");
+        if (const auto* why = std::get_if<std::string>(&lines_param)) return bad_request(*why);
+        const bool lines = std::get<std::optional<bool>>(lines_param).value_or(false);
+        // slow=1: the stacks of the tracers' slow events (metric=, min=, stack_id= narrow them).
+        const auto slow = single(req, "slow");
+        if (const auto* why = std::get_if<std::string>(&slow)) return bad_request(*why);
+        if (const auto& on = std::get<std::optional<std::string>>(slow)) {
+          if (*on != "1") return bad_request("slow must be 1");
+          auto asked = slow_request(req, kept_seconds(*profiles));
+          if (const auto* why = std::get_if<std::string>(&asked)) return bad_request(*why);
+          return at_once([profiles, grouping, lines, a = std::get<SlowRequest>(asked)] {
+            const SlowWindow events = slow_events(*profiles, a.query, a.filter);
+            HttpResponse r;
+            r.content_type = "application/json";
+            r.body = flame_graph_json(slow_profile_window(events), grouping, kMaxFlameGraphNodes,
+                                      events.events.size(), lines);
+            r.compressible = true;
+            return r;
+          });
+        }
+        for (const char* narrowing : {"metric", "min", "stack_id"}) {
+          if (!req.params(narrowing).empty()) {
+            return bad_request(std::string(narrowing) +
+                               " narrows slow events: give slow=1 with it");
           }
-          const ProfileWindow w = store->window(r.from, r.to, f);
-          std::optional<ProfileWindow> base;
-          FlameSelection select = selection;
-          if (before) {
-            base = store->window(r.from - (r.to - r.from), r.from, f);
-            select.base = &*base;
-          }
-          HttpResponse response;
-          response.content_type = "application/json";
-          response.body = flame_graph_json(w, grouping, kMaxFlameGraphNodes, {}, lines, select);
-          response.compressible = true;
-          return response;
-        }};
-  };
+        }
+        auto filter = sample_filter(req);
+        if (const auto* why = std::get_if<std::string>(&filter)) return bad_request(*why);
+        const SampleFilter& f = std::get<SampleFilter>(filter);
+        // view=on (the default), off or wall; idle=0 sets idle waits apart, idle=1 shows them
+        // (the default for one process or thread, which asked about its waits).
+        FlameSelection selection{FlameView::OnCpu, f.pid.has_value() || f.tid.has_value()};
+        const auto view = single(req, "view");
+        if (const auto* why = std::get_if<std::string>(&view)) return bad_request(*why);
+        if (const auto& name = std::get<std::optional<std::string>>(view)) {
+          const auto v = parse_flame_view(*name);
+          if (!v) return bad_request("view must be on, off or wall");
+          selection.view = *v;
+        }
+        const auto idle = flag(req, "idle");
+        if (const auto* why = std::get_if<std::string>(&idle)) return bad_request(*why);
+        selection.idle = std::get<std::optional<bool>>(idle).value_or(selection.idle);
+        // from= and to= (a kept range) in place of the last `seconds`; compare=before: against
+        // the range of the same length just before (a differential flame graph).
+        const auto range = kept_range(req);
+        if (const auto* why = std::get_if<std::string>(&range)) return bad_request(*why);
+        const std::optional<Range> kept = std::get<std::optional<Range>>(range);
+        const auto compare = single(req, "compare");
+        if (const auto* why = std::get_if<std::string>(&compare)) return bad_request(*why);
+        const auto& against = std::get<std::optional<std::string>>(compare);
+        if (against && *against != "before") return bad_request("compare must be before");
+        if (!kept && !profiles->running()) return not_running();
+        return at_once(
+            [profiles, seconds, grouping, lines, f, selection, kept, before = against.has_value()] {
+              profiles->cut();
+              Range r;
+              if (kept) {
+                r = *kept;
+              } else {
+                r.to = Clock::now();
+                r.from = r.to - std::chrono::seconds(std::get<int>(seconds));
+              }
+              const ProfileWindow w = profiles->store().window(r.from, r.to, f);
+              std::optional<ProfileWindow> base;
+              FlameSelection select = selection;
+              if (before) {
+                base = profiles->store().window(r.from - (r.to - r.from), r.from, f);
+                select.base = &*base;
+              }
+              HttpResponse response;
+              response.content_type = "application/json";
+              response.body = flame_graph_json(w, grouping, kMaxFlameGraphNodes, {}, lines, select);
+              response.compressible = true;
+              return response;
+            });
+      });
   // The stacks of the tracers' slow events (a metric's, those over a latency, one
-  // stack_id's) in the last N seconds, from what the store keeps: answered at once, on a
-  // worker.
-  Route slow;
-  slow.path = "/debug/pprof/slow";
-  slow.max_deferred = kMaxFlameGraphRequests;
-  slow.deferred = [store](const HttpRequest& req) -> std::variant<HttpResponse, DeferredResponse> {
-    auto query = slow_query(req, kept_seconds(*store));
-    if (const auto* why = std::get_if<std::string>(&query)) return bad_request(*why);
-    auto filter = sample_filter(req);
-    if (const auto* why = std::get_if<std::string>(&filter)) return bad_request(*why);
-    return DeferredResponse{
-        {},
-        std::chrono::milliseconds(0),
-        [store, q = std::get<SlowEventStore::Query>(query), f = std::get<SampleFilter>(filter)] {
-          return pprof_file(pprof_slow(slow_events(*store, q, f)), "slow");
-        }};
-  };
+  // stack_id's) in the last N seconds, from what the store keeps.
+  Route slow = kept_route(
+      "/debug/pprof/slow",
+      [profiles](const HttpRequest& req) -> std::variant<HttpResponse, DeferredResponse> {
+        auto asked = slow_request(req, kept_seconds(*profiles));
+        if (const auto* why = std::get_if<std::string>(&asked)) return bad_request(*why);
+        return at_once([profiles, a = std::get<SlowRequest>(asked)] {
+          return pprof_file(pprof_slow(slow_events(*profiles, a.query, a.filter)), "slow");
+        });
+      });
   return {std::move(profile), std::move(page), std::move(data), std::move(slow)};
 }
 

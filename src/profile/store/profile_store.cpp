@@ -175,19 +175,6 @@ ProfileStore::Limits ProfileStore::limits() const {
   return limits_;
 }
 
-void ProfileStore::set_source(std::function<void()> cut) {
-  std::lock_guard lock(source_mutex_);
-  running_ = static_cast<bool>(cut);
-  source_ = std::move(cut);
-}
-
-bool ProfileStore::cut() {
-  std::lock_guard lock(source_mutex_);
-  if (!source_) return false;
-  source_();
-  return true;
-}
-
 void ProfileStore::expire(Clock::time_point now) {
   // The newest batch stays; older ones go after the retention, or, oldest first, while
   // all together hold more than max_samples.

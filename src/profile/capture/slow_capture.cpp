@@ -14,11 +14,14 @@
 #include "ebpf_metricsd/base/clock.h"
 #include "ebpf_metricsd/base/yaml_reader.h"
 #include "ebpf_metricsd/bpf/bpf_support.h"
+#include "ebpf_metricsd/bpf/drop_accounting.h"
+#include "ebpf_metricsd/bpf/map_reader.h"
 #include "ebpf_metricsd/metrics/log2_histogram.h"
-#include "ebpf_metricsd/profile/profile_store.h"
+#include "ebpf_metricsd/profile/profiles.h"
 
 // clang-format off
 #include "common/slow.h"
+#include "common/stacks.h"
 // clang-format on
 
 namespace ebpf_metricsd {
@@ -29,8 +32,6 @@ namespace {
 // counted and dropped.
 constexpr std::size_t kMaxPending = 10000;
 constexpr std::size_t kMaxPendingFrames = 200000;
-// User frames of an unwound copy, at most (the profile's bound).
-constexpr std::size_t kMaxUserFrames = 128;
 
 double realtime_of(std::uint64_t monotonic_ns) {
   timespec mono{}, real{};
@@ -42,6 +43,19 @@ double realtime_of(std::uint64_t monotonic_ns) {
       static_cast<double>(real.tv_sec) + static_cast<double>(real.tv_nsec) * 1e-9;
   return now_real - (now_mono - static_cast<double>(monotonic_ns) * 1e-9);
 }
+
+// The stacks an object could not keep whole (bpf/common/stacks.bpf.h, which slow events and
+// the profile share) and the slow events it could not hold for their return
+// (bpf/common/slow_return.bpf.h).
+const SharedDrops stack_drops("emd_stack_drops",
+                              drop_reasons<EMD_STACK_DROP__COUNT>({"stack_error", "stack_truncated",
+                                                                   "stack_collision",
+                                                                   "stack_not_kept"}));
+const SharedDrops slow_return_drops(
+    "emd_slow_return_drops",
+    drop_reasons<EMD_SLOW_RETURN__COUNT>({"slow_return_mismatch", "slow_return_exited",
+                                          "slow_return_full", "slow_return_exec",
+                                          "slow_return_second"}));
 
 }  // namespace
 
@@ -73,8 +87,7 @@ SlowOptions SlowOptions::read(YamlMapReader& options) {
 
 std::uint32_t SlowOptions::ring_bytes() const {
   // The reading thread empties it every 100 ms; two seconds leave room for a stall.
-  const std::uint64_t want = std::uint64_t{2} * max_per_second *
-                             (unwind_cfi ? sizeof(emd_slow_event_copy) : sizeof(emd_slow_event));
+  const std::uint64_t want = std::uint64_t{2} * max_per_second * sizeof(emd_slow_event);
   return static_cast<std::uint32_t>(
       std::min<std::uint64_t>(std::bit_ceil(std::max<std::uint64_t>(want, 65536)), 8u << 20));
 }
@@ -93,29 +106,41 @@ std::uint32_t SlowCapture::self_tgid() { return static_cast<std::uint32_t>(getpi
 std::uint32_t SlowCapture::kept_stacks() { return lru_map_entries(4096); }
 
 SlowCapture::SlowCapture(MetricScope& scope, MetricScope::Metric metric, std::string metric_name,
-                         SlowOptions options, CgroupLabels& labels, profiling::ProfileStore* stacks)
+                         SlowOptions options, CgroupLabels& labels, profiling::Profiles* stacks,
+                         profiling::Walker* walker)
     : scope_(scope),
       metric_(metric),
       metric_name_(std::move(metric_name)),
       options_(options),
       labels_(labels),
-      own_stacks_(stacks ? nullptr : std::make_unique<profiling::ProfileStore>()),
-      stacks_(stacks ? stacks : own_stacks_.get()) {
-  if (options_.on() && options_.unwind_cfi) {
+      own_stacks_(stacks ? nullptr : std::make_unique<profiling::Profiles>()),
+      stacks_(stacks ? stacks : own_stacks_.get()),
+      walker_(walker) {
+  if (walks()) {
     unwinds_metric_ = scope_.declare(
         {"ebpf_metricsd_slow_unwinds_total",
-         "Copied user stacks of slow events unwound with CFI, by tracer and how the unwind "
-         "ended: complete, or cut (the frames found are kept).",
+         "User stacks of slow events walked in the kernel with the unwind tables, by tracer and "
+         "how the walk ended: complete, or cut (the frames found are kept, and a last frame "
+         "says why).",
          MetricType::Counter,
          {"tracer", "result"}});
-    for (profiling::UnwindEnd end : profiling::kUnwindEnds) {
-      scope_.add(*unwinds_metric_, {scope_.tracer(), std::string(profiling::unwind_end_name(end))},
+    for (std::uint32_t end = 0; end < EMD_UNWIND_END__COUNT; ++end) {
+      scope_.add(*unwinds_metric_, {scope_.tracer(), std::string(profiling::walk_end_name(end))},
                  0);
     }
   }
 }
 
-SlowCapture::~SlowCapture() { reader_.stop(); }
+SlowCapture::~SlowCapture() {
+  reader_.stop();
+  if (own_walker_) stacks_->symbolizer().set_file_source(nullptr);
+}
+
+profiling::ProcessManager& SlowCapture::walker() const {
+  if (walker_) return walker_->get();
+  if (!own_walker_) own_walker_ = std::make_unique<profiling::Walker>();
+  return own_walker_->get();
+}
 
 void SlowCapture::hold_from(bpf_map* held, bpf_map* stacks, __u64* swept) {
   if (!options_.on() || !options_.unwind_cfi) return;
@@ -130,12 +155,8 @@ void SlowCapture::sweep_held() {
   const int fd = bpf_map__fd(held_);
   const std::uint64_t now = monotonic_ns();
   const std::uint64_t max_hold = std::chrono::nanoseconds(kMaxHold).count();
-  std::vector<__u32> tids;
-  __u32 key = 0, next = 0;
-  for (const __u32* prev = nullptr; bpf_map_get_next_key(fd, prev, &next) == 0; prev = &key) {
-    key = next;
-    tids.push_back(key);
-  }
+  // Through read_map: a stand-in's table where one is set (unit tests).
+  const std::vector<__u32> tids = read_map(held_)->keys<__u32>(bpf_map__max_entries(held_));
   // The stack kept under hash `id` (0: none), or nullopt where it is gone.
   const auto stack_of = [&](__u64 id) -> std::optional<std::vector<std::uint64_t>> {
     if (!id) return std::vector<std::uint64_t>{};
@@ -193,19 +214,6 @@ void SlowCapture::on_event(std::span<const std::byte> record) {
   emd_slow_event copy;
   std::memcpy(&copy, record.data(), sizeof copy);
   const emd_slow_event* e = &copy;
-  // With a copy of the user stack (common/slow_copy.bpf.h): its header, then the bytes.
-  constexpr std::size_t header = offsetof(emd_slow_event_copy, ustack.data);
-  std::optional<profiling::UserStackCopy> stack;
-  if (record.size() >= header) {
-    emd_ustack u;
-    std::memcpy(&u, record.data() + offsetof(emd_slow_event_copy, ustack),
-                offsetof(emd_ustack, data));
-    stack.emplace();
-    std::copy(std::begin(u.regs), std::end(u.regs), stack->regs.begin());
-    stack->base = u.base;
-    stack->bytes = {reinterpret_cast<const std::uint8_t*>(record.data()) + header,
-                    std::min<std::size_t>(u.len, record.size() - header)};
-  }
   if (e->kstack_len == EMD_SLOW_STACK_LOST || e->ustack_len == EMD_SLOW_STACK_LOST) {
     // Its stack was evicted between the event's start and end: not kept (all such events
     // would share the id of an empty stack), counted.
@@ -229,22 +237,12 @@ void SlowCapture::on_event(std::span<const std::byte> record) {
             std::string(e->comm, strnlen(e->comm, sizeof e->comm)),
             std::string(e->label, strnlen(e->label, sizeof e->label)),
             {}};
-  profiling::Symbolizer& sym = stacks_->symbolizer();
-  if (stack) {
-    p.frames = sym.kernel_frames(frames_of(e->kstack, e->kstack_len), profiling::StackOrigin::Call);
-    profiling::UnwindEnd end = profiling::UnwindEnd::Complete;
-    std::vector<profiling::Frame> user =
-        sym.user_frames(e->tgid, e->tid, *stack, kMaxUserFrames, end, options_.lines);
-    p.frames.insert(p.frames.end(), std::make_move_iterator(user.begin()),
-                    std::make_move_iterator(user.end()));
-    std::lock_guard lock(mutex_);
-    ++unwinds_[static_cast<std::size_t>(end)];
-  } else {
-    // Taken at its start, no later than it ended.
-    p.frames = sym.frames(e->tgid, frames_of(e->kstack, e->kstack_len),
-                          frames_of(e->ustack, e->ustack_len), profiling::StackOrigin::Call,
-                          options_.lines, e->taken == EMD_SLOW_TAKEN_AT_START ? e->ts : 0);
-  }
+  // Taken at its start, no later than it ended; or at its return (walked, or by frame
+  // pointer).
+  p.frames = stacks_->symbolizer().frames(e->tgid, frames_of(e->kstack, e->kstack_len),
+                                          frames_of(e->ustack, e->ustack_len),
+                                          profiling::StackOrigin::Call, options_.lines,
+                                          e->taken == EMD_SLOW_TAKEN_AT_START ? e->ts : 0);
   std::lock_guard lock(mutex_);
   if (pending_.size() >= kMaxPending || pending_frames_ + p.frames.size() > kMaxPendingFrames) {
     ++pending_dropped_;
@@ -262,8 +260,6 @@ void SlowCapture::begin_drain() {
   pending_frames_ = 0;
   taken_dropped_ += std::exchange(pending_dropped_, 0);
   taken_lost_ += std::exchange(stack_lost_, 0);
-  for (std::size_t i = 0; i < unwinds_.size(); ++i)
-    taken_unwinds_[i] += std::exchange(unwinds_[i], 0);
 }
 
 void SlowCapture::drain(
@@ -281,10 +277,11 @@ void SlowCapture::drain(
   if (const std::uint64_t late = std::exchange(late_, 0)) {
     scope_.add_dropped("slow_return_late", late);
   }
-  if (unwinds_metric_) {
-    for (profiling::UnwindEnd end : profiling::kUnwindEnds) {
-      scope_.add(*unwinds_metric_, {scope_.tracer(), std::string(profiling::unwind_end_name(end))},
-                 std::exchange(taken_unwinds_[static_cast<std::size_t>(end)], 0));
+  if (unwinds_metric_ && walk_ends_) {
+    const profiling::WalkEnds ended = profiling::walk_ends_since(walk_ends_, walk_ends_seen_);
+    for (std::uint32_t end = 0; end < EMD_UNWIND_END__COUNT; ++end) {
+      scope_.add(*unwinds_metric_, {scope_.tracer(), std::string(profiling::walk_end_name(end))},
+                 ended[end]);
     }
   }
   profiling::SlowEventStore& store = stacks_->slow_events();
