@@ -20,9 +20,10 @@
 #     `unwind: cfi` (the walk with the unwind tables, tail calls included: the kernel counts
 #     them in the program that started the run) and `frame_pointers` (bpf_get_stack's walk),
 #     both counted in the kernel, against bpftrace's `profile:hz:99` probe counting user and
-#     kernel stacks; the CPU-bound workload on CPU 0. With it, the daemon's CPU per on-CPU
-#     sample in the steady state (its CPU time over the sample program's runs), at 99 Hz and,
-#     the workload on every CPU, at 997 Hz;
+#     kernel stacks; the CPU-bound workload on every CPU (no sample of an idle CPU, which
+#     the programs leave at once, in the figures). With it, the daemon's CPU per on-CPU
+#     sample in the steady state (its CPU time over the sample program's runs), at 99 and
+#     997 Hz;
 #  6. the read of every thread at each cut (the task iterator profile_threads: the threads'
 #     accounting and the waits in progress): kernel time per thread visited, and the daemon's
 #     CPU time a second (one cut every 5 s drain) with the host's threads alone and with
@@ -220,35 +221,47 @@ for p in json.load(sys.stdin):
 print(ns, cnt)' "$1" "$2"
 }
 stats_before=$(sysctl -n kernel.bpf_stats_enabled)
-trap 'sysctl -q kernel.bpf_stats_enabled='"$stats_before"'; if [[ -n $pid ]]; then kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; fi; rm -rf "$dir"' EXIT
+bt=""  # bpftrace, while it runs
+trap 'sysctl -q kernel.bpf_stats_enabled='"$stats_before"'; if [[ -n $pid ]]; then kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; fi; if [[ -n $bt ]]; then kill -INT "$bt" 2>/dev/null; wait "$bt" 2>/dev/null; fi; rm -rf "$dir"' EXIT
+cpus=$(nproc)
+busy_ws=()
+busy_start() {  # busy_start MS [DEPTH]: the workload on every CPU for MS ms of its CPU, its loop
+                # DEPTH frames deeper (its stack DEPTH + 6 frames): no CPU idle, so every
+                # sample the programs take is of work
+  local c
+  busy_ws=()
+  for c in $(seq 0 $((cpus - 1))); do
+    if [[ -n ${2:-} ]]; then
+      PROFILE_WORKLOAD_DEPTH=$2 taskset -c "$c" "$workload" "$1" 0 >/dev/null &
+    else
+      taskset -c "$c" "$workload" "$1" 0 >/dev/null &
+    fi
+    busy_ws+=($!)
+  done
+}
+busy_stop() { kill "${busy_ws[@]}" 2>/dev/null || true; busy_wait; }
+busy_wait() { wait "${busy_ws[@]}" 2>/dev/null || true; busy_ws=(); }
 
 if want 5; then
 # 5. Kernel ns per on-CPU sample, ours against bpftrace's profile:hz.
 metric_sum() { curl -s "$url" | awk -v m="$1" 'index($0, m) == 1 {s += $NF} END {print s + 0}'; }
-per_sample() {  # per_sample NAME [DEPTH]: ns per run of NAME (every CPU's samples) over 3 s of
-               # the workload's CPU, its loop DEPTH frames deeper (its stack DEPTH + 6 frames)
+per_sample() {  # per_sample NAME [DEPTH]: ns per run of NAME over 3 s of the workload's CPU on
+               # every CPU
   read -r a0 c0 < <(prog_ns perf_event "$1")
-  if [[ -n ${2:-} ]]; then
-    PROFILE_WORKLOAD_DEPTH=$2 taskset -c 0 "$workload" 3000 0 >/dev/null
-  else
-    taskset -c 0 "$workload" 3000 0 >/dev/null
-  fi
+  busy_start 3000 "${2:-}"
+  busy_wait
   read -r a1 c1 < <(prog_ns perf_event "$1")
   echo "($a1 - $a0) / ($c1 - $c0)" | bc -l
 }
-daemon_per_sample() {  # [all]: ns of the daemon's CPU per on-CPU sample over 10 s, the workload
-                      # on CPU 0 (or on every CPU)
-  local ws=() c
-  for c in $(seq 0 $([[ ${1:-} == all ]] && echo $(($(nproc) - 1)) || echo 0)); do
-    taskset -c "$c" "$workload" 25000 0 >/dev/null &
-    ws+=($!)
-  done
+daemon_per_sample() {  # ns of the daemon's CPU per on-CPU sample over 10 s, the workload on
+                      # every CPU
+  busy_start 25000
   sleep 6
   local t0 t1 a0 c0 a1 c1
   t0=$(daemon_ns); read -r a0 c0 < <(prog_ns perf_event on_cpu_sample)
   sleep 10
   t1=$(daemon_ns); read -r a1 c1 < <(prog_ns perf_event on_cpu_sample)
-  kill "${ws[@]}"; wait "${ws[@]}" 2>/dev/null || true
+  busy_stop
   echo "($t1 - $t0) / ($c1 - $c0)" | bc -l
 }
 sysctl -q kernel.bpf_stats_enabled=1
@@ -269,7 +282,7 @@ for _ in $(seq "$rounds"); do
   daemon_per_sample >>"$dir/s_daemon"
   stop_daemon
   start_daemon "$dir/s_fast.yaml"
-  daemon_per_sample all >>"$dir/s_daemon997"
+  daemon_per_sample >>"$dir/s_daemon997"
   stop_daemon
   start_daemon "$dir/s_fp.yaml"
   sleep 1
@@ -284,15 +297,16 @@ for _ in $(seq "$rounds"); do
   per_sample 99 >>"$dir/s_bt"
   per_sample 99 20 >>"$dir/s_bt20"
   kill -INT "$bt"; wait "$bt" 2>/dev/null || true
+  bt=""
 done
-echo "Kernel time per on-CPU sample at 99 Hz (kernel.bpf_stats_enabled, median of $rounds):"
+echo "Kernel time per on-CPU sample at 99 Hz (kernel.bpf_stats_enabled, median of $rounds; a warm workload on every CPU):"
 printf '  profile, unwind: cfi             %.0f ns  (the walk with the unwind tables, counted in the kernel)\n' "$(median <"$dir/s_cfi")"
 printf '    stack of 26 frames             %.0f ns\n' "$(median <"$dir/s_cfi20")"
 printf '  profile, unwind: frame_pointers  %.0f ns  (bpf_get_stack, counted in the kernel)\n' "$(median <"$dir/s_fp")"
 printf '  bpftrace profile:hz:99           %.0f ns  (@[kstack, ustack, pid] = count(), frame pointers)\n' "$(median <"$dir/s_bt")"
 printf '    stack of 26 frames             %.0f ns  (its frame-pointer walk ends early in code without them)\n' "$(median <"$dir/s_bt20")"
-printf '  daemon CPU per on-CPU sample     %.0f ns  (cfi at 99 Hz, a warm workload on one CPU: names cached; the daemon'"'"'s fixed costs a second count)\n' "$(median <"$dir/s_daemon")"
-printf '    at 997 Hz                      %.0f ns  (a warm workload on every CPU)\n' "$(median <"$dir/s_daemon997")"
+printf '  daemon CPU per on-CPU sample     %.0f ns  (cfi at 99 Hz; names cached; the daemon'"'"'s costs a second count too)\n' "$(median <"$dir/s_daemon")"
+printf '    at 997 Hz                      %.0f ns\n' "$(median <"$dir/s_daemon997")"
 fi
 
 if want 6; then
@@ -339,22 +353,14 @@ fi
 if want 7; then
 # 7. Every sample walked at 997 Hz on every CPU.
 config "$dir/fast.yaml" 997 true false cfi
-sum_of() { curl -s "$url" | awk -v m="$1" 'index($0, m) == 1 {s += $NF} END {print s + 0}'; }
 start_daemon "$dir/fast.yaml"
 # The workloads' files read and tables loaded first (their first samples wait for them).
-cpus=$(nproc)
-on_every_cpu() {  # on_every_cpu MS: the workload on each CPU for MS ms of its CPU, waited for
-  local ws=()
-  for c in $(seq 0 $((cpus - 1))); do
-    taskset -c "$c" "$workload" "$1" 0 >/dev/null &
-    ws+=($!)
-  done
-  wait "${ws[@]}"  # not the daemon's pid
-}
-on_every_cpu 1000
+busy_start 1000
+busy_wait
 sleep 6  # a drain
 before=$(curl -s "$url")
-on_every_cpu 20000
+busy_start 20000
+busy_wait
 sleep 6
 after=$(curl -s "$url")
 stop_daemon

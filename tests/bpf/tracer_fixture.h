@@ -11,9 +11,11 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -313,8 +315,8 @@ class SpawnedWorkload {
     None,
     // It waits at its gate (gated_environment) until open_when_walked() lets it go, here.
     WhenWalked,
-    // It waits at each of its gates until the caller signals it (SIGUSR1); killed, not
-    // waited for, when it is destroyed unfinished (a failed check leaves nothing spinning).
+    // It waits at each of its gates until the caller signals it (SIGUSR1); killed when it is
+    // destroyed unfinished (a failed check leaves nothing spinning).
     Caller,
   };
   enum class Output { Discarded, Piped };
@@ -324,7 +326,13 @@ class SpawnedWorkload {
   SpawnedWorkload(std::vector<std::string> args, Gate gate, Output output) : gate_(gate) {
     int in[2], out[2] = {-1, -1};
     REQUIRE(pipe2(in, O_CLOEXEC) == 0);
-    if (output == Output::Piped) REQUIRE(pipe2(out, O_CLOEXEC) == 0);
+    stdin_ = in[1];
+    if (output == Output::Piped && pipe2(out, O_CLOEXEC) != 0) {
+      close(in[0]);
+      close(std::exchange(stdin_, -1));
+      FAIL("pipe2: " << std::strerror(errno));
+    }
+    if (out[0] >= 0) output_ = fdopen(out[0], "r");
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -342,23 +350,41 @@ class SpawnedWorkload {
         posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), gated ? env.data() : environ);
     posix_spawn_file_actions_destroy(&actions);
     close(in[0]);
-    stdin_ = in[1];
     if (out[1] >= 0) close(out[1]);
-    if (out[0] >= 0) output_ = fdopen(out[0], "r");
-    REQUIRE(err == 0);
-    if (output == Output::Piped) REQUIRE(output_);
-    if (gate == Gate::WhenWalked) open_when_walked(pid_);
+    if (err != 0) pid_ = 0;
+    if (err != 0 || (output == Output::Piped && !output_)) {
+      release();
+      FAIL("spawning " << args[0] << ": " << std::strerror(err ? err : errno));
+    }
+    if (gate == Gate::WhenWalked) {
+      // A failed check there leaves no workload spinning at its gate: the constructor does not
+      // finish, so no destructor would kill it.
+      try {
+        open_when_walked(pid_);
+      } catch (...) {
+        kill(pid_, SIGKILL);
+        release();
+        throw;
+      }
+    }
   }
+  // A workload gated by the caller and not finished is killed (a failed check leaves nothing
+  // spinning at its gate); its output is closed first, so one blocked writing to a full pipe
+  // ends too.
   ~SpawnedWorkload() {
     if (gate_ == Gate::Caller && pid_ > 0) kill(pid_, SIGKILL);
-    finish();
-    if (output_) fclose(output_);
+    release();
   }
   SpawnedWorkload(const SpawnedWorkload&) = delete;
   SpawnedWorkload& operator=(const SpawnedWorkload&) = delete;
   pid_t pid() const { return pid_; }
   // Its standard output, with Output::Piped (nullptr otherwise).
   FILE* output() const { return output_; }
+  // Closes its pipes and waits for it.
+  void release() {
+    if (output_) fclose(std::exchange(output_, nullptr));
+    finish();
+  }
   // Its exit status (-1: it did not exit normally), and what it used into `usage` if given.
   int finish(rusage* usage = nullptr) {
     if (stdin_ >= 0) close(std::exchange(stdin_, -1));

@@ -9,6 +9,8 @@
 namespace ebpf_metricsd::profiling {
 
 namespace {
+constexpr std::size_t kMaxSteps = 4096;
+
 int binding_rank(std::uint8_t b) {
   return b == STB_GLOBAL ? 3 : b == STB_WEAK ? 2 : b == STB_LOCAL ? 1 : 0;
 }
@@ -93,9 +95,14 @@ void SymbolIndex::Table::search(const SymbolIndex& index, std::uint64_t addr, co
     break;
   }
   // Sized symbols that hold addr: none at or below i once reach[i] <= addr. Walked from the
-  // highest start down, so an equal candidate found later is the earlier in the table.
-  for (std::size_t i = above; i > 0 && reach[i - 1] > addr; --i) {
+  // highest start down, so an equal candidate found later is the earlier in the table; one
+  // found, only those at its start can still win. A symbol that spans much of the file (a
+  // hostile file's: a real one's functions do not nest) would make the walk long: it stops
+  // after kMaxSteps, the address then named by what was found.
+  std::size_t steps = 0;
+  for (std::size_t i = above; i > 0 && reach[i - 1] > addr && steps < kMaxSteps; --i, ++steps) {
     const Symbol& s = symbols[i - 1];
+    if (sized && s.addr < sized->addr) break;
     if (s.size == 0 || addr - s.addr >= s.size) continue;
     if (!sized || sized->addr < s.addr) {
       sized = &s;

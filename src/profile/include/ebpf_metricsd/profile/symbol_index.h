@@ -2,14 +2,17 @@
 // The function symbols of one libdwfl module, sorted once and searched by address.
 //
 // libdwfl's dwfl_module_addrinfo reads every symbol of a file for each address it names: tens
-// of thousands for a compiler or a browser, milliseconds a frame. This index makes the same
-// choice with a binary search:
+// of thousands for a compiler or a browser, milliseconds a frame. This index makes its choice
+// for the files compilers and linkers write (the unit suite compares the two around every
+// symbol of real files) with a binary search:
 // - symbols that are sections, files or thread-local storage, undefined or nameless never
 //   name an address;
 // - global and weak symbols first; local ones only when none of those holds the address and
 //   no sizeless global one sits exactly at it;
 // - among the symbols whose range holds the address, the one starting nearest below it, then
-//   the stronger binding (global, weak, local), then the smaller, then the first in the table;
+//   the stronger binding (global, weak, local), then the smaller, then the first in the table
+//   (where a file nests symbols of different bindings, libdwfl's answer depends on their order
+//   in the table; a hostile file's nesting is searched 4,096 symbols deep at most);
 // - failing that, a sizeless label (hand-written assembly) in the address's own section at
 //   the highest address at or below it (of several there, the last in the table), unless a
 //   sized symbol below it reaches past it.
