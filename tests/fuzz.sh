@@ -16,7 +16,7 @@ EMD_WRITE_ELF_CORPUS=$work/corpus "$main/tests/unit_tests" "[corpus]" >/dev/null
 clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
   -I"$src/src/profile/include" -I"$src/bpf" -I"$src/tests/fuzz" \
   "$src/tests/fuzz/elf_fuzz.cpp" "$src/src/profile/symbols/elf_file.cpp" \
-  "$src/src/profile/tables/unwind_table.cpp" \
+  "$src/src/profile/symbols/symbol_index.cpp" "$src/src/profile/tables/unwind_table.cpp" \
   -ldw -lelf -o "$work/elf_fuzz"
 echo "seeds: $(ls "$work/corpus" | wc -l); fuzzing for $seconds s"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
