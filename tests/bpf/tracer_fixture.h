@@ -380,11 +380,6 @@ class SpawnedWorkload {
   pid_t pid() const { return pid_; }
   // Its standard output, with Output::Piped (nullptr otherwise).
   FILE* output() const { return output_; }
-  // Closes its pipes and waits for it.
-  void release() {
-    if (output_) fclose(std::exchange(output_, nullptr));
-    finish();
-  }
   // Its exit status (-1: it did not exit normally), and what it used into `usage` if given.
   int finish(rusage* usage = nullptr) {
     if (stdin_ >= 0) close(std::exchange(stdin_, -1));
@@ -397,6 +392,12 @@ class SpawnedWorkload {
   }
 
  private:
+  // Closes its pipes and waits for it.
+  void release() {
+    if (output_) fclose(std::exchange(output_, nullptr));
+    finish();
+  }
+
   Gate gate_;
   pid_t pid_ = 0;
   int stdin_ = -1;

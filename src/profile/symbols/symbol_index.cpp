@@ -114,16 +114,17 @@ void SymbolIndex::Table::search(const SymbolIndex& index, std::uint64_t addr, co
   }
 }
 
-const char* SymbolIndex::at(std::uint64_t addr) const {
+const char* SymbolIndex::at(std::uint64_t addr, std::uint64_t* start) const {
   const Symbol* sized = nullptr;
   const Symbol* label = nullptr;
   std::uint64_t min_label = 0;
   globals_.search(*this, addr, sized, label, min_label);
   if (!sized && (!label || label->addr != addr))
     locals_.search(*this, addr, sized, label, min_label);
-  if (sized) return sized->name;
-  if (label && label->addr >= min_label) return label->name;
-  return nullptr;
+  const Symbol* named = sized ? sized : (label && label->addr >= min_label) ? label : nullptr;
+  if (!named) return nullptr;
+  if (start) *start = named->addr;
+  return named->name;
 }
 
 }  // namespace ebpf_metricsd::profiling

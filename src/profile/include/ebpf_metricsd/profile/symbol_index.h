@@ -31,8 +31,8 @@ class SymbolIndex {
   // point into libelf's copy of the strings, valid while the module's session lives.
   explicit SymbolIndex(Dwfl_Module* mod);
   // The name of the symbol that holds `addr` (an address in the module's terms, bias
-  // included), or nullptr.
-  const char* at(std::uint64_t addr) const;
+  // included), or nullptr; its address into `start` where given.
+  const char* at(std::uint64_t addr, std::uint64_t* start = nullptr) const;
   std::size_t symbols() const { return globals_.symbols.size() + locals_.symbols.size(); }
   // What the index holds, in bytes.
   std::size_t bytes() const;
