@@ -315,17 +315,19 @@ std::string profile_counts(const MetricStore& metrics) {
 // `walked`: the stacks are walked in the kernel (`unwind: cfi`): the workload waits at its
 // gate until a walk of it reaches main, so that its work is walked with its tables loaded
 // (its first milliseconds are the subject of a test of their own).
+// `walked_enough`: where a walk of it cannot reach main (test::open_when_walked).
 ProfileWindow profile_run(profiling::Profiles& store, const std::string& binary, WorkloadRun& run,
-                          SampleOracle* oracle = nullptr, bool held = true, bool walked = true) {
+                          SampleOracle* oracle = nullptr, bool held = true, bool walked = true,
+                          const test::WalkedEnough& walked_enough = {}) {
   REQUIRE(store.cut());
   const auto from = profiling::Clock::now();
   bool cut = false;
   run = run_workload(
       binary, oracle,
       held ? std::function<void()>([&] { cut = store.cut(); }) : std::function<void()>(),
-      walked
-          ? std::function<void(pid_t)>([&](pid_t pid) { test::open_when_walked(store, pid, from); })
-          : std::function<void(pid_t)>());
+      walked ? std::function<void(pid_t)>(
+                   [&](pid_t pid) { test::open_when_walked(store, pid, from, walked_enough); })
+             : std::function<void(pid_t)>());
   if (!held) cut = store.cut();
   REQUIRE(cut);
   return store.store().window(from, profiling::Clock::now());
@@ -935,15 +937,14 @@ TEST_CASE(
     "profile: more code than the tables hold: the files that do not fit are counted, the "
     "walks end at their frames",
     "[profile][unwind]") {
-  // The walk's maps with room for 1,024 rows: Debian's libc alone needs 28,295. The
-  // workload's own table (194 rows) fits, libc's does not: its stacks reach main through the
-  // workload's frames and end, counted, where they enter the C library (main's caller, qsort,
-  // a thread's start). Nothing else changes: the daemon keeps sampling and naming.
-  // Tables load in the order walks meet their files, so the room must not depend on what
-  // else ran first: with 16,384 rows, this test process's own libraries (libdw 7,630,
-  // libbpf 6,310, the loader 2,399), met first in an emulated guest, took every row before
-  // the workload's table came. None of them fits in 1,024 rows; only the vDSO and files of
-  // other processes smaller than that could come first.
+  // The walk's maps with room for 1,024 rows: Debian's libc alone needs 28,295 and never
+  // fits. The workload's own table (194 rows) does where no other file took the room first:
+  // tables load in the order processes are read, and any process on the host may be read
+  // before the workload (the tiny libraries of a compiler running beside the test). Either
+  // way each walk of the work ends, counted, at the first frame of a file that did not fit:
+  // where it enters the C library (main's caller, qsort, a thread's start) when the
+  // workload's table loaded, at its leaf when it did not. Nothing else changes: the daemon
+  // keeps sampling and naming.
   profiling::ProcessManager::Options options;
   options.maps.rows = 1u << 10;
   profiling::Walker walker(options);
@@ -951,38 +952,67 @@ TEST_CASE(
   profiling::Profiles store;
   auto tracer = test::start_tracer(metrics, "profile", frequency_option() + "    off_cpu: false\n",
                                    &store, &walker);
+  // The work starts once a walk of warm_up() went as far as the tables let it: the process
+  // read, its files' tables loaded or refused.
+  const auto settled = [](profiling::Profiles& s, pid_t pid, profiling::Clock::time_point from) {
+    const ProfileWindow w = s.store().window(from, profiling::Clock::now());
+    for (const auto& sample : w.samples) {
+      if (sample.pid != static_cast<std::uint32_t>(pid)) continue;
+      bool in = false;
+      const Frame* last = nullptr;
+      for (std::uint32_t f : w.stacks[sample.stack]) {
+        if (w.frames[f].kernel) continue;
+        in = in || w.frames[f].function == "warm_up";
+        last = &w.frames[f];
+      }
+      if (in && last->function != "[stack cut: not_read]" &&
+          last->function != "[stack cut: not_loaded]")
+        return true;
+    }
+    return false;
+  };
   WorkloadRun run;
-  const ProfileWindow w = profile_run(store, PROFILE_WORKLOAD_NOFP, run);
-  // The work (its leaves run only after the gate opened, the tables loaded) and the rest (the
-  // warm-up before: walks that met the process before it was read end so, counted too). A
-  // walk of the work may also meet the process while the daemon reads its mappings again
-  // (a re-read asked for by the walks that end at libc; seen in the emulated 5.10 guest,
-  // where a read takes long): cut not_read, counted.
-  std::uint64_t work = 0, work_no_table = 0, work_reading = 0, no_table = 0, three = 0,
-                three_main = 0;
+  const ProfileWindow w =
+      profile_run(store, PROFILE_WORKLOAD_NOFP, run, nullptr, true, true, settled);
+  // The work (its leaves run only after the gate opened) and the rest (the warm-up before:
+  // walks that met the process before it was read end so, counted too). A walk of the work
+  // may also meet the process while the daemon reads its mappings again (a re-read asked for
+  // by the walks that end at libc; seen in the emulated 5.10 guest, where a read takes
+  // long): cut not_read, counted.
+  std::uint64_t work = 0, work_no_table = 0, work_at_leaf = 0, work_reading = 0, no_table = 0,
+                three = 0, three_main = 0;
   std::string other;
   const std::set<std::string> work_leaves = {"hot_three", "hot_one", "compare_slowly"};
   for (const auto& s : w.samples) {
     if (s.pid != static_cast<std::uint32_t>(run.pid) || s.kind != SampleKind::OnCpu) continue;
     const Frame* leaf = leaf_user_frame(w, s.stack);
     if (!leaf) continue;
+    // The last user frame (the cut's mark) and the one before it (where the walk ended).
     const Frame* last = nullptr;
+    const Frame* ended_at = nullptr;
     for (std::uint32_t f : w.stacks[s.stack]) {
-      if (!w.frames[f].kernel) last = &w.frames[f];
+      if (w.frames[f].kernel) continue;
+      ended_at = last;
+      last = &w.frames[f];
     }
-    const bool at_libc = last->function == "[stack cut: no_table]";
-    if (at_libc) no_table += s.count;
+    const bool at_no_table = last->function == "[stack cut: no_table]";
+    if (at_no_table) no_table += s.count;
     const bool reading = last->function == "[stack cut: not_read]";
-    if (work_leaves.count(leaf->function)) {
+    const bool is_work = work_leaves.count(leaf->function) > 0;
+    if (is_work) {
       work += s.count;
-      if (at_libc) work_no_table += s.count;
+      if (at_no_table && ended_at == leaf) {
+        work_at_leaf += s.count;
+      } else if (at_no_table && ended_at &&
+                 ended_at->module.find("/libc.so") != std::string::npos) {
+        work_no_table += s.count;
+      }
       if (reading) work_reading += s.count;
     }
     // Other walks: any counted cut (the dynamic loader's lazy binding, whose CFI is an
     // expression, ends `unsupported`).
     const bool cut = last->function.rfind("[stack cut: ", 0) == 0;
-    if ((!cut || (work_leaves.count(leaf->function) && !at_libc && !reading)) &&
-        other.size() < 2000) {
+    if ((!cut || (is_work && !at_no_table && !reading)) && other.size() < 2000) {
       other += "\n  " + std::to_string(s.count) + ":";
       for (std::uint32_t f : w.stacks[s.stack]) other += " " + w.frames[f].function;
     }
@@ -996,20 +1026,26 @@ TEST_CASE(
                                                {{"result", "rows_full"}});
   const double ended =
       test::counter_value(metrics, "ebpf_metricsd_profile_unwinds_total", {{"result", "no_table"}});
-  INFO(work << " samples of the work, " << work_no_table << " ending at a file without a table, "
-            << work_reading << " in a read of the process; hot_three " << three_main << " of "
-            << three << " reach main; rows_full " << rows_full << "; other ends:" << other);
+  // The workload's table loaded: its walks leave the leaf (all of them or none).
+  const bool fitted = work_at_leaf == 0;
+  INFO(work << " samples of the work, " << work_no_table << " ending at the C library's first "
+            << "frame, " << work_at_leaf << " at the leaf, " << work_reading
+            << " in a read of the process; hot_three " << three_main << " of " << three
+            << " reach main; rows_full " << rows_full << "; other ends:" << other);
   REQUIRE(work > 0);
   CHECK(rows_full >= 1);
-  // Every walk of the work passes through the C library (main's caller, qsort, a thread's
-  // start) and ends at its first frame there, saying so (or, in a read of the process, at
-  // once, saying so); every other walk ends in a cut frame too (none is complete without
-  // libc's table, none silent).
-  CHECK(work_no_table + work_reading == work);
+  // Every walk of the work ends at the first frame of a file that did not fit, saying so
+  // (or, in a read of the process, at once, saying so); every other walk ends in a cut
+  // frame too (none is complete without libc's table, none silent).
+  CHECK((fitted ? work_no_table : work_at_leaf) + work_reading == work);
   CHECK(work_reading * 10 <= work);
   CHECK(other.empty());
   CHECK(ended >= static_cast<double>(no_table));
-  CHECK(ratio(three_main, three) >= 0.95);
+  if (fitted) {
+    CHECK(ratio(three_main, three) >= 0.95);
+  } else {
+    WARN("the workload's table found no room: other processes' files were read first");
+  }
 }
 
 TEST_CASE(
