@@ -250,6 +250,14 @@ static __always_inline void walk_done(void *ctx, struct emd_walk *w)
 		walk_done(ctx, w);                                             \
 	} while (0)
 
+/* Whether sample ctx interrupted user mode. */
+static __always_inline bool sample_in_user_mode(struct bpf_perf_event_data *ctx)
+{
+	const struct emd_user_regs *interrupted = (void *)&ctx->regs;
+
+	return (interrupted->cs & 3) == 3;
+}
+
 /* Starts the walk of a sample's user stack: from the interrupted registers
  * when it interrupted user mode (whole-word loads from the context, which the
  * verifier rewrites), else from those saved at the top of the task's kernel
@@ -308,7 +316,10 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	bpf_get_current_comm(&key.comm, sizeof(key.comm));
 	if (user_task())
 		announce(key.tgid);
-	key.kstack = emd_stack_take(ctx, 0, 0);
+	/* Interrupted in user mode: no kernel frames (bpf_get_stack would find
+	 * none, at a cost of its own). */
+	if (!sample_in_user_mode(ctx))
+		key.kstack = emd_stack_take(ctx, 0, 0);
 	if (unwind_cfi && user_task()) {
 		struct emd_walk *w = sample_walk_begin(ctx);
 		struct walk_caller *c;

@@ -263,7 +263,7 @@ inline bool walked_to_main(profiling::Profiles& store, pid_t pid, profiling::Clo
 using WalkedEnough = std::function<bool(profiling::Profiles&, pid_t, profiling::Clock::time_point)>;
 
 // Opens the gate of gated workload `pid` (SIGUSR1) once the profile in `store` has walked
-// it to main (or as far as `walked` asks), for at most two minutes (an emulated guest on a
+// it to main (or as far as `walked_enough` asks), for at most two minutes (an emulated guest on a
 // busy host reads a new process late).
 inline void open_when_walked(profiling::Profiles& store, pid_t pid,
                              profiling::Clock::time_point from,

@@ -1,8 +1,13 @@
 #pragma once
 // A BPF ring buffer read on a thread of its own: each record is handed to a callback on that
-// thread as soon as it arrives (the thread also wakes every 100 ms to see whether it must
-// stop), or on the caller's thread by catch_up(). Records are never dropped here: what the
-// kernel side could not submit it counts itself.
+// thread as soon as it arrives (the thread sleeps until a record or its stop comes), or on the
+// caller's thread by catch_up(). Records are never dropped here: what the kernel side could
+// not submit it counts itself.
+//
+// The thread waits on libbpf's epoll set with an eventfd of its own added (its stop) and reads
+// the ring with ring_buffer__consume: ring_buffer__poll, which takes every entry of that set
+// for a ring's index, must never be used on it. It wakes on the kernel's notification of each
+// record: a producer that submits with BPF_RB_NO_WAKEUP would not wake it.
 
 #include <bpf/libbpf.h>
 
