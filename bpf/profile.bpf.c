@@ -266,12 +266,12 @@ static __always_inline struct emd_walk *
 sample_walk_begin(struct bpf_perf_event_data *ctx)
 {
 	const struct emd_user_regs *interrupted = (void *)&ctx->regs;
-	__u64 cs = interrupted->cs;
 
-	if ((cs & 3) != 3)
+	if (!sample_in_user_mode(ctx))
 		return emd_walk_begin_saved(EMD_WALK_SLOT_SAMPLE);
 	return emd_walk_begin(EMD_WALK_SLOT_SAMPLE, interrupted->ip,
-			      interrupted->sp, interrupted->bp, cs);
+			      interrupted->sp, interrupted->bp,
+			      interrupted->cs);
 }
 
 SEC("perf_event")

@@ -955,21 +955,11 @@ TEST_CASE(
   // The work starts once a walk of warm_up() went as far as the tables let it: the process
   // read, its files' tables loaded or refused.
   const auto settled = [](profiling::Profiles& s, pid_t pid, profiling::Clock::time_point from) {
-    const ProfileWindow w = s.store().window(from, profiling::Clock::now());
-    for (const auto& sample : w.samples) {
-      if (sample.pid != static_cast<std::uint32_t>(pid)) continue;
-      bool in = false;
-      const Frame* last = nullptr;
-      for (std::uint32_t f : w.stacks[sample.stack]) {
-        if (w.frames[f].kernel) continue;
-        in = in || w.frames[f].function == "warm_up";
-        last = &w.frames[f];
-      }
-      if (in && last->function != "[stack cut: not_read]" &&
-          last->function != "[stack cut: not_loaded]")
-        return true;
-    }
-    return false;
+    return test::sampled(s, pid, from, [](const std::vector<const Frame*>& frames) {
+      return test::has_frame(frames, "warm_up") &&
+             frames.back()->function != "[stack cut: not_read]" &&
+             frames.back()->function != "[stack cut: not_loaded]";
+    });
   };
   WorkloadRun run;
   const ProfileWindow w =
@@ -985,16 +975,12 @@ TEST_CASE(
   const std::set<std::string> work_leaves = {"hot_three", "hot_one", "compare_slowly"};
   for (const auto& s : w.samples) {
     if (s.pid != static_cast<std::uint32_t>(run.pid) || s.kind != SampleKind::OnCpu) continue;
-    const Frame* leaf = leaf_user_frame(w, s.stack);
-    if (!leaf) continue;
+    const std::vector<const Frame*> frames = test::user_frames(w, s.stack);
+    if (frames.empty()) continue;
+    const Frame* leaf = frames.front();
     // The last user frame (the cut's mark) and the one before it (where the walk ended).
-    const Frame* last = nullptr;
-    const Frame* ended_at = nullptr;
-    for (std::uint32_t f : w.stacks[s.stack]) {
-      if (w.frames[f].kernel) continue;
-      ended_at = last;
-      last = &w.frames[f];
-    }
+    const Frame* last = frames.back();
+    const Frame* ended_at = frames.size() > 1 ? frames[frames.size() - 2] : nullptr;
     const bool at_no_table = last->function == "[stack cut: no_table]";
     if (at_no_table) no_table += s.count;
     const bool reading = last->function == "[stack cut: not_read]";

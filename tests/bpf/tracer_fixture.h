@@ -239,23 +239,43 @@ inline bool holds_in_order(const std::vector<std::string>& functions,
   return true;
 }
 
-// Whether the profile in `store` holds, since `from`, an on-CPU sample of process `pid` in
+// The user frames of stack `stack` in window `w`, leaf first (the last is the cut's mark of a
+// walk cut short).
+inline std::vector<const profiling::Frame*> user_frames(const profiling::ProfileWindow& w,
+                                                        std::uint32_t stack) {
+  std::vector<const profiling::Frame*> frames;
+  for (std::uint32_t f : w.stacks[stack]) {
+    if (!w.frames[f].kernel) frames.push_back(&w.frames[f]);
+  }
+  return frames;
+}
+
+// Whether the profile in `store` holds, since `from`, a sample of process `pid` whose user
+// frames (leaf first) satisfy `holds`.
+inline bool sampled(profiling::Profiles& store, pid_t pid, profiling::Clock::time_point from,
+                    const std::function<bool(const std::vector<const profiling::Frame*>&)>& holds) {
+  const profiling::ProfileWindow w = store.store().window(from, profiling::Clock::now());
+  for (const auto& s : w.samples) {
+    if (s.pid == static_cast<std::uint32_t>(pid) && holds(user_frames(w, s.stack))) return true;
+  }
+  return false;
+}
+
+// Whether a frame of `frames` is in `function`.
+inline bool has_frame(const std::vector<const profiling::Frame*>& frames,
+                      const std::string& function) {
+  return std::any_of(frames.begin(), frames.end(),
+                     [&](const profiling::Frame* f) { return f->function == function; });
+}
+
+// Whether the profile in `store` holds, since `from`, a sample of process `pid` in
 // `function` (warm_up(), by default) whose stack reaches main: the walk in the kernel has its
 // mappings and its files' tables.
 inline bool walked_to_main(profiling::Profiles& store, pid_t pid, profiling::Clock::time_point from,
                            const std::string& function = "warm_up") {
-  const profiling::ProfileWindow w = store.store().window(from, profiling::Clock::now());
-  for (const auto& s : w.samples) {
-    if (s.pid != static_cast<std::uint32_t>(pid)) continue;
-    bool in = false, main = false;
-    for (std::uint32_t f : w.stacks[s.stack]) {
-      if (w.frames[f].kernel) continue;
-      in = in || w.frames[f].function == function;
-      main = main || w.frames[f].function == "main";
-    }
-    if (in && main) return true;
-  }
-  return false;
+  return sampled(store, pid, from, [&](const std::vector<const profiling::Frame*>& frames) {
+    return has_frame(frames, function) && has_frame(frames, "main");
+  });
 }
 
 // Whether a walk of gated workload `pid` went as far as it can: walked_to_main, or a test's
