@@ -95,6 +95,31 @@ struct {
 	__uint(max_entries, 4096); /* sized by user space */
 } emd_unwind_wants SEC(".maps");
 
+/* The object's own frame cache: what an address of a process resolved to (its
+ * file and the rule there), kept per CPU across walks, since the frames near a
+ * thread's start recur in every sample and each costs a trie, file, page and
+ * row lookup otherwise. An entry holds for one settlement of one process (its
+ * epoch, emd_unwind_settled): a new read of the process (after an exec, an
+ * unmapping, new code) leaves all of its entries stale at once. Each walk slot
+ * has entries of its own, written only by its walks, which never run twice at
+ * once on a CPU (see the top). */
+struct emd_unwind_cached {
+	__u64 addr;	/* the address looked up (0: empty) */
+	__u64 epoch;	/* the settlement it holds for */
+	__u64 off_bias; /* its mapping's (emd_unwind_mapping) */
+	__u32 file;
+	__u16 rule;	/* the rule's index in emd_unwind_rules, where found */
+	__u8 found;	/* a row covers addr (else EMD_UNWIND_NONE) */
+	__u8 file_fp;	/* the file keeps frame pointers */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, EMD_UNWIND_CACHE_SLOTS << EMD_UNWIND_CACHE_BITS);
+	__type(key, __u32);
+	__type(value, struct emd_unwind_cached);
+} emd_unwind_cache SEC(".maps");
+
 /* The object's own: its walks by how they ended. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -115,6 +140,7 @@ struct emd_walk {
 	__u64 owner; /* bpf_get_current_pid_tgid() of the walking task */
 	__u64 seq;   /* bumped by each program that takes the state */
 	__u64 pc, sp, fp;
+	__u64 epoch; /* the settlement of the process's mappings walked with */
 	__u32 tgid;
 	__u8 fp_known;	 /* fp holds the frame's rbp */
 	__u8 activation; /* pc is where the thread was, not a return address */
@@ -171,7 +197,8 @@ static __always_inline void emd_unwind_ask(__u32 tgid, __u32 file, __u32 why)
  * nothing was seen to change its code since. Else the walk cannot use them
  * (end *end) and the daemon is asked to read it.
  */
-static __always_inline bool emd_unwind_process_ok(__u32 tgid, __u8 *end)
+static __always_inline bool emd_unwind_process_ok(__u32 tgid, __u8 *end,
+						 __u64 *epoch)
 {
 	struct task_struct *t = (struct task_struct *)bpf_get_current_task();
 	struct emd_unwind_settled *s;
@@ -207,6 +234,7 @@ static __always_inline bool emd_unwind_process_ok(__u32 tgid, __u8 *end)
 		*end = EMD_UNWIND_END_NOT_READ;
 		return false;
 	}
+	*epoch = s->epoch;
 	return true;
 }
 
@@ -242,15 +270,13 @@ static __always_inline bool emd_unwind_row_at(__u32 idx, __u32 *row)
 	return true;
 }
 
-/* The rule of file address addr among the `count` rows from `first` of its
- * page: false where no row covers it (EMD_UNWIND_NONE). */
+/* The index of the rule of file address addr among the `count` rows from
+ * `first` of its page: false where no row covers it (EMD_UNWIND_NONE). */
 static __always_inline bool emd_unwind_rule_in(__u32 first, __u32 count,
-					       __u64 addr,
-					       struct emd_unwind_rule *out)
+					       __u64 addr, __u32 *index)
 {
-	struct emd_unwind_rule *rule;
 	__u32 lo = (__u32)(addr & ((1ULL << EMD_UNWIND_PAGE_BITS) - 1));
-	__u32 l = 0, h = count, i, mid, idx, row = 0;
+	__u32 l = 0, h = count, i, mid, row = 0;
 
 	/* The first row above lo: the one before it is lo's. */
 	for (i = 0; i < EMD_UNWIND_SEARCH_STEPS; i++) {
@@ -268,12 +294,33 @@ static __always_inline bool emd_unwind_rule_in(__u32 first, __u32 count,
 		return false;
 	if (!emd_unwind_row_at(first + l - 1, &row))
 		return false;
-	idx = row >> 16;
-	rule = bpf_map_lookup_elem(&emd_unwind_rules, &idx);
+	*index = row >> 16;
+	return true;
+}
+
+/* Rule `index`: false where the array has none. */
+static __always_inline bool emd_unwind_rule(__u32 index,
+					    struct emd_unwind_rule *out)
+{
+	struct emd_unwind_rule *rule =
+	    bpf_map_lookup_elem(&emd_unwind_rules, &index);
+
 	if (!rule)
 		return false;
 	*out = *rule;
 	return true;
+}
+
+/* The frame cache's entry for address addr of walk slot `slot` in the
+ * settlement `epoch` (emd_unwind_cache): where it would be kept. */
+static __always_inline struct emd_unwind_cached *
+emd_unwind_cache_entry(__u32 slot, __u64 addr, __u64 epoch)
+{
+	__u32 at = (__u32)(((addr ^ (epoch << 24)) * 0x9e3779b97f4a7c15ULL) >>
+			   (64 - EMD_UNWIND_CACHE_BITS));
+
+	at |= (slot & (EMD_UNWIND_CACHE_SLOTS - 1)) << EMD_UNWIND_CACHE_BITS;
+	return bpf_map_lookup_elem(&emd_unwind_cache, &at);
 }
 
 /* A frame kept by file: file `file`, offset `offset` (common/unwind.h). */
@@ -289,12 +336,85 @@ struct emd_walk_regs {
 	__u64 pc, sp, fp;
 	__u8 fp_known, activation, done, end;
 	__u32 base, nr;
+	__u64 epoch; /* the walk's (emd_walk) */
+	__u32 walk_slot;
 	/* The mapping (of a loaded file) and the page of the last frame: the
 	 * next frame is often in them, and needs no lookup (file 0: none). */
 	__u64 map_start, map_end, bias, off_bias;
 	__u32 file, file_fp;
 	__u32 page_file, page, page_first, page_count;
 };
+
+/* The mapping of address `lookup` (the frame's `stored`) into r: false where
+ * the walk ends there (done, end and *ip set), it being in no file's code, or
+ * in a file without a loaded table. */
+static __always_inline bool emd_walk_mapping(struct emd_walk_regs *r,
+					     __u32 tgid, __u64 lookup,
+					     __u64 stored, __u64 *ip)
+{
+	struct emd_unwind_map_key key = {};
+	struct emd_unwind_mapping *m;
+	struct emd_unwind_file *f;
+	__u32 file;
+
+	key.prefixlen = 32 + 64;
+	key.tgid = bpf_htonl(tgid);
+	key.addr = bpf_cpu_to_be64(lookup);
+	m = bpf_map_lookup_elem(&emd_unwind_mappings, &key);
+	if (!m || !m->file) {
+		/* Code of no file (a JIT's), or mapped since the daemon read
+		 * the process: asked again. */
+		*ip = stored;
+		emd_unwind_ask(tgid, 0, EMD_UNWIND_WANT_WALK);
+		r->done = 1;
+		r->end = EMD_UNWIND_END_NO_MAPPING;
+		return false;
+	}
+	file = m->file;
+	r->file = 0;
+	r->map_start = m->start;
+	r->map_end = m->end;
+	r->bias = m->bias;
+	r->off_bias = m->off_bias;
+	f = bpf_map_lookup_elem(&emd_unwind_files, &file);
+	if (!f || f->state == EMD_UNWIND_FILE_LOADING) {
+		*ip = emd_unwind_file_ip(file, stored - r->off_bias);
+		emd_unwind_ask(tgid, file, EMD_UNWIND_WANT_WALK);
+		r->done = 1;
+		r->end = EMD_UNWIND_END_NOT_LOADED;
+		return false;
+	}
+	if (f->state != EMD_UNWIND_FILE_LOADED) {
+		*ip = emd_unwind_file_ip(file, stored - r->off_bias);
+		r->done = 1;
+		r->end = EMD_UNWIND_END_NO_TABLE;
+		return false;
+	}
+	r->file = file;
+	r->file_fp = f->frame_pointers;
+	return true;
+}
+
+/* The index of the rule at file address addr of r's file (its page kept in r
+ * for the next frame): false where no row covers it. */
+static __always_inline bool emd_walk_rule_index(struct emd_walk_regs *r,
+						__u64 addr, __u32 *index)
+{
+	__u32 file = r->file;
+
+	if (r->page_file != file ||
+	    r->page != (__u32)(addr >> EMD_UNWIND_PAGE_BITS)) {
+		r->page_file = 0;
+		if (emd_unwind_page_of(file, addr, &r->page_first,
+				       &r->page_count)) {
+			r->page_file = file;
+			r->page = (__u32)(addr >> EMD_UNWIND_PAGE_BITS);
+		}
+	}
+	if (r->page_file != file)
+		return false;
+	return emd_unwind_rule_in(r->page_first, r->page_count, addr, index);
+}
 
 /*
  * Records the frame at r->pc in *ip and finds its caller's registers. Sets
@@ -305,12 +425,12 @@ static __always_inline void emd_walk_step(struct emd_walk_regs *r, __u32 tgid,
 					  __u64 *ip)
 {
 	__u32 depth = r->base + r->nr;
-	struct emd_unwind_map_key key = {};
-	struct emd_unwind_mapping *m;
-	struct emd_unwind_file *f;
+	struct emd_unwind_cached *c;
 	struct emd_unwind_rule rule = {};
-	__u64 lookup, stored, cfa, ra = 0, fp = 0, sp = 0;
-	__u32 file;
+	__u64 lookup, stored, off_bias, cfa, ra = 0, fp = 0, sp = 0;
+	__u64 saved[2];
+	__u32 file, index = 0;
+	__u8 file_fp, found;
 
 	/* The last place is the cut mark's: a stack deeper than that says so. */
 	if (depth >= EMD_STACK_MAX_DEPTH - 1 ||
@@ -327,62 +447,41 @@ static __always_inline void emd_walk_step(struct emd_walk_regs *r, __u32 tgid,
 	stored = (r->activation && depth > 0) ? r->pc + 1 : r->pc;
 	r->nr++;
 
-	if (!r->file || lookup < r->map_start || lookup >= r->map_end) {
-		key.prefixlen = 32 + 64;
-		key.tgid = bpf_htonl(tgid);
-		key.addr = bpf_cpu_to_be64(lookup);
-		m = bpf_map_lookup_elem(&emd_unwind_mappings, &key);
-		if (!m || !m->file) {
-			/* Code of no file (a JIT's), or mapped since the daemon
-			 * read the process: asked again. */
-			*ip = stored;
-			emd_unwind_ask(tgid, 0, EMD_UNWIND_WANT_WALK);
-			r->done = 1;
-			r->end = EMD_UNWIND_END_NO_MAPPING;
-			return;
+	c = emd_unwind_cache_entry(r->walk_slot, lookup, r->epoch);
+	if (c && c->addr == lookup && c->epoch == r->epoch) {
+		file = c->file;
+		off_bias = c->off_bias;
+		file_fp = c->file_fp;
+		if (c->found)
+			emd_unwind_rule(c->rule, &rule);
+	} else {
+		if (!r->file || lookup < r->map_start ||
+		    lookup >= r->map_end) {
+			if (!emd_walk_mapping(r, tgid, lookup, stored, ip))
+				return;
 		}
-		file = m->file;
-		r->file = 0;
-		r->map_start = m->start;
-		r->map_end = m->end;
-		r->bias = m->bias;
-		r->off_bias = m->off_bias;
-		f = bpf_map_lookup_elem(&emd_unwind_files, &file);
-		if (!f || f->state == EMD_UNWIND_FILE_LOADING) {
-			*ip = emd_unwind_file_ip(file, stored - r->off_bias);
-			emd_unwind_ask(tgid, file, EMD_UNWIND_WANT_WALK);
-			r->done = 1;
-			r->end = EMD_UNWIND_END_NOT_LOADED;
-			return;
+		file = r->file;
+		off_bias = r->off_bias;
+		file_fp = r->file_fp;
+		found = emd_walk_rule_index(r, lookup - r->bias, &index);
+		if (found)
+			emd_unwind_rule(index, &rule);
+		if (c) {
+			c->addr = lookup;
+			c->epoch = r->epoch;
+			c->off_bias = off_bias;
+			c->file = file;
+			c->rule = (__u16)index;
+			c->found = found;
+			c->file_fp = file_fp;
 		}
-		if (f->state != EMD_UNWIND_FILE_LOADED) {
-			*ip = emd_unwind_file_ip(file, stored - r->off_bias);
-			r->done = 1;
-			r->end = EMD_UNWIND_END_NO_TABLE;
-			return;
-		}
-		r->file = file;
-		r->file_fp = f->frame_pointers;
 	}
-	file = r->file;
 	/* In a file's code: the file and the offset in it. */
-	*ip = emd_unwind_file_ip(file, stored - r->off_bias);
-	lookup -= r->bias;
-	if (r->page_file != file ||
-	    r->page != (__u32)(lookup >> EMD_UNWIND_PAGE_BITS)) {
-		r->page_file = 0;
-		if (emd_unwind_page_of(file, lookup, &r->page_first,
-				       &r->page_count)) {
-			r->page_file = file;
-			r->page = (__u32)(lookup >> EMD_UNWIND_PAGE_BITS);
-		}
-	}
-	if (r->page_file == file)
-		emd_unwind_rule_in(r->page_first, r->page_count, lookup, &rule);
+	*ip = emd_unwind_file_ip(file, stored - off_bias);
 	switch (rule.kind) {
 	case EMD_UNWIND_NONE:
 		/* No CFI here: the frame pointer, where the file keeps one. */
-		if (!r->file_fp || !r->fp_known || r->fp < r->sp) {
+		if (!file_fp || !r->fp_known || r->fp < r->sp) {
 			r->done = 1;
 			r->end = EMD_UNWIND_END_NO_CFI;
 			return;
@@ -437,20 +536,31 @@ static __always_inline void emd_walk_step(struct emd_walk_regs *r, __u32 tgid,
 		r->end = EMD_UNWIND_END_UNSUPPORTED;
 		return;
 	}
-	if (bpf_probe_read_user(&ra, sizeof(ra),
-				(void *)(cfa + (__s64)rule.ra_offset))) {
-		r->done = 1;
-		r->end = EMD_UNWIND_END_UNREADABLE;
-		return;
-	}
-	if (rule.fp == EMD_UNWIND_FP_AT_CFA) {
-		if (bpf_probe_read_user(&fp, sizeof(fp),
-					(void *)(cfa + (__s64)rule.fp_offset)))
+	if (rule.fp == EMD_UNWIND_FP_AT_CFA &&
+	    rule.fp_offset == rule.ra_offset - 8 &&
+	    !bpf_probe_read_user(saved, sizeof(saved),
+				 (void *)(cfa + (__s64)rule.fp_offset))) {
+		/* The caller's rbp pushed next to the return address (at the
+		 * function's entry, the common case): one read for both. */
+		r->fp = saved[0];
+		ra = saved[1];
+	} else {
+		if (bpf_probe_read_user(&ra, sizeof(ra),
+					(void *)(cfa + (__s64)rule.ra_offset))) {
+			r->done = 1;
+			r->end = EMD_UNWIND_END_UNREADABLE;
+			return;
+		}
+		if (rule.fp == EMD_UNWIND_FP_AT_CFA) {
+			if (bpf_probe_read_user(
+				&fp, sizeof(fp),
+				(void *)(cfa + (__s64)rule.fp_offset)))
+				r->fp_known = 0;
+			else
+				r->fp = fp;
+		} else if (rule.fp == EMD_UNWIND_FP_UNDEFINED) {
 			r->fp_known = 0;
-		else
-			r->fp = fp;
-	} else if (rule.fp == EMD_UNWIND_FP_UNDEFINED) {
-		r->fp_known = 0;
+		}
 	}
 	if (ra == 0) {
 		/* An outermost frame that ends the chain with a zero return. */
@@ -603,7 +713,8 @@ emd_walk_begin(__u32 slot, __u64 ip, __u64 sp, __u64 bp, __u64 cs)
 		w->end = EMD_UNWIND_END_NO_USER;
 		return w;
 	}
-	if (!emd_unwind_process_ok(w->tgid, &w->end)) {
+	w->epoch = 0;
+	if (!emd_unwind_process_ok(w->tgid, &w->end, &w->epoch)) {
 		w->stack.ips[0] = ip;
 		w->stack.nr = 1;
 		w->done = 1;
@@ -712,7 +823,9 @@ static __always_inline __u64 emd_walk_keep(struct emd_walk *w)
 						    .done = __w->done,         \
 						    .end = __w->end,           \
 						    .base = __w->stack.nr,     \
-						    .nr = 0};                  \
+						    .nr = 0,                   \
+						    .epoch = __w->epoch,       \
+						    .walk_slot = __slot};           \
 			__w->seq = __seq;                                      \
 			_Pragma("unroll") for (__i = 0;                        \
 					       __i <                           \

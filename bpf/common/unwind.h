@@ -33,6 +33,11 @@
 /* Binary search steps over a page's rows (at most 1 << 16 of them). */
 #define EMD_UNWIND_SEARCH_STEPS 17
 
+/* Entries of a walking object's frame cache, for each of its walk slots: what
+ * a frame's address resolved to (file, rule), kept per CPU across walks. */
+#define EMD_UNWIND_CACHE_BITS 8
+#define EMD_UNWIND_CACHE_SLOTS 2
+
 struct emd_unwind_map_key {
 	__u32 prefixlen; /* 32 + the bits of addr that count */
 	__u32 tgid;	 /* big-endian, as the trie compares bytes */
@@ -64,6 +69,9 @@ struct emd_unwind_settled {
 	__u64 exec;
 	__u32 gen;     /* the emd_unwind_proc gen read before the mappings */
 	__u32 reading; /* a read under way: any unmapping bumps the gen */
+	__u64 epoch;   /* this settlement's number, unique over the daemon's
+			  life: what a walk learnt from the process's mappings
+			  holds while it is the same (the frame cache) */
 };
 
 enum emd_unwind_file_state {

@@ -220,7 +220,7 @@ void ProcessManager::read_process(pid_t tgid) {
       return;  // read lately, nothing changed since: a walk in code of no file asks again
   }
   // A read under way: from now on, the kernel bumps the generation at any unmapping.
-  emd_unwind_settled reading{p.mm, p.start, p.exec, p.gen - 1, 1};
+  emd_unwind_settled reading{p.mm, p.start, p.exec, p.gen - 1, 1, 0};
   maps_.settle(tg, reading);
   if (!maps_.proc(tg, p)) return;
   const std::vector<MapsLine> lines = read_maps(tgid);
@@ -273,7 +273,7 @@ void ProcessManager::read_process(pid_t tgid) {
   }
   // The files of the read before give theirs back.
   for (std::uint32_t id : old_files) unref(id);
-  maps_.settle(tg, emd_unwind_settled{p.mm, p.start, p.exec, p.gen, 0});
+  maps_.settle(tg, emd_unwind_settled{p.mm, p.start, p.exec, p.gen, 0, 0});
 }
 
 std::uint32_t ProcessManager::file_for(pid_t tgid, const MapsLine& m, std::uint64_t& bias) {

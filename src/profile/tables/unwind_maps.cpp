@@ -293,7 +293,8 @@ bool UnwindMaps::proc(std::uint32_t tgid, emd_unwind_proc& out) const {
   return bpf_map_lookup_elem(procs_, &tgid, &out) == 0;
 }
 
-void UnwindMaps::settle(std::uint32_t tgid, const emd_unwind_settled& s) {
+void UnwindMaps::settle(std::uint32_t tgid, emd_unwind_settled s) {
+  s.epoch = ++epochs_;
   bpf_map_update_elem(settled_, &tgid, &s, BPF_ANY);
 }
 

@@ -6,6 +6,7 @@
 
 #include <linux/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -75,7 +76,8 @@ class UnwindMaps {
                       const std::vector<MappedRange>& now);
   // The kernel's record of process tgid (a walk made it); false when there is none.
   bool proc(std::uint32_t tgid, emd_unwind_proc& out) const;
-  void settle(std::uint32_t tgid, const emd_unwind_settled& s);
+  // Settles process tgid as `s` says, under an epoch of its own (never given before).
+  void settle(std::uint32_t tgid, emd_unwind_settled s);
   // Forgets process tgid: its record, its settlement.
   void forget(std::uint32_t tgid);
 
@@ -117,7 +119,8 @@ class UnwindMaps {
   std::map<UnwindRule, RuleUse> rule_index_;
   std::vector<std::uint16_t> free_rules_;
   std::deque<std::pair<std::uint16_t, std::chrono::steady_clock::time_point>> retired_rules_;
-  std::uint32_t next_rule_ = 0;  // the first index never used
+  std::uint32_t next_rule_ = 0;           // the first index never used
+  std::atomic<std::uint64_t> epochs_{0};  // settlements made
 };
 
 }  // namespace ebpf_metricsd::profiling
