@@ -23,7 +23,8 @@
 #     kernel stacks; the CPU-bound workload on every CPU (no sample of an idle CPU, which
 #     the programs leave at once, in the figures). With it, the daemon's CPU per on-CPU
 #     sample in the steady state (its CPU time over the sample program's runs), at 99 and
-#     997 Hz;
+#     997 Hz; and, as each machine's noise moves both alike, the walk and bpftrace's probe
+#     attached at once, each taking the same samples: the ratio of their times, per pass;
 #  6. the read of every thread at each cut (the task iterator profile_threads: the threads'
 #     accounting and the waits in progress): kernel time per thread visited, and the daemon's
 #     CPU time a second (one cut every 5 s drain) with the host's threads alone and with
@@ -264,6 +265,14 @@ daemon_per_sample() {  # ns of the daemon's CPU per on-CPU sample over 10 s, the
   busy_stop
   echo "($t1 - $t0) / ($c1 - $c0)" | bc -l
 }
+start_bpftrace() {  # bpftrace's probe, once its program runs
+  bpftrace -e 'profile:hz:99 { @[kstack, ustack, pid] = count(); }' >/dev/null 2>&1 &
+  bt=$!
+  for _ in $(seq 100); do
+    [[ $(prog_ns perf_event 99) != "0 0" ]] && break
+    sleep 0.1
+  done
+}
 sysctl -q kernel.bpf_stats_enabled=1
 config "$dir/s_cfi.yaml" 99 true false cfi
 config "$dir/s_fast.yaml" 997 true false cfi
@@ -288,16 +297,36 @@ for _ in $(seq "$rounds"); do
   sleep 1
   per_sample on_cpu_sample >>"$dir/s_fp"
   stop_daemon
-  bpftrace -e 'profile:hz:99 { @[kstack, ustack, pid] = count(); }' >/dev/null 2>&1 &
-  bt=$!
-  for _ in $(seq 100); do
-    [[ $(prog_ns perf_event 99) != "0 0" ]] && break
-    sleep 0.1
-  done
+  start_bpftrace
   per_sample 99 >>"$dir/s_bt"
   per_sample 99 20 >>"$dir/s_bt20"
   kill -INT "$bt"; wait "$bt" 2>/dev/null || true
   bt=""
+done
+# The walk and bpftrace's probe at once, on the same samples: "ours bpftrace" ns a sample.
+pair_per_sample() {  # pair_per_sample [DEPTH]
+  local a0 c0 b0 d0 a1 c1 b1 d1
+  read -r a0 c0 < <(prog_ns perf_event on_cpu_sample)
+  read -r b0 d0 < <(prog_ns perf_event 99)
+  busy_start 3000 "${1:-}"
+  busy_wait
+  read -r a1 c1 < <(prog_ns perf_event on_cpu_sample)
+  read -r b1 d1 < <(prog_ns perf_event 99)
+  echo "($a1 - $a0) / ($c1 - $c0)" | bc -l | tr '\n' ' '
+  echo "($b1 - $b0) / ($d1 - $d0)" | bc -l
+}
+: >"$dir/s_pair"; : >"$dir/s_pair20"
+for _ in $(seq "$rounds"); do
+  start_daemon "$dir/s_cfi.yaml"
+  start_bpftrace
+  per_sample on_cpu_sample >/dev/null  # the workload's tables loaded
+  pair_per_sample >>"$dir/s_pair"
+  pair_per_sample >>"$dir/s_pair"
+  pair_per_sample 20 >>"$dir/s_pair20"
+  pair_per_sample 20 >>"$dir/s_pair20"
+  kill -INT "$bt"; wait "$bt" 2>/dev/null || true
+  bt=""
+  stop_daemon
 done
 echo "Kernel time per on-CPU sample at 99 Hz (kernel.bpf_stats_enabled, median of $rounds; a warm workload on every CPU):"
 printf '  profile, unwind: cfi             %.0f ns  (the walk with the unwind tables, counted in the kernel)\n' "$(median <"$dir/s_cfi")"
@@ -307,6 +336,13 @@ printf '  bpftrace profile:hz:99           %.0f ns  (@[kstack, ustack, pid] = co
 printf '    stack of 26 frames             %.0f ns  (its frame-pointer walk ends early in code without them)\n' "$(median <"$dir/s_bt20")"
 printf '  daemon CPU per on-CPU sample     %.0f ns  (cfi at 99 Hz; names cached; the daemon'"'"'s costs a second count too)\n' "$(median <"$dir/s_daemon")"
 printf '    at 997 Hz                      %.0f ns\n' "$(median <"$dir/s_daemon997")"
+pair_line() {  # pair_line FILE LABEL
+  printf '    %s: %s\n' "$2" "$(awk '{printf "%s%.0f/%.0f=%.2f", (NR > 1 ? " " : ""), $1, $2, $1 / $2}' "$1")"
+  printf '    median ratio %.2f\n' "$(awk '{print $1 / $2}' "$1" | median)"
+}
+echo "  cfi walk and bpftrace attached at once, the same samples (ns ours/bpftrace, per pass):"
+pair_line "$dir/s_pair" "workload"
+pair_line "$dir/s_pair20" "26 frames"
 fi
 
 if want 6; then
