@@ -24,7 +24,7 @@
 #     the programs leave at once, in the figures). With it, the daemon's CPU per on-CPU
 #     sample in the steady state (its CPU time over the sample program's runs), at 99 and
 #     997 Hz; and, as each machine's noise moves both alike, the walk and bpftrace's probe
-#     attached at once, each taking the same samples: the ratio of their times, per pass;
+#     sampling the same workload at once: the ratio of their times, per pass;
 #  6. the read of every thread at each cut (the task iterator profile_threads: the threads'
 #     accounting and the waits in progress): kernel time per thread visited, and the daemon's
 #     CPU time a second (one cut every 5 s drain) with the host's threads alone and with
@@ -62,7 +62,38 @@ tracers:
 EOF
 }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-daemon_ns() { cat /proc/"$pid"/task/*/schedstat | awk '{s += $1} END {print s}'; }  # all its threads' CPU time
+daemon_cpu() {  # daemon_total: all its threads' CPU time, in ns (builtins alone: no process)
+  local f ns
+  daemon_total=0
+  for f in /proc/"$pid"/task/*/schedstat; do
+    read -r ns _ 2>/dev/null <"$f" && daemon_total=$((daemon_total + ns))
+  done
+  return 0
+}
+daemon_ns() { daemon_cpu; echo "$daemon_total"; }
+prog_fdinfo() {  # prog_fdinfo PID NAME: a /proc/PID/fdinfo file of each program named NAME
+  local ids f key val seen=" "
+  ids=" $(bpftool prog show name "$2" | awk -F: '/^[0-9]+:/ {printf "%s ", $1}') "
+  for f in /proc/"$1"/fdinfo/*; do
+    while read -r key val; do
+      [[ $key == prog_id: && $ids == *" $val "* && $seen != *" $val "* ]] || continue
+      echo "$f"
+      seen+="$val "
+    done 2>/dev/null <"$f" || true  # a descriptor closed meanwhile
+  done
+}
+fdinfo_runs() {  # fdinfo_runs FILE...: run_ns and run_cnt, summed (builtins alone)
+  local f key val
+  run_ns=0; run_cnt=0
+  for f in "$@"; do
+    while read -r key val; do
+      case $key in
+        run_time_ns:) run_ns=$((run_ns + val)) ;;
+        run_cnt:) run_cnt=$((run_cnt + val)) ;;
+      esac
+    done 2>/dev/null <"$f" || true
+  done
+}
 stop_daemon() { kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""; }
 baseline=${BASELINE:-}
 if [[ -n $baseline && ! -x $baseline ]]; then echo "BASELINE=$baseline is not a program" >&2; exit 2; fi
@@ -223,7 +254,7 @@ print(ns, cnt)' "$1" "$2"
 }
 stats_before=$(sysctl -n kernel.bpf_stats_enabled)
 bt=""  # bpftrace, while it runs
-trap 'sysctl -q kernel.bpf_stats_enabled='"$stats_before"'; if [[ -n $pid ]]; then kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; fi; if [[ -n $bt ]]; then kill -INT "$bt" 2>/dev/null; wait "$bt" 2>/dev/null; fi; rm -rf "$dir"' EXIT
+trap 'sysctl -q kernel.bpf_stats_enabled='"$stats_before"'; if [[ -n $pid ]]; then kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; fi; if [[ -n $bt ]]; then kill -KILL "$bt" 2>/dev/null; wait "$bt" 2>/dev/null; fi; rm -rf "$dir"' EXIT
 cpus=$(nproc)
 busy_ws=()
 busy_start() {  # busy_start MS [DEPTH]: the workload on every CPU for MS ms of its CPU, its loop
@@ -255,15 +286,26 @@ per_sample() {  # per_sample NAME [DEPTH]: ns per run of NAME over 3 s of the wo
   echo "($a1 - $a0) / ($c1 - $c0)" | bc -l
 }
 daemon_per_sample() {  # ns of the daemon's CPU per on-CPU sample over 10 s, the workload on
-                      # every CPU
-  busy_start 25000
-  sleep 6
-  local t0 t1 a0 c0 a1 c1
-  t0=$(daemon_ns); read -r a0 c0 < <(prog_ns perf_event on_cpu_sample)
+                      # every CPU; read without starting a process, 17 s after the last one
+                      # the bench started (the daemon keeps a gone process's files up to 15 s):
+                      # the daemon's steady state, its drains and cuts included
+  local fds=() t0 c0
+  for _ in $(seq 100); do  # the daemon answers before its tracers are up
+    mapfile -t fds < <(prog_fdinfo "$pid" on_cpu_sample)
+    ((${#fds[@]})) && break
+    sleep 0.1
+  done
+  busy_start 40000
+  sleep 17
+  daemon_cpu; t0=$daemon_total; fdinfo_runs "${fds[@]}"; c0=$run_cnt
   sleep 10
-  t1=$(daemon_ns); read -r a1 c1 < <(prog_ns perf_event on_cpu_sample)
+  daemon_cpu; fdinfo_runs "${fds[@]}"
   busy_stop
-  echo "($t1 - $t0) / ($c1 - $c0)" | bc -l
+  echo "($daemon_total - $t0) / ($run_cnt - $c0)" | bc -l
+}
+stop_bpftrace() {  # at once: on SIGINT it would print (and first name) every stack it counted
+  kill -KILL "$bt"; wait "$bt" 2>/dev/null || true
+  bt=""
 }
 start_bpftrace() {  # bpftrace's probe, once its program runs
   bpftrace -e 'profile:hz:99 { @[kstack, ustack, pid] = count(); }' >/dev/null 2>&1 &
@@ -300,32 +342,33 @@ for _ in $(seq "$rounds"); do
   start_bpftrace
   per_sample 99 >>"$dir/s_bt"
   per_sample 99 20 >>"$dir/s_bt20"
-  kill -INT "$bt"; wait "$bt" 2>/dev/null || true
-  bt=""
+  stop_bpftrace
 done
-# The walk and bpftrace's probe at once, on the same samples: "ours bpftrace" ns a sample.
+# The walk and bpftrace's probe sampling the same workload at once: "ours bpftrace" ns a
+# sample, both read at the same moments.
 pair_per_sample() {  # pair_per_sample [DEPTH]
-  local a0 c0 b0 d0 a1 c1 b1 d1
-  read -r a0 c0 < <(prog_ns perf_event on_cpu_sample)
-  read -r b0 d0 < <(prog_ns perf_event 99)
+  local a0 c0 b0 d0
+  fdinfo_runs "${ours[@]}"; a0=$run_ns; c0=$run_cnt
+  fdinfo_runs "${theirs[@]}"; b0=$run_ns; d0=$run_cnt
   busy_start 3000 "${1:-}"
   busy_wait
-  read -r a1 c1 < <(prog_ns perf_event on_cpu_sample)
-  read -r b1 d1 < <(prog_ns perf_event 99)
-  echo "($a1 - $a0) / ($c1 - $c0)" | bc -l | tr '\n' ' '
-  echo "($b1 - $b0) / ($d1 - $d0)" | bc -l
+  fdinfo_runs "${ours[@]}"
+  echo "($run_ns - $a0) / ($run_cnt - $c0)" | bc -l | tr '\n' ' '
+  fdinfo_runs "${theirs[@]}"
+  echo "($run_ns - $b0) / ($run_cnt - $d0)" | bc -l
 }
 : >"$dir/s_pair"; : >"$dir/s_pair20"
 for _ in $(seq "$rounds"); do
   start_daemon "$dir/s_cfi.yaml"
   start_bpftrace
   per_sample on_cpu_sample >/dev/null  # the workload's tables loaded
+  mapfile -t ours < <(prog_fdinfo "$pid" on_cpu_sample)
+  mapfile -t theirs < <(prog_fdinfo "$bt" 99)
   pair_per_sample >>"$dir/s_pair"
   pair_per_sample >>"$dir/s_pair"
   pair_per_sample 20 >>"$dir/s_pair20"
   pair_per_sample 20 >>"$dir/s_pair20"
-  kill -INT "$bt"; wait "$bt" 2>/dev/null || true
-  bt=""
+  stop_bpftrace
   stop_daemon
 done
 echo "Kernel time per on-CPU sample at 99 Hz (kernel.bpf_stats_enabled, median of $rounds; a warm workload on every CPU):"
@@ -340,7 +383,7 @@ pair_line() {  # pair_line FILE LABEL
   printf '    %s: %s\n' "$2" "$(awk '{printf "%s%.0f/%.0f=%.2f", (NR > 1 ? " " : ""), $1, $2, $1 / $2}' "$1")"
   printf '    median ratio %.2f\n' "$(awk '{print $1 / $2}' "$1" | median)"
 }
-echo "  cfi walk and bpftrace attached at once, the same samples (ns ours/bpftrace, per pass):"
+echo "  cfi walk and bpftrace sampling the same workload at once (ns ours/bpftrace, per pass):"
 pair_line "$dir/s_pair" "workload"
 pair_line "$dir/s_pair20" "26 frames"
 fi

@@ -101,8 +101,11 @@ struct {
  * row lookup otherwise. An entry holds for one settlement of one process (its
  * epoch, emd_unwind_settled): a new read of the process (after an exec, an
  * unmapping, new code) leaves all of its entries stale at once. Each walk slot
- * has entries of its own, written only by its walks, which never run twice at
- * once on a CPU (see the top). */
+ * has entries of its own, written only by its walks: an entry is written
+ * address last and read whole or not at all (emd_unwind_cache_hit), should a
+ * walk interrupt another of its slot on a CPU (see the top). A hit needs no
+ * file state: a file's table is unloaded only once no settled process maps
+ * it (ProcessManager: its references), and every settlement has a new epoch. */
 struct emd_unwind_cached {
 	__u64 addr;	/* the address looked up (0: empty) */
 	__u64 epoch;	/* the settlement it holds for */
@@ -112,6 +115,9 @@ struct emd_unwind_cached {
 	__u8 found;	/* a row covers addr (else EMD_UNWIND_NONE) */
 	__u8 file_fp;	/* the file keeps frame pointers */
 };
+
+_Static_assert((EMD_UNWIND_CACHE_SLOTS & (EMD_UNWIND_CACHE_SLOTS - 1)) == 0,
+	       "the slot is masked");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -298,6 +304,24 @@ static __always_inline bool emd_unwind_rule_in(__u32 first, __u32 count,
 	return true;
 }
 
+/* Keeps the compiler from moving loads and stores across it: what a program
+ * that interrupts another on its CPU sees is then in program order. */
+#define emd_barrier() asm volatile("" ::: "memory")
+
+/* Whether frame cache entry c holds address addr in settlement epoch: *out
+ * its copy, taken whole (an entry rewritten meanwhile, by a walk that
+ * interrupted this one on its CPU, has another address or none: a miss). */
+static __always_inline bool emd_unwind_cache_hit(struct emd_unwind_cached *c,
+						 __u64 addr, __u64 epoch,
+						 struct emd_unwind_cached *out)
+{
+	if (c->addr != addr || c->epoch != epoch)
+		return false;
+	*out = *c;
+	emd_barrier();
+	return c->addr == addr && c->epoch == epoch;
+}
+
 /* Rule `index`: false where the array has none. */
 static __always_inline bool emd_unwind_rule(__u32 index,
 					    struct emd_unwind_rule *out)
@@ -425,7 +449,7 @@ static __always_inline void emd_walk_step(struct emd_walk_regs *r, __u32 tgid,
 					  __u64 *ip)
 {
 	__u32 depth = r->base + r->nr;
-	struct emd_unwind_cached *c;
+	struct emd_unwind_cached *c, held = {};
 	struct emd_unwind_rule rule = {};
 	__u64 lookup, stored, off_bias, cfa, ra = 0, fp = 0, sp = 0;
 	__u64 saved[2];
@@ -448,12 +472,12 @@ static __always_inline void emd_walk_step(struct emd_walk_regs *r, __u32 tgid,
 	r->nr++;
 
 	c = emd_unwind_cache_entry(r->walk_slot, lookup, r->epoch);
-	if (c && c->addr == lookup && c->epoch == r->epoch) {
-		file = c->file;
-		off_bias = c->off_bias;
-		file_fp = c->file_fp;
-		if (c->found)
-			emd_unwind_rule(c->rule, &rule);
+	if (c && emd_unwind_cache_hit(c, lookup, r->epoch, &held)) {
+		file = held.file;
+		off_bias = held.off_bias;
+		file_fp = held.file_fp;
+		if (held.found)
+			emd_unwind_rule(held.rule, &rule);
 	} else {
 		if (!r->file || lookup < r->map_start ||
 		    lookup >= r->map_end) {
@@ -467,13 +491,17 @@ static __always_inline void emd_walk_step(struct emd_walk_regs *r, __u32 tgid,
 		if (found)
 			emd_unwind_rule(index, &rule);
 		if (c) {
-			c->addr = lookup;
+			/* The address last: an entry is whole once it has it. */
+			c->addr = 0;
+			emd_barrier();
 			c->epoch = r->epoch;
 			c->off_bias = off_bias;
 			c->file = file;
 			c->rule = (__u16)index;
 			c->found = found;
 			c->file_fp = file_fp;
+			emd_barrier();
+			c->addr = lookup;
 		}
 	}
 	/* In a file's code: the file and the offset in it. */

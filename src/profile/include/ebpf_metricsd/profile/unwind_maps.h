@@ -65,7 +65,9 @@ class UnwindMaps {
   // The file's state without a table (loading, refused).
   void set_state(std::uint32_t file, std::uint32_t state);
   // The file is no longer mapped by any process: its state and pages go now, its rows are
-  // reused once no walk can be reading them (kGrace).
+  // reused once no walk can be reading them (kGrace). Only then: the walk's frame cache keeps
+  // a file's id and rule indexes for as long as a settlement of a process that maps it holds,
+  // without looking at the file's state again.
   void unload(std::uint32_t file);
   static constexpr std::chrono::seconds kGrace{2};
 
