@@ -761,6 +761,19 @@ static __always_inline struct emd_walk *emd_walk_begin_saved(__u32 slot)
 	return emd_walk_begin(slot, r.ip, r.sp, r.bp, r.cs);
 }
 
+_Static_assert(((EMD_STACK_MAX_DEPTH + 1) & EMD_STACK_MAX_DEPTH) == 0,
+	       "a place in a stack is masked");
+
+/* Place `at` of a stack's frames, tested below EMD_STACK_MAX_DEPTH by the
+ * caller, as an index the verifier can bound: 5.10 keeps no bound across a
+ * register's copies (the compiler may test one and index with another), so
+ * the index is masked where it is used, out of the compiler's sight. */
+static __always_inline __u32 emd_walk_place(__u32 at)
+{
+	asm volatile("" : "+r"(at));
+	return at & EMD_STACK_MAX_DEPTH;
+}
+
 /* Writes the frames a program found (r, ips) into its walk w. */
 static __always_inline void emd_walk_commit(struct emd_walk *w,
 					    const struct emd_walk_regs *r,
@@ -774,7 +787,7 @@ static __always_inline void emd_walk_commit(struct emd_walk *w,
 			break;
 		at = r->base + i;
 		if (at < EMD_STACK_MAX_DEPTH)
-			w->stack.ips[at] = ips[i];
+			w->stack.ips[emd_walk_place(at)] = ips[i];
 	}
 	w->stack.nr = r->base + r->nr;
 	w->pc = r->pc;
@@ -793,7 +806,7 @@ static __always_inline void emd_walk_end(struct emd_walk *w)
 
 	emd_unwind_count_end(w->end);
 	if (w->end != EMD_UNWIND_END_COMPLETE && nr < EMD_STACK_MAX_DEPTH) {
-		w->stack.ips[nr] = EMD_UNWIND_CUT_MARK | w->end;
+		w->stack.ips[emd_walk_place(nr)] = EMD_UNWIND_CUT_MARK | w->end;
 		w->stack.nr = nr + 1;
 	}
 }
