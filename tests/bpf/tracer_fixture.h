@@ -109,6 +109,29 @@ inline double dropped_events(const MetricStore& store, const std::string& tracer
 inline double recursion_misses(const MetricStore& store, const std::string& tracer) {
   return dropped_events(store, tracer, "recursion");
 }
+// What `tracer`'s kernel side counted as not done since this was made: runs the kernel
+// skipped (recursion_misses) and events it found no room for ("map_full": a thread's stamp
+// or a histogram an atomic allocation could not make). A count of events the test made is
+// exact when seen <= made <= seen + total().
+class CountedLosses {
+ public:
+  CountedLosses(const MetricStore& store, std::string tracer)
+      : store_(store), tracer_(std::move(tracer)), recursion0_(recursion()), no_room0_(no_room()) {}
+  std::uint64_t total() const {
+    return static_cast<std::uint64_t>(recursion() - recursion0_ + no_room() - no_room0_);
+  }
+  std::string text() const {
+    return "recursion misses " + std::to_string(recursion() - recursion0_) +
+           ", drops for want of room " + std::to_string(no_room() - no_room0_);
+  }
+
+ private:
+  double recursion() const { return recursion_misses(store_, tracer_); }
+  double no_room() const { return dropped_events(store_, tracer_, "map_full"); }
+  const MetricStore& store_;
+  std::string tracer_;
+  double recursion0_, no_room0_;
+};
 // The slow events of `tracer` sent with the stacks from their start in place of being held
 // for their system call's return (common/slow_return.bpf.h), each counted under a
 // slow_return_* reason: their sum, and the counts as text in `text`.
