@@ -369,6 +369,17 @@ struct emd_walk_regs {
 	__u32 page_file, page, page_first, page_count;
 };
 
+/* The mapping the daemon wrote that holds address a of process tgid, or NULL. */
+static __always_inline struct emd_unwind_mapping *
+emd_unwind_mapping_at(__u32 tgid, __u64 a)
+{
+	struct emd_unwind_map_key key = {.prefixlen = 32 + 64};
+
+	key.tgid = bpf_htonl(tgid);
+	key.addr = bpf_cpu_to_be64(a);
+	return bpf_map_lookup_elem(&emd_unwind_mappings, &key);
+}
+
 /* The mapping of address `lookup` (the frame's `stored`) into r: false where
  * the walk ends there (done, end and *ip set), it being in no file's code, or
  * in a file without a loaded table. */
@@ -376,15 +387,10 @@ static __always_inline bool emd_walk_mapping(struct emd_walk_regs *r,
 					     __u32 tgid, __u64 lookup,
 					     __u64 stored, __u64 *ip)
 {
-	struct emd_unwind_map_key key = {};
-	struct emd_unwind_mapping *m;
+	struct emd_unwind_mapping *m = emd_unwind_mapping_at(tgid, lookup);
 	struct emd_unwind_file *f;
 	__u32 file;
 
-	key.prefixlen = 32 + 64;
-	key.tgid = bpf_htonl(tgid);
-	key.addr = bpf_cpu_to_be64(lookup);
-	m = bpf_map_lookup_elem(&emd_unwind_mappings, &key);
 	if (!m || !m->file) {
 		/* Code of no file (a JIT's), or mapped since the daemon read
 		 * the process: asked again. */
@@ -621,11 +627,7 @@ static __always_inline void emd_walk_step(struct emd_walk_regs *r, __u32 tgid,
  * wrote. */
 static __always_inline bool emd_unwind_mapped(__u32 tgid, __u64 a)
 {
-	struct emd_unwind_map_key key = {.prefixlen = 32 + 64};
-
-	key.tgid = bpf_htonl(tgid);
-	key.addr = bpf_cpu_to_be64(a);
-	return bpf_map_lookup_elem(&emd_unwind_mappings, &key) != NULL;
+	return emd_unwind_mapping_at(tgid, a) != NULL;
 }
 
 /*

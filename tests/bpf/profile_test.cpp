@@ -5,6 +5,7 @@
 #include <linux/perf_event.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <functional>
@@ -138,13 +140,6 @@ WorkloadRun run_workload(const std::string& binary, SampleOracle* oracle = nullp
 }
 
 // The first user frame of a stack (innermost first), or nullptr.
-const Frame* leaf_user_frame(const ProfileWindow& w, std::uint32_t stack) {
-  for (std::uint32_t f : w.stacks[stack]) {
-    if (!w.frames[f].kernel) return &w.frames[f];
-  }
-  return nullptr;
-}
-
 bool has_function(const ProfileWindow& w, std::uint32_t stack, const std::string& name,
                   bool kernel) {
   for (std::uint32_t f : w.stacks[stack]) {
@@ -227,8 +222,9 @@ Observed observe(const ProfileWindow& w, pid_t pid) {
     heaviest.emplace(s.count, (s.kind == SampleKind::OnCpu ? "on-CPU" : "off-CPU") + names);
     if (s.kind == SampleKind::OnCpu) {
       o.on_cpu += s.count;
-      const Frame* leaf = leaf_user_frame(w, s.stack);
-      if (!leaf) continue;
+      const auto user = test::user_frames(w, s.stack);
+      if (user.empty()) continue;
+      const Frame* leaf = user.front();
       const bool main = reaches(w, s.stack, "main");
       if (leaf->function == "hot_three") o.three.add(s, main);
       if (leaf->function == "hot_one") o.one.add(s, main);
@@ -1043,6 +1039,59 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "profile: a process running code of no file is read again and again, each read finding "
+    "what the last did",
+    "[profile][unwind]") {
+  // A JIT's code: walks there end no_mapping and ask for the process again, and the daemon
+  // reads it at growing pauses (10 ms, doubled up to 10 s). Each read after the first finds
+  // the same files at the same places, so it keeps the settlement's epoch, and with it what
+  // the walks cached of the process's frames.
+  profiling::Walker walker;
+  MetricStore metrics;
+  profiling::Profiles store;
+  auto tracer = test::start_tracer(metrics, "profile", frequency_option() + "    off_cpu: false\n",
+                                   &store, &walker);
+  const profiling::ProcessManager::Counts before = walker.get().counts();
+  int ready[2];
+  REQUIRE(pipe(ready) == 0);
+  const pid_t jit = fork();
+  REQUIRE(jit >= 0);
+  if (jit == 0) {
+    void* code =
+        mmap(nullptr, 4096, PROT_READ | PROT_WRITE | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (code == MAP_FAILED) _exit(3);
+    static const unsigned char spin[] = {0xeb, 0xfe};  // jmp to itself
+    std::memcpy(code, spin, sizeof spin);
+    (void)!write(ready[1], "x", 1);
+    reinterpret_cast<void (*)()>(code)();
+  }
+  close(ready[1]);
+  char c = 0;
+  REQUIRE(read(ready[0], &c, 1) == 1);
+  close(ready[0]);
+  // Reads at 10, 20, 40 and 80 ms after the first: well within a minute of any machine's.
+  const auto unchanged = [&] {
+    return walker.get().counts().reads_unchanged - before.reads_unchanged;
+  };
+  const bool read_again =
+      test::wait_until([&] { return unchanged() >= 4; }, std::chrono::seconds(60));
+  const profiling::ProcessManager::Counts after = walker.get().counts();
+  kill(jit, SIGKILL);
+  waitpid(jit, nullptr, 0);
+  tracer->drain();
+  const double no_mapping = test::counter_value(metrics, "ebpf_metricsd_profile_unwinds_total",
+                                                {{"result", "no_mapping"}});
+  INFO("reads " << after.processes_read - before.processes_read << ", unchanged " << unchanged()
+                << "; walks ended no_mapping " << no_mapping);
+  CHECK(no_mapping >= 4);
+  CHECK(read_again);
+  // Every read but a process's first may find what the last did: the test's process read
+  // first, and each of the others' too.
+  CHECK(after.processes_read - before.processes_read >
+        after.reads_unchanged - before.reads_unchanged);
+}
+
+TEST_CASE(
     "profile: a program whose call frame information lies has its own stacks cut, counted; "
     "every other process is walked as before",
     "[profile][unwind]") {
@@ -1068,19 +1117,17 @@ TEST_CASE(
   std::string wrong;
   for (const auto& s : w.samples) {
     if (s.pid != crafted_pid || s.kind != SampleKind::OnCpu) continue;
-    const Frame* leaf = leaf_user_frame(w, s.stack);
-    if (!leaf) continue;
-    const Frame* last = nullptr;
-    bool foreign = false;  // a frame named from a file the process does not map
-    for (std::uint32_t f : w.stacks[s.stack]) {
-      const Frame& frame = w.frames[f];
-      if (frame.kernel) continue;
-      last = &frame;
-      foreign = foreign || !(frame.module == CRAFTED_CFI || frame.module == "[unknown]" ||
-                             frame.module.find("/libc.so") != std::string::npos ||
-                             frame.module.find("/ld-linux") != std::string::npos ||
-                             frame.module.find("vdso") != std::string::npos);
-    }
+    const auto user = test::user_frames(w, s.stack);
+    if (user.empty()) continue;
+    const Frame* leaf = user.front();
+    const Frame* last = user.back();
+    // a frame named from a file the process does not map
+    const bool foreign = std::any_of(user.begin(), user.end(), [](const Frame* f) {
+      return !(f->module == CRAFTED_CFI || f->module == "[unknown]" ||
+               f->module.find("/libc.so") != std::string::npos ||
+               f->module.find("/ld-linux") != std::string::npos ||
+               f->module.find("vdso") != std::string::npos);
+    });
     const auto e = earned.find(leaf->function);
     const bool early =
         last->function == "[stack cut: not_read]" || last->function == "[stack cut: not_loaded]";
@@ -1191,8 +1238,9 @@ TEST_CASE(
   const auto count = [&](const ProfileWindow& w, Lib* libs, bool keep_text) {
     for (const auto& s : w.samples) {
       if (s.pid != static_cast<std::uint32_t>(pid)) continue;
-      const Frame* leaf = leaf_user_frame(w, s.stack);
-      if (!leaf) continue;
+      const auto user = test::user_frames(w, s.stack);
+      if (user.empty()) continue;
+      const Frame* leaf = user.front();
       for (int i = 0; i < 2; ++i) {
         Lib& lib = libs[i];
         if (leaf->function != lib.spin) continue;

@@ -248,6 +248,7 @@ void ProcessManager::read_process(pid_t tgid) {
   }
   std::vector<MappedRange> before;
   std::set<std::uint32_t> old_files;
+  std::uint64_t epoch = 0;  // a new one, unless nothing it maps changed
   {
     std::lock_guard lock(mutex_);
     Process& known = processes_[tgid];
@@ -256,6 +257,12 @@ void ProcessManager::read_process(pid_t tgid) {
       if (auto f = files_.find(id); f != files_.end()) ++f->second.refs;
     }
     const bool same = known.start_time == started && known.ranges == ranges;
+    // The same files at the same places: what the walks cached of it holds still (a process
+    // with code of no file, a JIT's, is read again every time a walk meets that code).
+    if (same && known.settled) {
+      epoch = known.epoch;
+      ++counts_.reads_unchanged;
+    }
     known.pause = same ? std::clamp(known.pause * 2, kFirstPause, kLongestPause) : kFirstPause;
     known.start_time = started;
     before = std::move(known.ranges);
@@ -273,7 +280,9 @@ void ProcessManager::read_process(pid_t tgid) {
   }
   // The files of the read before give theirs back.
   for (std::uint32_t id : old_files) unref(id);
-  maps_.settle(tg, emd_unwind_settled{p.mm, p.start, p.exec, p.gen, 0, 0});
+  epoch = maps_.settle(tg, emd_unwind_settled{p.mm, p.start, p.exec, p.gen, 0, 0}, epoch);
+  std::lock_guard lock(mutex_);
+  if (auto known = processes_.find(tgid); known != processes_.end()) known->second.epoch = epoch;
 }
 
 std::uint32_t ProcessManager::file_for(pid_t tgid, const MapsLine& m, std::uint64_t& bias) {

@@ -293,9 +293,10 @@ bool UnwindMaps::proc(std::uint32_t tgid, emd_unwind_proc& out) const {
   return bpf_map_lookup_elem(procs_, &tgid, &out) == 0;
 }
 
-void UnwindMaps::settle(std::uint32_t tgid, emd_unwind_settled s) {
-  s.epoch = ++epochs_;
+std::uint64_t UnwindMaps::settle(std::uint32_t tgid, emd_unwind_settled s, std::uint64_t epoch) {
+  s.epoch = epoch != 0 ? epoch : ++epochs_;
   bpf_map_update_elem(settled_, &tgid, &s, BPF_ANY);
+  return s.epoch;
 }
 
 void UnwindMaps::forget(std::uint32_t tgid) {

@@ -83,11 +83,12 @@ class ProcessManager {
 
   struct Counts {
     std::array<std::uint64_t, kTableResults.size()> tables{};
-    std::uint64_t processes_read = 0;  // reads of a process's mappings
-    std::uint64_t mappings_full = 0;   // reads whose blocks did not all fit in the trie
-    std::uint64_t processes = 0;       // known now
-    std::uint64_t files = 0;           // with an id now
-    double build_seconds = 0;          // building tables, in all
+    std::uint64_t processes_read = 0;   // reads of a process's mappings
+    std::uint64_t reads_unchanged = 0;  // of them, reads that found what the last one did
+    std::uint64_t mappings_full = 0;    // reads whose blocks did not all fit in the trie
+    std::uint64_t processes = 0;        // known now
+    std::uint64_t files = 0;            // with an id now
+    double build_seconds = 0;           // building tables, in all
     UnwindMaps::Usage usage;
     std::uint64_t kernel_bytes = 0;
   };
@@ -124,6 +125,7 @@ class ProcessManager {
     std::set<std::uint32_t> files;
     std::uint32_t settled_gen = 0;
     bool settled = false;
+    std::uint64_t epoch = 0;  // of its last settlement (UnwindMaps::settle)
     std::chrono::steady_clock::time_point read_at{};
     std::chrono::milliseconds pause{0};
   };

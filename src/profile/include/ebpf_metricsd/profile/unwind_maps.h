@@ -78,8 +78,11 @@ class UnwindMaps {
                       const std::vector<MappedRange>& now);
   // The kernel's record of process tgid (a walk made it); false when there is none.
   bool proc(std::uint32_t tgid, emd_unwind_proc& out) const;
-  // Settles process tgid as `s` says, under an epoch of its own (never given before).
-  void settle(std::uint32_t tgid, emd_unwind_settled s);
+  // Settles process tgid as `s` says, under `epoch`, or where that is 0 an epoch of its own
+  // (never given before); returns the epoch. The walk's frame cache holds an address's file
+  // and rule for an epoch: one is given again only to the same process with the same
+  // mappings of the same files.
+  std::uint64_t settle(std::uint32_t tgid, emd_unwind_settled s, std::uint64_t epoch = 0);
   // Forgets process tgid: its record, its settlement.
   void forget(std::uint32_t tgid);
 
