@@ -70,10 +70,15 @@ daemon_cpu() {  # daemon_total: all its threads' CPU time, in ns (builtins alone
   done
   return 0
 }
-daemon_ns() { daemon_cpu; echo "$daemon_total"; }
 prog_fdinfo() {  # prog_fdinfo PID NAME: a /proc/PID/fdinfo file of each program named NAME
+                # (a NAME ending in *: each whose name begins so)
   local ids f key val seen=" "
-  ids=" $(bpftool prog show name "$2" | awk -F: '/^[0-9]+:/ {printf "%s ", $1}') "
+  ids=" $(bpftool prog show | awk -v want="$2" '/^[0-9]+:/ {
+    n = ""
+    for (i = 2; i < NF; i++) if ($i == "name") n = $(i + 1)
+    if (n == want || (want ~ /\*$/ && index(n, substr(want, 1, length(want) - 1)) == 1))
+      printf "%d ", $1
+  }') "
   for f in /proc/"$1"/fdinfo/*; do
     while read -r key val; do
       [[ $key == prog_id: && $ids == *" $val "* && $seen != *" $val "* ]] || continue
@@ -240,18 +245,6 @@ echo "  before ${rss0} KiB, peak ${peak} KiB, after $(rss) KiB"
 curl -s "$url" | grep -E '^ebpf_metricsd_profile_cache_entries' | sed 's/^/  /'
 fi
 
-prog_ns() {  # prog_ns TYPE NAME: "run_time_ns run_cnt" of the TYPE programs named NAME (a
-             # name ending in * : those it begins)
-  bpftool prog show --json | python3 -c '
-import json, sys
-ns = cnt = 0
-want = sys.argv[2]
-for p in json.load(sys.stdin):
-    name = p.get("name", "")
-    if p.get("type") == sys.argv[1] and (name == want or (want.endswith("*") and name.startswith(want[:-1]))):
-        ns += p.get("run_time_ns", 0); cnt += p.get("run_cnt", 0)
-print(ns, cnt)' "$1" "$2"
-}
 stats_before=$(sysctl -n kernel.bpf_stats_enabled)
 bt=""  # bpftrace, while it runs
 trap 'sysctl -q kernel.bpf_stats_enabled='"$stats_before"'; if [[ -n $pid ]]; then kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; fi; if [[ -n $bt ]]; then kill -KILL "$bt" 2>/dev/null; wait "$bt" 2>/dev/null; fi; rm -rf "$dir"' EXIT
@@ -277,13 +270,16 @@ busy_wait() { wait "${busy_ws[@]}" 2>/dev/null || true; busy_ws=(); }
 if want 5; then
 # 5. Kernel ns per on-CPU sample, ours against bpftrace's profile:hz.
 metric_sum() { curl -s "$url" | awk -v m="$1" 'index($0, m) == 1 {s += $NF} END {print s + 0}'; }
-per_sample() {  # per_sample NAME [DEPTH]: ns per run of NAME over 3 s of the workload's CPU on
-               # every CPU
-  read -r a0 c0 < <(prog_ns perf_event "$1")
-  busy_start 3000 "${2:-}"
+per_sample() {  # per_sample PID NAME [DEPTH]: ns per run of process PID's programs named NAME
+               # over 3 s of the workload's CPU on every CPU (read from PID's descriptors,
+               # with builtins: no process of the bench's is sampled in the window)
+  local files=() a0 c0
+  mapfile -t files < <(prog_fdinfo "$1" "$2")
+  fdinfo_runs "${files[@]}"; a0=$run_ns; c0=$run_cnt
+  busy_start 3000 "${3:-}"
   busy_wait
-  read -r a1 c1 < <(prog_ns perf_event "$1")
-  echo "($a1 - $a0) / ($c1 - $c0)" | bc -l
+  fdinfo_runs "${files[@]}"
+  echo "($run_ns - $a0) / ($run_cnt - $c0)" | bc -l
 }
 daemon_per_sample() {  # ns of the daemon's CPU per on-CPU sample over 10 s, the workload on
                       # every CPU; read without starting a process, 17 s after the last one
@@ -310,8 +306,10 @@ stop_bpftrace() {  # at once: on SIGINT it would print (and first name) every st
 start_bpftrace() {  # bpftrace's probe, once its program runs
   bpftrace -e 'profile:hz:99 { @[kstack, ustack, pid] = count(); }' >/dev/null 2>&1 &
   bt=$!
+  local files=()
   for _ in $(seq 100); do
-    [[ $(prog_ns perf_event 99) != "0 0" ]] && break
+    mapfile -t files < <(prog_fdinfo "$bt" 99)
+    ((${#files[@]})) && fdinfo_runs "${files[@]}" && ((run_cnt > 0)) && break
     sleep 0.1
   done
 }
@@ -325,8 +323,8 @@ config "$dir/s_fp.yaml" 99 true false frame_pointers
 for _ in $(seq "$rounds"); do
   start_daemon "$dir/s_cfi.yaml"
   sleep 1
-  per_sample on_cpu_sample >>"$dir/s_cfi"
-  per_sample on_cpu_sample 20 >>"$dir/s_cfi20"
+  per_sample "$pid" on_cpu_sample >>"$dir/s_cfi"
+  per_sample "$pid" on_cpu_sample 20 >>"$dir/s_cfi20"
   # The daemon's CPU per on-CPU sample, in the steady state: a workload already named (its
   # files read and its tables loaded at its first samples), over 10 s, the samples counted
   # by the kernel (the sample program's runs: no process is started to read them).
@@ -337,11 +335,11 @@ for _ in $(seq "$rounds"); do
   stop_daemon
   start_daemon "$dir/s_fp.yaml"
   sleep 1
-  per_sample on_cpu_sample >>"$dir/s_fp"
+  per_sample "$pid" on_cpu_sample >>"$dir/s_fp"
   stop_daemon
   start_bpftrace
-  per_sample 99 >>"$dir/s_bt"
-  per_sample 99 20 >>"$dir/s_bt20"
+  per_sample "$bt" 99 >>"$dir/s_bt"
+  per_sample "$bt" 99 20 >>"$dir/s_bt20"
   stop_bpftrace
 done
 # The walk and bpftrace's probe sampling the same workload at once: "ours bpftrace" ns a
@@ -361,7 +359,7 @@ pair_per_sample() {  # pair_per_sample [DEPTH]
 for _ in $(seq "$rounds"); do
   start_daemon "$dir/s_cfi.yaml"
   start_bpftrace
-  per_sample on_cpu_sample >/dev/null  # the workload's tables loaded
+  per_sample "$pid" on_cpu_sample >/dev/null  # the workload's tables loaded
   mapfile -t ours < <(prog_fdinfo "$pid" on_cpu_sample)
   mapfile -t theirs < <(prog_fdinfo "$bt" 99)
   pair_per_sample >>"$dir/s_pair"
@@ -397,13 +395,15 @@ config "$dir/threads.yaml" 19 true true
 threads_run() {  # prints "daemon_ns_per_s iterator_ns_per_thread threads_on_host"
   start_daemon "$dir/threads.yaml"
   sleep 6
-  read -r a0 c0 < <(prog_ns tracing 'profile_threads*')
-  local d0; d0=$(daemon_ns)
+  local files=() a0 c0 d0
+  mapfile -t files < <(prog_fdinfo "$pid" 'profile_threads*')
+  fdinfo_runs "${files[@]}"; a0=$run_ns; c0=$run_cnt
+  daemon_cpu; d0=$daemon_total
   sleep 30
-  read -r a1 c1 < <(prog_ns tracing 'profile_threads*')
-  local d1; d1=$(daemon_ns)
+  fdinfo_runs "${files[@]}"
+  daemon_cpu
   stop_daemon
-  echo "$(( (d1 - d0) / 30 )) $(echo "($a1 - $a0) / ($c1 - $c0)" | bc -l) $(ls -d /proc/[0-9]*/task/[0-9]* | wc -l)"
+  echo "$(( (daemon_total - d0) / 30 )) $(echo "($run_ns - $a0) / ($run_cnt - $c0)" | bc -l) $(ls -d /proc/[0-9]*/task/[0-9]* | wc -l)"
 }
 : >"$dir/t_base"; : >"$dir/t_many"
 for _ in $(seq "$rounds"); do
