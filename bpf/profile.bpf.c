@@ -130,9 +130,10 @@ static __always_inline void announce(__u32 tgid)
 	struct profile_announced *known;
 
 	known = bpf_map_lookup_elem(&announced, &tgid);
+	if (known && !known->again)
+		return; /* the common case: no clock read */
 	now.at = bpf_ktime_get_ns();
-	if (known &&
-	    (!known->again || now.at - known->at < PROFILE_REANNOUNCE_NS))
+	if (known && now.at - known->at < PROFILE_REANNOUNCE_NS)
 		return;
 	a.again = known != NULL;
 	if (bpf_ringbuf_output(&new_processes, &a, sizeof(a), 0)) {
@@ -302,6 +303,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	struct profile_key key = {};
+	bool user;
 
 	if (!on_cpu_on || (__u32)id == 0) /* the idle task is not work */
 		return 0;
@@ -314,13 +316,14 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	if (emd_by_cgroup)
 		key.cgroup = bpf_get_current_cgroup_id();
 	bpf_get_current_comm(&key.comm, sizeof(key.comm));
-	if (user_task())
+	user = user_task();
+	if (user)
 		announce(key.tgid);
 	/* Interrupted in user mode: no kernel frames (bpf_get_stack would find
 	 * none, at a cost of its own). */
 	if (!sample_in_user_mode(ctx))
 		key.kstack = emd_stack_take(ctx, 0, 0);
-	if (unwind_cfi && user_task()) {
+	if (unwind_cfi && user) {
 		struct emd_walk *w = sample_walk_begin(ctx);
 		struct walk_caller *c;
 
@@ -335,7 +338,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 			return 0;
 		}
 	}
-	if (user_task())
+	if (user)
 		key.ustack = emd_stack_take(ctx, 1, BPF_F_USER_STACK);
 	add(&key, ctx->sample_period);
 	return 0;

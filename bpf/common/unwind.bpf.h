@@ -209,9 +209,10 @@ static __always_inline bool emd_unwind_process_ok(__u32 tgid, __u8 *end,
 	struct task_struct *t = (struct task_struct *)bpf_get_current_task();
 	struct emd_unwind_settled *s;
 	struct emd_unwind_proc *p;
+	struct task_struct *leader = BPF_CORE_READ(t, group_leader);
 	__u64 mm = (__u64)BPF_CORE_READ(t, mm);
-	__u64 start = BPF_CORE_READ(t, group_leader, start_time);
-	__u64 exec = BPF_CORE_READ(t, group_leader, self_exec_id);
+	__u64 start = BPF_CORE_READ(leader, start_time);
+	__u64 exec = BPF_CORE_READ(leader, self_exec_id);
 
 	if (!mm) {
 		*end = EMD_UNWIND_END_NO_USER;
