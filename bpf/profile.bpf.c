@@ -120,10 +120,15 @@ struct {
 	__type(value, struct profile_thread);
 } thread_ends SEC(".maps");
 
+/* Bumped after announce_again marks a process: a sample walk's memo that its
+ * process was announced (announce_memoized) holds while it stays. */
+__u64 announce_gen = 0;
+
 /* Tells user space about process tgid unless it knows it already: the first
  * time it is seen, and again after it exec'd or mapped more code (at most every
- * PROFILE_REANNOUNCE_NS), for its mappings to be read again. */
-static __always_inline void announce(__u32 tgid)
+ * PROFILE_REANNOUNCE_NS), for its mappings to be read again. True where it was
+ * known and nothing asked for it again. */
+static __always_inline bool announce(__u32 tgid)
 {
 	struct profile_announcement a = {.tgid = tgid};
 	struct profile_announced now = {};
@@ -131,16 +136,17 @@ static __always_inline void announce(__u32 tgid)
 
 	known = bpf_map_lookup_elem(&announced, &tgid);
 	if (known && !known->again)
-		return; /* the common case: no clock read */
+		return true; /* the common case: no clock read */
 	now.at = bpf_ktime_get_ns();
 	if (known && now.at - known->at < PROFILE_REANNOUNCE_NS)
-		return;
+		return false;
 	a.again = known != NULL;
 	if (bpf_ringbuf_output(&new_processes, &a, sizeof(a), 0)) {
 		emd_count_drop(&drops, PROFILE_DROP_ANNOUNCE);
-		return;
+		return false;
 	}
 	bpf_map_update_elem(&announced, &tgid, &now, BPF_ANY);
+	return false;
 }
 
 /* Process tgid exec'd (at 0: at once) or mapped more code: announce it again
@@ -155,6 +161,7 @@ static __always_inline void announce_again(__u32 tgid, bool at_once)
 	known->again = 1;
 	if (at_once)
 		known->at = 0;
+	__sync_fetch_and_add(&announce_gen, 1);
 }
 
 /* Whether the current task belongs to one of the configured workloads. */
@@ -259,6 +266,19 @@ static __always_inline bool sample_in_user_mode(struct bpf_perf_event_data *ctx)
 	return (interrupted->cs & 3) == 3;
 }
 
+/* announce() for the process of sample walk w, skipped while the walk's memo
+ * says that this CPU's last sample of it found it announced, and nothing has
+ * asked for a process again since (announce_gen). */
+static __always_inline void announce_memoized(struct emd_walk *w, __u32 tgid)
+{
+	__u64 gen = *(volatile __u64 *)&announce_gen;
+
+	if (w->memo_hit && w->memo_caller == gen + 1)
+		return;
+	if (announce(tgid) && w->memo_tgid == tgid)
+		w->memo_caller = gen + 1;
+}
+
 /* Starts the walk of a sample's user stack: from the interrupted registers
  * when it interrupted user mode (whole-word loads from the context, which the
  * verifier rewrites), else from those saved at the top of the task's kernel
@@ -317,8 +337,6 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 		key.cgroup = bpf_get_current_cgroup_id();
 	bpf_get_current_comm(&key.comm, sizeof(key.comm));
 	user = user_task();
-	if (user)
-		announce(key.tgid);
 	/* Interrupted in user mode: no kernel frames (bpf_get_stack would find
 	 * none, at a cost of its own). */
 	if (!sample_in_user_mode(ctx))
@@ -328,6 +346,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 		struct walk_caller *c;
 
 		if (w) {
+			announce_memoized(w, key.tgid);
 			c = (void *)w->caller;
 			c->key = key;
 			c->count = 1;
@@ -338,8 +357,10 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 			return 0;
 		}
 	}
-	if (user)
+	if (user) {
+		announce(key.tgid);
 		key.ustack = emd_stack_take(ctx, 1, BPF_F_USER_STACK);
+	}
 	add(&key, ctx->sample_period);
 	return 0;
 }

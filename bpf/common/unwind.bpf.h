@@ -95,6 +95,34 @@ struct {
 	__uint(max_entries, 4096); /* sized by user space */
 } emd_unwind_wants SEC(".maps");
 
+/* A number bumped after every change to a process's record or settlement:
+ * by the daemon after it settles or forgets one, by the kernel side after an
+ * unmapping. The sample walk's memo of its last process
+ * check holds while the number stays (emd_walk_process_ok). The daemon maps
+ * it to bump it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} emd_unwind_version SEC(".maps");
+
+static __always_inline __u64 *emd_unwind_version_at(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&emd_unwind_version, &zero);
+}
+
+static __always_inline void emd_unwind_version_bump(void)
+{
+	__u64 *v = emd_unwind_version_at();
+
+	if (v)
+		__sync_fetch_and_add(v, 1);
+}
+
 /* The object's own frame cache: what an address of a process resolved to (its
  * file and the rule there), kept per CPU across walks, since the frames near a
  * thread's start recur in every sample and each costs a trie, file, page and
@@ -111,9 +139,11 @@ struct emd_unwind_cached {
 	__u64 epoch;	/* the settlement it holds for */
 	__u64 off_bias; /* its mapping's (emd_unwind_mapping) */
 	__u32 file;
-	__u16 rule;	/* the rule's index in emd_unwind_rules, where found */
-	__u8 found;	/* a row covers addr (else EMD_UNWIND_NONE) */
 	__u8 file_fp;	/* the file keeps frame pointers */
+	__u8 pad[3];
+	/* The rule itself, not its index: a hit reads one entry, no more
+	 * (kind EMD_UNWIND_NONE where no row covers addr). */
+	struct emd_unwind_rule rule;
 };
 
 _Static_assert((EMD_UNWIND_CACHE_SLOTS & (EMD_UNWIND_CACHE_SLOTS - 1)) == 0,
@@ -142,6 +172,12 @@ struct {
 #define EMD_WALK_SLOT_SAMPLE 1
 #define EMD_WALK_CALLER_BYTES 256
 
+/* What tells a process apart: its mm, its leader's start time (a reused pid)
+ * and exec count (an exec that got the same mm address back). */
+struct emd_unwind_ident {
+	__u64 mm, start, exec;
+};
+
 struct emd_walk {
 	__u64 owner; /* bpf_get_current_pid_tgid() of the walking task */
 	__u64 seq;   /* bumped by each program that takes the state */
@@ -152,6 +188,16 @@ struct emd_walk {
 	__u8 activation; /* pc is where the thread was, not a return address */
 	__u8 done;
 	__u8 end; /* enum emd_unwind_end, once done */
+	/* The sample slot's memo of its last process check that passed: the
+	 * process (tgid, emd_unwind_ident), the version it was made under and
+	 * the epoch it found; memo_hit when this walk's check was the memo's.
+	 * memo_caller is the starter's, to keep what it checked of the same
+	 * process under the same memo (0 when the memo is new). */
+	__u32 memo_tgid;
+	__u8 memo_hit;
+	struct emd_unwind_ident memo_id;
+	__u64 memo_version, memo_epoch;
+	__u64 memo_caller;
 	struct emd_stack stack;
 	/* What the starter keeps for its finish (a profile key, a slow event's
 	 * fields), read back by the finish. */
@@ -203,16 +249,23 @@ static __always_inline void emd_unwind_ask(__u32 tgid, __u32 file, __u32 why)
  * nothing was seen to change its code since. Else the walk cannot use them
  * (end *end) and the daemon is asked to read it.
  */
-static __always_inline bool emd_unwind_process_ok(__u32 tgid, __u8 *end,
-						 __u64 *epoch)
+static __always_inline void emd_unwind_ident_now(struct emd_unwind_ident *id)
 {
 	struct task_struct *t = (struct task_struct *)bpf_get_current_task();
+	struct task_struct *leader = BPF_CORE_READ(t, group_leader);
+
+	id->mm = (__u64)BPF_CORE_READ(t, mm);
+	id->start = BPF_CORE_READ(leader, start_time);
+	id->exec = BPF_CORE_READ(leader, self_exec_id);
+}
+
+static __always_inline bool
+emd_unwind_process_ok(__u32 tgid, const struct emd_unwind_ident *id, __u8 *end,
+		      __u64 *epoch)
+{
 	struct emd_unwind_settled *s;
 	struct emd_unwind_proc *p;
-	struct task_struct *leader = BPF_CORE_READ(t, group_leader);
-	__u64 mm = (__u64)BPF_CORE_READ(t, mm);
-	__u64 start = BPF_CORE_READ(leader, start_time);
-	__u64 exec = BPF_CORE_READ(leader, self_exec_id);
+	__u64 mm = id->mm, start = id->start, exec = id->exec;
 
 	if (!mm) {
 		*end = EMD_UNWIND_END_NO_USER;
@@ -461,7 +514,7 @@ static __always_inline void emd_walk_step(struct emd_walk_regs *r, __u32 tgid,
 	__u64 lookup, stored, off_bias, cfa, ra = 0, fp = 0, sp = 0;
 	__u64 saved[2];
 	__u32 file, index = 0;
-	__u8 file_fp, found;
+	__u8 file_fp;
 
 	/* The last place is the cut mark's: a stack deeper than that says so. */
 	if (depth >= EMD_STACK_MAX_DEPTH - 1 ||
@@ -483,8 +536,7 @@ static __always_inline void emd_walk_step(struct emd_walk_regs *r, __u32 tgid,
 		file = held.file;
 		off_bias = held.off_bias;
 		file_fp = held.file_fp;
-		if (held.found)
-			emd_unwind_rule(held.rule, &rule);
+		rule = held.rule;
 	} else {
 		if (!r->file || lookup < r->map_start ||
 		    lookup >= r->map_end) {
@@ -494,8 +546,7 @@ static __always_inline void emd_walk_step(struct emd_walk_regs *r, __u32 tgid,
 		file = r->file;
 		off_bias = r->off_bias;
 		file_fp = r->file_fp;
-		found = emd_walk_rule_index(r, lookup - r->bias, &index);
-		if (found)
+		if (emd_walk_rule_index(r, lookup - r->bias, &index))
 			emd_unwind_rule(index, &rule);
 		if (c) {
 			/* The address last: an entry is whole once it has it. */
@@ -504,9 +555,8 @@ static __always_inline void emd_walk_step(struct emd_walk_regs *r, __u32 tgid,
 			c->epoch = r->epoch;
 			c->off_bias = off_bias;
 			c->file = file;
-			c->rule = (__u16)index;
-			c->found = found;
 			c->file_fp = file_fp;
+			c->rule = rule;
 			emd_barrier();
 			c->addr = lookup;
 		}
@@ -690,6 +740,7 @@ emd_unwind_syscall_returns(const struct pt_regs *regs, long ret)
 	p = bpf_map_lookup_elem(&emd_unwind_procs, &tgid);
 	if (p)
 		__sync_fetch_and_add(&p->gen, 1);
+	emd_unwind_version_bump(); /* also where the record was evicted */
 }
 
 /* The current task exits: where it is a process's leader that walks have met,
@@ -714,6 +765,42 @@ static __always_inline void emd_unwind_task_exits(void)
 	}
 
 /*
+ * emd_unwind_process_ok for walk w, in the sample slot through its memo: the
+ * same process (tgid and emd_unwind_ident) under the same version passed the
+ * check before, with the epoch it found: the two hash lookups are skipped. Only the sample slot keeps one:
+ * its program runs in an interrupt, never preempted, so a memo is never
+ * written in halves; the task slot's walks (sys_exit) may be preempted.
+ */
+static __always_inline bool emd_walk_process_ok(struct emd_walk *w, __u32 slot)
+{
+	__u64 *at = emd_unwind_version_at();
+	struct emd_unwind_ident id;
+	__u64 version;
+
+	emd_unwind_ident_now(&id);
+	if (slot != EMD_WALK_SLOT_SAMPLE || !at)
+		return emd_unwind_process_ok(w->tgid, &id, &w->end, &w->epoch);
+	/* Read before the check it may memo: a change after it bumps it. */
+	version = *(volatile __u64 *)at;
+	if (id.mm && w->memo_tgid == w->tgid && w->memo_id.mm == id.mm &&
+	    w->memo_id.start == id.start && w->memo_id.exec == id.exec &&
+	    w->memo_version == version) {
+		w->epoch = w->memo_epoch;
+		w->memo_hit = 1;
+		return true;
+	}
+	w->memo_tgid = 0;
+	w->memo_caller = 0;
+	if (!emd_unwind_process_ok(w->tgid, &id, &w->end, &w->epoch))
+		return false;
+	w->memo_id = id;
+	w->memo_version = version;
+	w->memo_epoch = w->epoch;
+	w->memo_tgid = w->tgid;
+	return true;
+}
+
+/*
  * Starts a walk of the current task's user stack from its user registers
  * (ip, sp, bp and cs, as saved on entry or in a perf sample) in per-CPU slot
  * `slot`: the state for the caller to fill (caller[]) before it tail-calls
@@ -733,6 +820,7 @@ emd_walk_begin(__u32 slot, __u64 ip, __u64 sp, __u64 bp, __u64 cs)
 	w->tgid = w->owner >> 32;
 	w->stack.nr = 0;
 	w->done = 0;
+	w->memo_hit = 0;
 	w->end = EMD_UNWIND_END_COMPLETE;
 	w->fp_known = 1;
 	w->activation = 1;
@@ -745,7 +833,7 @@ emd_walk_begin(__u32 slot, __u64 ip, __u64 sp, __u64 bp, __u64 cs)
 		return w;
 	}
 	w->epoch = 0;
-	if (!emd_unwind_process_ok(w->tgid, &w->end, &w->epoch)) {
+	if (!emd_walk_process_ok(w, slot)) {
 		w->stack.ips[0] = ip;
 		w->stack.nr = 1;
 		w->done = 1;

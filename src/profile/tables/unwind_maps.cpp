@@ -3,9 +3,11 @@
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 #include <endian.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -90,8 +92,14 @@ UnwindMaps::UnwindMaps(const UnwindMapLimits& limits) : limits_(limits) {
     rules_ = make_map(BPF_MAP_TYPE_ARRAY, "emd_unwind_rules", sizeof(__u32),
                       sizeof(emd_unwind_rule), limits.rules);
     wants_ = make_map(BPF_MAP_TYPE_RINGBUF, "emd_unwind_wants", 0, 0, limits.wants_bytes);
+    version_ = make_map(BPF_MAP_TYPE_ARRAY, "emd_unwind_version", sizeof(__u32), sizeof(__u64), 1,
+                        BPF_F_MMAPABLE);
+    void* word = mmap(nullptr, static_cast<std::size_t>(sysconf(_SC_PAGESIZE)),
+                      PROT_READ | PROT_WRITE, MAP_SHARED, version_, 0);
+    if (word == MAP_FAILED) throw BpfError(bpf_error_text("mapping emd_unwind_version", -errno));
+    version_word_ = static_cast<std::uint64_t*>(word);
   } catch (...) {
-    for (int fd : {mappings_, procs_, settled_, files_, pages_, rows_, rules_, wants_}) {
+    for (int fd : fds()) {
       if (fd >= 0) close(fd);
     }
     throw;
@@ -100,7 +108,8 @@ UnwindMaps::UnwindMaps(const UnwindMapLimits& limits) : limits_(limits) {
 }
 
 UnwindMaps::~UnwindMaps() {
-  for (int fd : {mappings_, procs_, settled_, files_, pages_, rows_, rules_, wants_}) {
+  if (version_word_) munmap(version_word_, static_cast<std::size_t>(sysconf(_SC_PAGESIZE)));
+  for (int fd : fds()) {
     if (fd >= 0) close(fd);
   }
 }
@@ -110,7 +119,8 @@ void UnwindMaps::share(bpf_object* obj) const {
       {"emd_unwind_mappings", mappings_}, {"emd_unwind_procs", procs_},
       {"emd_unwind_settled", settled_},   {"emd_unwind_files", files_},
       {"emd_unwind_pages", pages_},       {"emd_unwind_rows", rows_},
-      {"emd_unwind_rules", rules_},       {"emd_unwind_wants", wants_}};
+      {"emd_unwind_rules", rules_},       {"emd_unwind_wants", wants_},
+      {"emd_unwind_version", version_}};
   for (const auto& [name, fd] : shared) {
     bpf_map* map = bpf_object__find_map_by_name(obj, name);
     if (!map) throw BpfError(std::string("the walker's map ") + name + " is missing");
@@ -296,12 +306,19 @@ bool UnwindMaps::proc(std::uint32_t tgid, emd_unwind_proc& out) const {
 std::uint64_t UnwindMaps::settle(std::uint32_t tgid, emd_unwind_settled s, std::uint64_t epoch) {
   s.epoch = epoch != 0 ? epoch : ++epochs_;
   bpf_map_update_elem(settled_, &tgid, &s, BPF_ANY);
+  bump_version();
   return s.epoch;
 }
 
 void UnwindMaps::forget(std::uint32_t tgid) {
   bpf_map_delete_elem(settled_, &tgid);
   bpf_map_delete_elem(procs_, &tgid);
+  bump_version();
+}
+
+void UnwindMaps::bump_version() {
+  // The kernel side bumps it too (an atomic add): so must this.
+  std::atomic_ref<std::uint64_t>(*version_word_).fetch_add(1);
 }
 
 UnwindMaps::Usage UnwindMaps::usage() const {
@@ -318,7 +335,7 @@ UnwindMaps::Usage UnwindMaps::usage() const {
 
 std::uint64_t UnwindMaps::kernel_bytes() const {
   std::uint64_t total = 0;
-  for (int fd : {mappings_, procs_, settled_, files_, pages_, rows_, rules_, wants_}) {
+  for (int fd : fds()) {
     std::ifstream in("/proc/self/fdinfo/" + std::to_string(fd));
     for (std::string line; std::getline(in, line);) {
       if (line.rfind("memlock:", 0) == 0) total += std::stoull(line.substr(8));

@@ -6,6 +6,7 @@
 
 #include <linux/types.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -66,7 +67,7 @@ class UnwindMaps {
   void set_state(std::uint32_t file, std::uint32_t state);
   // The file is no longer mapped by any process: its state and pages go now, its rows are
   // reused once no walk can be reading them (kGrace). Only then: the walk's frame cache keeps
-  // a file's id and rule indexes for as long as a settlement of a process that maps it holds,
+  // a file's id and rules for as long as a settlement of a process that maps it holds,
   // without looking at the file's state again.
   void unload(std::uint32_t file);
   static constexpr std::chrono::seconds kGrace{2};
@@ -100,8 +101,17 @@ class UnwindMaps {
   void reclaim();
 
   UnwindMapLimits limits_;
+  // Every map's descriptor.
+  std::array<int, 9> fds() const {
+    return {mappings_, procs_, settled_, files_, pages_, rows_, rules_, wants_, version_};
+  }
+  // Bumps emd_unwind_version: after a process's settlement changed (a sample walk's memo of
+  // its process check holds while the number stays).
+  void bump_version();
+
   int mappings_ = -1, procs_ = -1, settled_ = -1, files_ = -1, pages_ = -1, rows_ = -1, rules_ = -1,
-      wants_ = -1;
+      wants_ = -1, version_ = -1;
+  std::uint64_t* version_word_ = nullptr;  // emd_unwind_version's, mapped
   mutable std::mutex mutex_;
   std::map<std::uint32_t, std::uint32_t> free_;  // first row -> count
   struct Retired {
