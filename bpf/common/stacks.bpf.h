@@ -10,7 +10,9 @@
  * emd_stacks is an LRU hash (preallocated, as LRU maps always are: no
  * allocation in the interrupt or under the scheduler's lock that takes a
  * stack), sized by user space. A stack evicted before it was read is found
- * missing by whoever looks it up, and counted there.
+ * missing by whoever looks it up, and counted there. A sample's walk skips
+ * the lookup of the stack it kept last on its CPU, up to 16 times in a row
+ * (emd_walk_keep): such a stack is marked used at every 16th sample of it.
  *
  * Scratch slots: bpf_get_stack writes into a per-CPU slot before the stack is
  * hashed. A program that can interrupt another on the same CPU (a perf event
@@ -85,24 +87,14 @@ static __always_inline bool emd_stack_same(const struct emd_stack *kept,
 }
 
 /*
- * Keeps the len bytes of frames that bpf_get_stack wrote into s->ips. Returns
- * the stack's hash; 0 when there are no frames; EMD_STACK_NOT_KEPT (counted)
- * when they could not be read or kept.
+ * The hash of the nr frames of s (nr below EMD_STACK_MAX_DEPTH + 1, not 0),
+ * with s->nr and its second hash s->check set.
  */
-static __always_inline __u64 emd_stack_keep(struct emd_stack *s, long len)
+static __always_inline __u64 emd_stack_hash(struct emd_stack *s, __u32 nr)
 {
-	struct emd_stack *old;
 	__u64 h, check;
-	long err;
-	__u32 i, nr;
+	__u32 i;
 
-	if (len < 0) {
-		emd_stack_frames(len); /* counts the error */
-		return EMD_STACK_NOT_KEPT;
-	}
-	nr = emd_stack_frames(len);
-	if (nr == 0)
-		return 0;
 	s->nr = nr;
 	h = emd_stack_mix(0x243f6a8885a308d3ULL, nr, 0x9e3779b97f4a7c15ULL);
 	check = emd_stack_mix(0x13198a2e03707344ULL, nr, 0xc2b2ae3d27d4eb4fULL);
@@ -115,6 +107,19 @@ static __always_inline __u64 emd_stack_keep(struct emd_stack *s, long len)
 	if (h == 0 || h == EMD_STACK_NOT_KEPT)
 		h = 1;
 	s->check = check;
+	return h;
+}
+
+/* Keeps stack s of nr frames (not 0) under its hash h (emd_stack_hash): h,
+ * or EMD_STACK_NOT_KEPT (counted). */
+static __always_inline __u64 emd_stack_keep_hashed(struct emd_stack *s,
+						   __u32 nr, __u64 h)
+{
+	struct emd_stack *old;
+	long err;
+
+	if (nr == 0)
+		return 0;
 	/* A stack seen before is kept already (the lookup marks it used). */
 	old = bpf_map_lookup_elem(&emd_stacks, &h);
 	if (!old) {
@@ -139,6 +144,25 @@ static __always_inline __u64 emd_stack_keep(struct emd_stack *s, long len)
 		return EMD_STACK_NOT_KEPT;
 	}
 	return h;
+}
+
+/*
+ * Keeps the len bytes of frames that bpf_get_stack wrote into s->ips. Returns
+ * the stack's hash; 0 when there are no frames; EMD_STACK_NOT_KEPT (counted)
+ * when they could not be read or kept.
+ */
+static __always_inline __u64 emd_stack_keep(struct emd_stack *s, long len)
+{
+	__u32 nr;
+
+	if (len < 0) {
+		emd_stack_frames(len); /* counts the error */
+		return EMD_STACK_NOT_KEPT;
+	}
+	nr = emd_stack_frames(len);
+	if (nr == 0)
+		return 0;
+	return emd_stack_keep_hashed(s, nr, emd_stack_hash(s, nr));
 }
 
 static __always_inline struct emd_stack *emd_stack_scratch_slot(__u32 slot)

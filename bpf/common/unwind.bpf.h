@@ -195,9 +195,14 @@ struct emd_walk {
 	 * process under the same memo (0 when the memo is new). */
 	__u32 memo_tgid;
 	__u8 memo_hit;
+	__u8 slot; /* EMD_WALK_SLOT_* */
 	struct emd_unwind_ident memo_id;
 	__u64 memo_version, memo_epoch;
 	__u64 memo_caller;
+	/* The sample slot's last stack kept (emd_walk_keep): its hash and
+	 * second hash, and the walks that found it since it was looked up. */
+	__u64 memo_stack, memo_stack_check;
+	__u32 memo_stack_uses;
 	struct emd_stack stack;
 	/* What the starter keeps for its finish (a profile key, a slow event's
 	 * fields), read back by the finish. */
@@ -821,6 +826,7 @@ emd_walk_begin(__u32 slot, __u64 ip, __u64 sp, __u64 bp, __u64 cs)
 	w->stack.nr = 0;
 	w->done = 0;
 	w->memo_hit = 0;
+	w->slot = slot;
 	w->end = EMD_UNWIND_END_COMPLETE;
 	w->fp_known = 1;
 	w->activation = 1;
@@ -921,14 +927,37 @@ static __always_inline void emd_walk_end(struct emd_walk *w)
 		emd_walk_end(w);                                               \
 	} while (0)
 
-/* The hash of walk w's stack, kept (common/stacks.bpf.h). */
+/* Walks of the sample slot that may find the stack it kept last without
+ * looking it up (each lookup marks it used in the LRU map, which keeps it
+ * from being evicted first). */
+#define EMD_WALK_KEEP_MEMO_USES 16
+
+/* The hash of walk w's stack, kept (common/stacks.bpf.h). The sample slot
+ * skips the lookup while its stack is the one it kept last (a thread on a
+ * CPU sampled at the same place), up to EMD_WALK_KEEP_MEMO_USES times. */
 static __always_inline __u64 emd_walk_keep(struct emd_walk *w)
 {
 	__u32 nr = w->stack.nr;
+	__u64 h;
 
 	if (nr > EMD_STACK_MAX_DEPTH)
 		nr = EMD_STACK_MAX_DEPTH;
-	return emd_stack_keep(&w->stack, (long)nr * 8);
+	if (w->slot != EMD_WALK_SLOT_SAMPLE || nr == 0)
+		return emd_stack_keep(&w->stack, (long)nr * 8);
+	h = emd_stack_hash(&w->stack, nr);
+	if (h == w->memo_stack && w->stack.check == w->memo_stack_check &&
+	    w->memo_stack_uses < EMD_WALK_KEEP_MEMO_USES) {
+		w->memo_stack_uses++;
+		return h;
+	}
+	w->memo_stack = 0;
+	h = emd_stack_keep_hashed(&w->stack, nr, h);
+	if (h != EMD_STACK_NOT_KEPT && h != 0) {
+		w->memo_stack_check = w->stack.check;
+		w->memo_stack_uses = 0;
+		w->memo_stack = h;
+	}
+	return h;
 }
 
 /*
