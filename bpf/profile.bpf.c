@@ -158,9 +158,11 @@ static __always_inline void announce_again(__u32 tgid, bool at_once)
 
 	if (!known)
 		return; /* not announced yet: it will be, whole */
-	known->again = 1;
 	if (at_once)
 		known->at = 0;
+	if (known->again)
+		return; /* asked already: no memo can hold since */
+	known->again = 1;
 	__sync_fetch_and_add(&announce_gen, 1);
 }
 
@@ -241,21 +243,33 @@ struct walk_caller {
 	__u64 count, ns, began, ended;
 };
 
-/* A walk is done: its sample or wait is added with the stack it found. */
-static __always_inline void walk_done(void *ctx, struct emd_walk *w)
+/* A walk in slot `slot` is done: its sample or wait is added with the stack
+ * it found. */
+static __always_inline void walk_done(struct emd_walk *w, __u32 slot)
 {
 	struct walk_caller *c = (void *)w->caller;
 
-	c->key.ustack = emd_walk_keep(w);
+	c->key.ustack = emd_walk_keep(w, slot);
 	add_n(&c->key, c->count, c->ns, c->began, c->ended);
 }
 
+/* The finish of each slot's walks (EMD_WALK_RUN), the slot a constant. */
+static __always_inline void sample_walk_done(void *ctx, struct emd_walk *w)
+{
+	walk_done(w, EMD_WALK_SLOT_SAMPLE);
+}
+
+static __always_inline void exit_walk_done(void *ctx, struct emd_walk *w)
+{
+	walk_done(w, EMD_WALK_SLOT_TASK);
+}
+
 /* Hands walk w, its caller filled, to `walkers`, or adds its sample or wait
- * at once where no walker runs (EMD_WALK_HAND_OFF). */
-#define WALK_ON(ctx, w, walkers)                                               \
+ * at once where no walker runs (EMD_WALK_HAND_OFF) with `done`. */
+#define WALK_ON(ctx, w, walkers, done)                                         \
 	do {                                                                   \
 		EMD_WALK_HAND_OFF(ctx, w, walkers);                            \
-		walk_done(ctx, w);                                             \
+		done(ctx, w);                                                  \
 	} while (0)
 
 /* Whether sample ctx interrupted user mode. */
@@ -273,10 +287,10 @@ static __always_inline void announce_memoized(struct emd_walk *w, __u32 tgid)
 {
 	__u64 gen = *(volatile __u64 *)&announce_gen;
 
-	if (w->memo_hit && w->memo_caller == gen + 1)
+	if (w->memo_hit && w->memo_announced == gen + 1)
 		return;
 	if (announce(tgid) && w->memo_tgid == tgid)
-		w->memo_caller = gen + 1;
+		w->memo_announced = gen + 1;
 }
 
 /* Starts the walk of a sample's user stack: from the interrupted registers
@@ -298,21 +312,21 @@ sample_walk_begin(struct bpf_perf_event_data *ctx)
 SEC("perf_event")
 int profile_sample_walk(struct bpf_perf_event_data *ctx)
 {
-	EMD_WALK_RUN(ctx, EMD_WALK_SLOT_SAMPLE, &sample_walkers, walk_done);
+	EMD_WALK_RUN(ctx, EMD_WALK_SLOT_SAMPLE, &sample_walkers, sample_walk_done);
 	return 0;
 }
 
 SEC("tp_btf/sys_exit")
 int BPF_PROG(profile_exit_walk_btf, struct pt_regs *regs, long ret)
 {
-	EMD_WALK_RUN(ctx, EMD_WALK_SLOT_TASK, &exit_walkers_btf, walk_done);
+	EMD_WALK_RUN(ctx, EMD_WALK_SLOT_TASK, &exit_walkers_btf, exit_walk_done);
 	return 0;
 }
 
 SEC("raw_tp/sys_exit")
 int BPF_PROG(profile_exit_walk_raw, struct pt_regs *regs, long ret)
 {
-	EMD_WALK_RUN(ctx, EMD_WALK_SLOT_TASK, &exit_walkers_raw, walk_done);
+	EMD_WALK_RUN(ctx, EMD_WALK_SLOT_TASK, &exit_walkers_raw, exit_walk_done);
 	return 0;
 }
 
@@ -353,7 +367,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 			c->ns = ctx->sample_period;
 			c->began = 0;
 			c->ended = 0;
-			WALK_ON(ctx, w, &sample_walkers);
+			WALK_ON(ctx, w, &sample_walkers, sample_walk_done);
 			return 0;
 		}
 	}
@@ -558,9 +572,9 @@ static __always_inline void syscall_returns(void *ctx, struct pt_regs *regs,
 	c->began = w.began;
 	c->ended = w.ended;
 	if (raw)
-		WALK_ON(ctx, walk, &exit_walkers_raw);
+		WALK_ON(ctx, walk, &exit_walkers_raw, exit_walk_done);
 	else
-		WALK_ON(ctx, walk, &exit_walkers_btf);
+		WALK_ON(ctx, walk, &exit_walkers_btf, exit_walk_done);
 }
 
 SEC("tp_btf/sys_exit")

@@ -11,8 +11,8 @@
  * allocation in the interrupt or under the scheduler's lock that takes a
  * stack), sized by user space. A stack evicted before it was read is found
  * missing by whoever looks it up, and counted there. A sample's walk skips
- * the lookup of the stack it kept last on its CPU, up to 16 times in a row
- * (emd_walk_keep): such a stack is marked used at every 16th sample of it.
+ * the lookup of the stack it kept last on its CPU, at most 16 times in a row
+ * (emd_walk_keep): such a stack is marked used less often.
  *
  * Scratch slots: bpf_get_stack writes into a per-CPU slot before the stack is
  * hashed. A program that can interrupt another on the same CPU (a perf event

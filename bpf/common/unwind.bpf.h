@@ -95,11 +95,12 @@ struct {
 	__uint(max_entries, 4096); /* sized by user space */
 } emd_unwind_wants SEC(".maps");
 
-/* A number bumped after every change to a process's record or settlement:
- * by the daemon after it settles or forgets one, by the kernel side after an
- * unmapping. The sample walk's memo of its last process
- * check holds while the number stays (emd_walk_process_ok). The daemon maps
- * it to bump it. */
+/* A number bumped after every change that can fail a process check that
+ * passed, or change the epoch it finds: by the daemon after it settles or
+ * forgets a process, by the kernel side after an unmapping it sees (the
+ * kernel's own new records and LRU evictions change neither). The sample
+ * walk's memo of its last process check holds while the number stays
+ * (emd_walk_process_ok). The daemon maps it to bump it. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(map_flags, BPF_F_MMAPABLE);
@@ -133,7 +134,8 @@ static __always_inline void emd_unwind_version_bump(void)
  * address last and read whole or not at all (emd_unwind_cache_hit), should a
  * walk interrupt another of its slot on a CPU (see the top). A hit needs no
  * file state: a file's table is unloaded only once no settled process maps
- * it (ProcessManager: its references), and every settlement has a new epoch. */
+ * it (ProcessManager: its references), and a settlement has a new epoch
+ * unless the daemon's read found the same files at the same places. */
 struct emd_unwind_cached {
 	__u64 addr;	/* the address looked up (0: empty) */
 	__u64 epoch;	/* the settlement it holds for */
@@ -168,6 +170,10 @@ struct {
  * the daemon needs a few milliseconds to read it). */
 #define EMD_UNWIND_ASK_NS 5000000ULL
 
+/* Walks of the sample slot that one memo serves (emd_walk_process_ok,
+ * emd_walk_keep). */
+#define EMD_WALK_MEMO_USES 16
+
 #define EMD_WALK_SLOT_TASK 0
 #define EMD_WALK_SLOT_SAMPLE 1
 #define EMD_WALK_CALLER_BYTES 256
@@ -191,14 +197,16 @@ struct emd_walk {
 	/* The sample slot's memo of its last process check that passed: the
 	 * process (tgid, emd_unwind_ident), the version it was made under and
 	 * the epoch it found; memo_hit when this walk's check was the memo's.
-	 * memo_caller is the starter's, to keep what it checked of the same
-	 * process under the same memo (0 when the memo is new). */
+	 * memo_announced: the profile's memo that the same process was
+	 * announced (announce_gen + 1; 0 when the memo is new). A memo serves
+	 * EMD_WALK_MEMO_USES walks at most, then the check is made again: its
+	 * lookups mark the process's records used in their LRU maps. */
 	__u32 memo_tgid;
 	__u8 memo_hit;
-	__u8 slot; /* EMD_WALK_SLOT_* */
+	__u8 memo_uses; /* hits since the check was made */
 	struct emd_unwind_ident memo_id;
 	__u64 memo_version, memo_epoch;
-	__u64 memo_caller;
+	__u64 memo_announced;
 	/* The sample slot's last stack kept (emd_walk_keep): its hash and
 	 * second hash, and the walks that found it since it was looked up. */
 	__u64 memo_stack, memo_stack_check;
@@ -248,12 +256,7 @@ static __always_inline void emd_unwind_ask(__u32 tgid, __u32 file, __u32 why)
 	bpf_ringbuf_submit(want, 0);
 }
 
-/*
- * Whether the current process's mappings, as the daemon read them, hold now:
- * it is the process the daemon read (its mm and its leader's start), and
- * nothing was seen to change its code since. Else the walk cannot use them
- * (end *end) and the daemon is asked to read it.
- */
+/* The current process's emd_unwind_ident. */
 static __always_inline void emd_unwind_ident_now(struct emd_unwind_ident *id)
 {
 	struct task_struct *t = (struct task_struct *)bpf_get_current_task();
@@ -264,6 +267,12 @@ static __always_inline void emd_unwind_ident_now(struct emd_unwind_ident *id)
 	id->exec = BPF_CORE_READ(leader, self_exec_id);
 }
 
+/*
+ * Whether the current process's mappings, as the daemon read them, hold now:
+ * it is the process the daemon read (id), and nothing was seen to change its
+ * code since. Else the walk cannot use them (end *end) and the daemon is
+ * asked to read it.
+ */
 static __always_inline bool
 emd_unwind_process_ok(__u32 tgid, const struct emd_unwind_ident *id, __u8 *end,
 		      __u64 *epoch)
@@ -428,7 +437,8 @@ struct emd_walk_regs {
 	__u32 page_file, page, page_first, page_count;
 };
 
-/* The mapping the daemon wrote that holds address a of process tgid, or NULL. */
+/* The mapping the daemon wrote that holds address a of process tgid, or
+ * NULL. */
 static __always_inline struct emd_unwind_mapping *
 emd_unwind_mapping_at(__u32 tgid, __u64 a)
 {
@@ -772,9 +782,10 @@ static __always_inline void emd_unwind_task_exits(void)
 /*
  * emd_unwind_process_ok for walk w, in the sample slot through its memo: the
  * same process (tgid and emd_unwind_ident) under the same version passed the
- * check before, with the epoch it found: the two hash lookups are skipped. Only the sample slot keeps one:
- * its program runs in an interrupt, never preempted, so a memo is never
- * written in halves; the task slot's walks (sys_exit) may be preempted.
+ * check before, with the epoch it found: the two hash lookups are skipped.
+ * Only the sample slot keeps one: its program runs in an interrupt, never
+ * preempted, so a memo is never written in halves; the task slot's walks
+ * (sys_exit) may be preempted.
  */
 static __always_inline bool emd_walk_process_ok(struct emd_walk *w, __u32 slot)
 {
@@ -785,17 +796,20 @@ static __always_inline bool emd_walk_process_ok(struct emd_walk *w, __u32 slot)
 	emd_unwind_ident_now(&id);
 	if (slot != EMD_WALK_SLOT_SAMPLE || !at)
 		return emd_unwind_process_ok(w->tgid, &id, &w->end, &w->epoch);
-	/* Read before the check it may memo: a change after it bumps it. */
+	/* Read before the check it may memo: a change after it bumps it (x86
+	 * keeps loads in order; the writers store, then bump). */
 	version = *(volatile __u64 *)at;
 	if (id.mm && w->memo_tgid == w->tgid && w->memo_id.mm == id.mm &&
 	    w->memo_id.start == id.start && w->memo_id.exec == id.exec &&
-	    w->memo_version == version) {
+	    w->memo_version == version && w->memo_uses < EMD_WALK_MEMO_USES) {
+		w->memo_uses++;
 		w->epoch = w->memo_epoch;
 		w->memo_hit = 1;
 		return true;
 	}
 	w->memo_tgid = 0;
-	w->memo_caller = 0;
+	w->memo_uses = 0;
+	w->memo_announced = 0;
 	if (!emd_unwind_process_ok(w->tgid, &id, &w->end, &w->epoch))
 		return false;
 	w->memo_id = id;
@@ -826,7 +840,6 @@ emd_walk_begin(__u32 slot, __u64 ip, __u64 sp, __u64 bp, __u64 cs)
 	w->stack.nr = 0;
 	w->done = 0;
 	w->memo_hit = 0;
-	w->slot = slot;
 	w->end = EMD_UNWIND_END_COMPLETE;
 	w->fp_known = 1;
 	w->activation = 1;
@@ -927,26 +940,26 @@ static __always_inline void emd_walk_end(struct emd_walk *w)
 		emd_walk_end(w);                                               \
 	} while (0)
 
-/* Walks of the sample slot that may find the stack it kept last without
- * looking it up (each lookup marks it used in the LRU map, which keeps it
- * from being evicted first). */
-#define EMD_WALK_KEEP_MEMO_USES 16
-
-/* The hash of walk w's stack, kept (common/stacks.bpf.h). The sample slot
- * skips the lookup while its stack is the one it kept last (a thread on a
- * CPU sampled at the same place), up to EMD_WALK_KEEP_MEMO_USES times. */
-static __always_inline __u64 emd_walk_keep(struct emd_walk *w)
+/* The hash of walk w's stack (in slot `slot`, a constant), kept
+ * (common/stacks.bpf.h). The sample slot skips the lookup while its stack is
+ * the one it kept last (a thread on a CPU sampled at the same place), at most
+ * EMD_WALK_MEMO_USES times in a row: a lookup marks the stack used in the LRU
+ * map, which keeps it from being evicted first. The daemon empties the map at
+ * each read and keeps what it read: a stack a memo names, gone from the map
+ * since, is still named; one evicted before the daemon read it (more stacks
+ * between two reads than the map holds) is counted missing there. */
+static __always_inline __u64 emd_walk_keep(struct emd_walk *w, __u32 slot)
 {
 	__u32 nr = w->stack.nr;
 	__u64 h;
 
 	if (nr > EMD_STACK_MAX_DEPTH)
 		nr = EMD_STACK_MAX_DEPTH;
-	if (w->slot != EMD_WALK_SLOT_SAMPLE || nr == 0)
+	if (slot != EMD_WALK_SLOT_SAMPLE || nr == 0)
 		return emd_stack_keep(&w->stack, (long)nr * 8);
 	h = emd_stack_hash(&w->stack, nr);
 	if (h == w->memo_stack && w->stack.check == w->memo_stack_check &&
-	    w->memo_stack_uses < EMD_WALK_KEEP_MEMO_USES) {
+	    w->memo_stack_uses < EMD_WALK_MEMO_USES) {
 		w->memo_stack_uses++;
 		return h;
 	}

@@ -19,6 +19,9 @@
  * - emd_unwind_wants, a ring: the processes a walk found unread or changed,
  *   and the files it waited for, for the daemon to read and load.
  * - emd_unwind_ends: walks by how they ended.
+ * - emd_unwind_version: a number bumped after any change that can fail a
+ *   process check that passed (the sample walk's memo of its last check
+ *   holds while it stays); the daemon maps it.
  */
 #ifndef EBPF_METRICSD_UNWIND_H
 #define EBPF_METRICSD_UNWIND_H
@@ -69,9 +72,11 @@ struct emd_unwind_settled {
 	__u64 exec;
 	__u32 gen;     /* the emd_unwind_proc gen read before the mappings */
 	__u32 reading; /* a read under way: any unmapping bumps the gen */
-	__u64 epoch;   /* this settlement's number, unique over the daemon's
-			  life: what a walk learnt from the process's mappings
-			  holds while it is the same (the frame cache) */
+	__u64 epoch;   /* this settlement's number, given to no other process
+			  over the daemon's life, and again to this one only
+			  when a read found the same files at the same places:
+			  what a walk learnt from the process's mappings holds
+			  while it is the same (the frame cache) */
 };
 
 enum emd_unwind_file_state {

@@ -88,3 +88,44 @@ TEST_CASE("unwind maps: rules no loaded table uses are given back", "[unwind_tab
   CHECK(maps.load(3, table_of(64)) == UnwindMaps::Loaded::Ok);
   CHECK(maps.usage().rules == 3);
 }
+
+// A full trie: a block whose file changed is written again (not left naming the old file,
+// as an update in place that a full trie refuses before Linux 6.13 would), and a write that
+// fell short is made whole by the next read's rewrite once there is room. Makes BPF maps:
+// root only.
+TEST_CASE("unwind maps: a full trie never names another file's frames", "[unwind_table]") {
+  if (geteuid() != 0) {
+    WARN("skipped: making BPF maps needs root");
+    return;
+  }
+  const MappedRange lib{0x7f0000000000, 0x7f0000010000, 1, 0x7f0000000000, 0x7f0000000000};
+  const MappedRange exe{0x400000, 0x401000, 2, 0, 0x400000};
+  const MappedRange more{0x500000, 0x501000, 4, 0, 0x500000};
+  const MappedRange elsewhere{0x600000, 0x601000, 5, 0, 0x600000};  // another process's
+  UnwindMapLimits limits;
+  limits.mapping_blocks = static_cast<std::uint32_t>(
+      mapping_blocks(7, lib.start, lib.end).size() + mapping_blocks(7, exe.start, exe.end).size() +
+      mapping_blocks(9, elsewhere.start, elsewhere.end).size());
+  limits.processes = limits.files = limits.pages = 16;
+  limits.rows = 64;
+  limits.rules = 4;
+  UnwindMaps maps(limits);
+  REQUIRE(maps.write_mappings(9, {}, {elsewhere}));
+  REQUIRE(maps.write_mappings(7, {}, {lib, exe}));  // the trie is full
+  CHECK(maps.file_at(7, lib.start + 0x100) == 1);
+  // Another library at the same place.
+  MappedRange other = lib;
+  other.file = 3;
+  CHECK(maps.write_mappings(7, {lib, exe}, {other, exe}));
+  CHECK(maps.file_at(7, lib.start + 0x100) == 3);
+  CHECK(maps.file_at(7, exe.start) == 2);
+  // More than fits: short, and what is missing names nothing.
+  CHECK_FALSE(maps.write_mappings(7, {other, exe}, {other, exe, more}));
+  CHECK(maps.file_at(7, more.start) == 0);
+  // Room made (the other process gone); the next read finds the same ranges and rewrites.
+  REQUIRE(maps.write_mappings(9, {elsewhere}, {}));
+  CHECK(maps.write_mappings(7, {other, exe, more}, {other, exe, more}, /*rewrite=*/true));
+  CHECK(maps.file_at(7, more.start) == 4);
+  CHECK(maps.file_at(7, other.start + 0x100) == 3);
+  CHECK(maps.file_at(7, exe.start) == 2);
+}

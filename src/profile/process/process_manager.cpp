@@ -249,6 +249,7 @@ void ProcessManager::read_process(pid_t tgid) {
   std::vector<MappedRange> before;
   std::set<std::uint32_t> old_files;
   std::uint64_t epoch = 0;  // a new one, unless nothing it maps changed
+  bool rewrite = false;
   {
     std::lock_guard lock(mutex_);
     Process& known = processes_[tgid];
@@ -259,7 +260,8 @@ void ProcessManager::read_process(pid_t tgid) {
     const bool same = known.start_time == started && known.ranges == ranges;
     // The same files at the same places: what the walks cached of it holds still (a process
     // with code of no file, a JIT's, is read again every time a walk meets that code).
-    if (same && known.settled) {
+    rewrite = known.short_write;
+    if (same && known.settled && !rewrite) {
       epoch = known.epoch;
       ++counts_.reads_unchanged;
     }
@@ -274,9 +276,12 @@ void ProcessManager::read_process(pid_t tgid) {
     known.settled_gen = p.gen;
     ++counts_.processes_read;
   }
-  if (!maps_.write_mappings(tg, before, ranges)) {
+  const bool written = maps_.write_mappings(tg, before, ranges, rewrite);
+  {
     std::lock_guard lock(mutex_);
-    ++counts_.mappings_full;
+    if (!written) ++counts_.mappings_full;
+    if (auto known = processes_.find(tgid); known != processes_.end())
+      known->second.short_write = !written;
   }
   // The files of the read before give theirs back.
   for (std::uint32_t id : old_files) unref(id);

@@ -284,19 +284,36 @@ void UnwindMaps::unload(std::uint32_t file) {
 }
 
 bool UnwindMaps::write_mappings(std::uint32_t tgid, const std::vector<MappedRange>& before,
-                                const std::vector<MappedRange>& now) {
+                                const std::vector<MappedRange>& now, bool rewrite) {
   const auto old_blocks = blocks_of(tgid, before);
   const auto new_blocks = blocks_of(tgid, now);
+  const auto kept = [&](const auto& key, const auto& value) {
+    auto old = old_blocks.find(key);
+    return !rewrite && old != old_blocks.end() &&
+           std::memcmp(&old->second, &value, sizeof value) == 0;
+  };
+  // A changed block goes before it is written again: a full trie refuses even an update in
+  // place (before Linux 6.13), and the block left as it was would name another file's frames.
   for (const auto& [key, value] : old_blocks) {
-    if (!new_blocks.contains(key)) bpf_map_delete_elem(mappings_, &key);
+    auto now_at = new_blocks.find(key);
+    if (now_at == new_blocks.end() || !kept(key, now_at->second))
+      bpf_map_delete_elem(mappings_, &key);
   }
   bool all = true;
   for (const auto& [key, value] : new_blocks) {
-    auto old = old_blocks.find(key);
-    if (old != old_blocks.end() && std::memcmp(&old->second, &value, sizeof value) == 0) continue;
+    if (kept(key, value)) continue;
     if (bpf_map_update_elem(mappings_, &key, &value, BPF_ANY) != 0) all = false;
   }
   return all;
+}
+
+std::uint32_t UnwindMaps::file_at(std::uint32_t tgid, std::uint64_t addr) const {
+  emd_unwind_map_key key{};
+  key.prefixlen = 32 + 64;
+  key.tgid = htobe32(tgid);
+  key.addr = htobe64(addr);
+  emd_unwind_mapping m{};
+  return bpf_map_lookup_elem(mappings_, &key, &m) == 0 ? m.file : 0;
 }
 
 bool UnwindMaps::proc(std::uint32_t tgid, emd_unwind_proc& out) const {

@@ -125,7 +125,8 @@ class ProcessManager {
     std::set<std::uint32_t> files;
     std::uint32_t settled_gen = 0;
     bool settled = false;
-    std::uint64_t epoch = 0;  // of its last settlement (UnwindMaps::settle)
+    std::uint64_t epoch = 0;   // of its last settlement (UnwindMaps::settle)
+    bool short_write = false;  // its last blocks did not all fit in the trie
     std::chrono::steady_clock::time_point read_at{};
     std::chrono::milliseconds pause{0};
   };

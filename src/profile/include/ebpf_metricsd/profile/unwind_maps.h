@@ -72,11 +72,15 @@ class UnwindMaps {
   void unload(std::uint32_t file);
   static constexpr std::chrono::seconds kGrace{2};
 
-  // Process tgid's mappings: writes the blocks of `now` that `before` does not have and
-  // deletes those of `before` that `now` does not have. False when the trie had no room for
-  // some (they are missing: walks there end as no_mapping).
+  // Process tgid's mappings: writes the blocks of `now` that `before` does not have as they
+  // are and deletes the others of `before`; with `rewrite` (the last write fell short),
+  // deletes all of `before` and writes all of `now`. False when the trie had no room for some
+  // (they are missing: walks there end as no_mapping, and the next read rewrites).
   bool write_mappings(std::uint32_t tgid, const std::vector<MappedRange>& before,
-                      const std::vector<MappedRange>& now);
+                      const std::vector<MappedRange>& now, bool rewrite = false);
+  // The file a walk finds at address addr of process tgid (the trie's longest match): 0 where
+  // there is none, or it is not code.
+  std::uint32_t file_at(std::uint32_t tgid, std::uint64_t addr) const;
   // The kernel's record of process tgid (a walk made it); false when there is none.
   bool proc(std::uint32_t tgid, emd_unwind_proc& out) const;
   // Settles process tgid as `s` says, under `epoch`, or where that is 0 an epoch of its own
