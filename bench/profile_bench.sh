@@ -270,11 +270,22 @@ busy_wait() { wait "${busy_ws[@]}" 2>/dev/null || true; busy_ws=(); }
 if want 5; then
 # 5. Kernel ns per on-CPU sample, ours against bpftrace's profile:hz.
 metric_sum() { curl -s "$url" | awk -v m="$1" 'index($0, m) == 1 {s += $NF} END {print s + 0}'; }
+prog_files() {  # prog_files PID NAME: prog_fdinfo's files in $files, once PID has loaded its
+                # programs (a daemon answers before its tracers are up)
+  files=()
+  for _ in $(seq 100); do
+    mapfile -t files < <(prog_fdinfo "$1" "$2")
+    ((${#files[@]})) && return 0
+    sleep 0.1
+  done
+  echo "process $1 has no program named $2" >&2
+  return 1
+}
 per_sample() {  # per_sample PID NAME [DEPTH]: ns per run of process PID's programs named NAME
                # over 3 s of the workload's CPU on every CPU (read from PID's descriptors,
                # with builtins: no process of the bench's is sampled in the window)
   local files=() a0 c0
-  mapfile -t files < <(prog_fdinfo "$1" "$2")
+  prog_files "$1" "$2"
   fdinfo_runs "${files[@]}"; a0=$run_ns; c0=$run_cnt
   busy_start 3000 "${3:-}"
   busy_wait
@@ -285,17 +296,13 @@ daemon_per_sample() {  # ns of the daemon's CPU per on-CPU sample over 10 s, the
                       # every CPU; read without starting a process, 17 s after the last one
                       # the bench started (the daemon keeps a gone process's files up to 15 s):
                       # the daemon's steady state, its drains and cuts included
-  local fds=() t0 c0
-  for _ in $(seq 100); do  # the daemon answers before its tracers are up
-    mapfile -t fds < <(prog_fdinfo "$pid" on_cpu_sample)
-    ((${#fds[@]})) && break
-    sleep 0.1
-  done
+  local files=() t0 c0
+  prog_files "$pid" on_cpu_sample
   busy_start 40000
   sleep 17
-  daemon_cpu; t0=$daemon_total; fdinfo_runs "${fds[@]}"; c0=$run_cnt
+  daemon_cpu; t0=$daemon_total; fdinfo_runs "${files[@]}"; c0=$run_cnt
   sleep 10
-  daemon_cpu; fdinfo_runs "${fds[@]}"
+  daemon_cpu; fdinfo_runs "${files[@]}"
   busy_stop
   echo "($daemon_total - $t0) / ($run_cnt - $c0)" | bc -l
 }
@@ -322,7 +329,7 @@ config "$dir/s_fp.yaml" 99 true false frame_pointers
 : >"$dir/s_bt20"
 for _ in $(seq "$rounds"); do
   start_daemon "$dir/s_cfi.yaml"
-  sleep 1
+  per_sample "$pid" on_cpu_sample >/dev/null  # the workload's tables loaded
   per_sample "$pid" on_cpu_sample >>"$dir/s_cfi"
   per_sample "$pid" on_cpu_sample 20 >>"$dir/s_cfi20"
   # The daemon's CPU per on-CPU sample, in the steady state: a workload already named (its
@@ -334,10 +341,11 @@ for _ in $(seq "$rounds"); do
   daemon_per_sample >>"$dir/s_daemon997"
   stop_daemon
   start_daemon "$dir/s_fp.yaml"
-  sleep 1
+  per_sample "$pid" on_cpu_sample >/dev/null  # as for cfi: a warm pass first
   per_sample "$pid" on_cpu_sample >>"$dir/s_fp"
   stop_daemon
   start_bpftrace
+  per_sample "$bt" 99 >/dev/null
   per_sample "$bt" 99 >>"$dir/s_bt"
   per_sample "$bt" 99 20 >>"$dir/s_bt20"
   stop_bpftrace
