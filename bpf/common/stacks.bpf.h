@@ -118,8 +118,6 @@ static __always_inline __u64 emd_stack_keep_hashed(struct emd_stack *s,
 	struct emd_stack *old;
 	long err;
 
-	if (nr == 0)
-		return 0;
 	/* A stack seen before is kept already (the lookup marks it used). */
 	old = bpf_map_lookup_elem(&emd_stacks, &h);
 	if (!old) {

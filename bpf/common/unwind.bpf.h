@@ -789,12 +789,14 @@ static __always_inline void emd_unwind_task_exits(void)
  */
 static __always_inline bool emd_walk_process_ok(struct emd_walk *w, __u32 slot)
 {
-	__u64 *at = emd_unwind_version_at();
 	struct emd_unwind_ident id;
-	__u64 version;
+	__u64 version, *at;
 
 	emd_unwind_ident_now(&id);
-	if (slot != EMD_WALK_SLOT_SAMPLE || !at)
+	if (slot != EMD_WALK_SLOT_SAMPLE)
+		return emd_unwind_process_ok(w->tgid, &id, &w->end, &w->epoch);
+	at = emd_unwind_version_at();
+	if (!at)
 		return emd_unwind_process_ok(w->tgid, &id, &w->end, &w->epoch);
 	/* Read before the check it may memo: a change after it bumps it (x86
 	 * keeps loads in order; the writers store, then bump). */

@@ -39,6 +39,15 @@ bool key_less(const emd_unwind_map_key& a, const emd_unwind_map_key& b) {
 }
 
 // Each block of `ranges` with its value.
+// The trie's key of the block of 2^bits bytes at addr (bits 0: the address alone).
+emd_unwind_map_key mapping_key(std::uint32_t tgid, std::uint64_t addr, unsigned bits) {
+  emd_unwind_map_key k{};
+  k.prefixlen = 32 + (64 - bits);
+  k.tgid = htobe32(tgid);
+  k.addr = htobe64(addr);
+  return k;
+}
+
 std::map<emd_unwind_map_key, emd_unwind_mapping, decltype(&key_less)> blocks_of(
     std::uint32_t tgid, const std::vector<MappedRange>& ranges) {
   std::map<emd_unwind_map_key, emd_unwind_mapping, decltype(&key_less)> out(&key_less);
@@ -63,11 +72,7 @@ std::vector<emd_unwind_map_key> mapping_blocks(std::uint32_t tgid, std::uint64_t
     // The largest block aligned at a that ends by `end`.
     unsigned bits = a == 0 ? 63 : static_cast<unsigned>(__builtin_ctzll(a));
     while (bits > 0 && ((end - a) >> bits) == 0) --bits;
-    emd_unwind_map_key k{};
-    k.prefixlen = 32 + (64 - bits);
-    k.tgid = htobe32(tgid);
-    k.addr = htobe64(a);
-    out.push_back(k);
+    out.push_back(mapping_key(tgid, a, bits));
     const std::uint64_t size = std::uint64_t{1} << bits;
     if (a + size < a) break;  // the top of the address space
     a += size;
@@ -99,7 +104,7 @@ UnwindMaps::UnwindMaps(const UnwindMapLimits& limits) : limits_(limits) {
     if (word == MAP_FAILED) throw BpfError(bpf_error_text("mapping emd_unwind_version", -errno));
     version_word_ = static_cast<std::uint64_t*>(word);
   } catch (...) {
-    for (int fd : fds()) {
+    for (const auto& [name, fd] : maps()) {
       if (fd >= 0) close(fd);
     }
     throw;
@@ -109,19 +114,13 @@ UnwindMaps::UnwindMaps(const UnwindMapLimits& limits) : limits_(limits) {
 
 UnwindMaps::~UnwindMaps() {
   if (version_word_) munmap(version_word_, static_cast<std::size_t>(sysconf(_SC_PAGESIZE)));
-  for (int fd : fds()) {
+  for (const auto& [name, fd] : maps()) {
     if (fd >= 0) close(fd);
   }
 }
 
 void UnwindMaps::share(bpf_object* obj) const {
-  const std::pair<const char*, int> shared[] = {
-      {"emd_unwind_mappings", mappings_}, {"emd_unwind_procs", procs_},
-      {"emd_unwind_settled", settled_},   {"emd_unwind_files", files_},
-      {"emd_unwind_pages", pages_},       {"emd_unwind_rows", rows_},
-      {"emd_unwind_rules", rules_},       {"emd_unwind_wants", wants_},
-      {"emd_unwind_version", version_}};
-  for (const auto& [name, fd] : shared) {
+  for (const auto& [name, fd] : maps()) {
     bpf_map* map = bpf_object__find_map_by_name(obj, name);
     if (!map) throw BpfError(std::string("the walker's map ") + name + " is missing");
     if (const int err = bpf_map__reuse_fd(map, fd))
@@ -308,10 +307,7 @@ bool UnwindMaps::write_mappings(std::uint32_t tgid, const std::vector<MappedRang
 }
 
 std::uint32_t UnwindMaps::file_at(std::uint32_t tgid, std::uint64_t addr) const {
-  emd_unwind_map_key key{};
-  key.prefixlen = 32 + 64;
-  key.tgid = htobe32(tgid);
-  key.addr = htobe64(addr);
+  const emd_unwind_map_key key = mapping_key(tgid, addr, 0);
   emd_unwind_mapping m{};
   return bpf_map_lookup_elem(mappings_, &key, &m) == 0 ? m.file : 0;
 }
@@ -352,7 +348,7 @@ UnwindMaps::Usage UnwindMaps::usage() const {
 
 std::uint64_t UnwindMaps::kernel_bytes() const {
   std::uint64_t total = 0;
-  for (int fd : fds()) {
+  for (const auto& [name, fd] : maps()) {
     std::ifstream in("/proc/self/fdinfo/" + std::to_string(fd));
     for (std::string line; std::getline(in, line);) {
       if (line.rfind("memlock:", 0) == 0) total += std::stoull(line.substr(8));

@@ -105,9 +105,21 @@ class UnwindMaps {
   void reclaim();
 
   UnwindMapLimits limits_;
-  // Every map's descriptor.
-  std::array<int, 9> fds() const {
-    return {mappings_, procs_, settled_, files_, pages_, rows_, rules_, wants_, version_};
+  // Every map: its name in the walker's objects and its descriptor.
+  struct NamedMap {
+    const char* name;
+    int fd;
+  };
+  std::array<NamedMap, 9> maps() const {
+    return {{{"emd_unwind_mappings", mappings_},
+             {"emd_unwind_procs", procs_},
+             {"emd_unwind_settled", settled_},
+             {"emd_unwind_files", files_},
+             {"emd_unwind_pages", pages_},
+             {"emd_unwind_rows", rows_},
+             {"emd_unwind_rules", rules_},
+             {"emd_unwind_wants", wants_},
+             {"emd_unwind_version", version_}}};
   }
   // Bumps emd_unwind_version: after a process's settlement changed (a sample walk's memo of
   // its process check holds while the number stays).
