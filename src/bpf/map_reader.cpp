@@ -2,6 +2,7 @@
 
 #include <bpf/bpf.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 
@@ -62,6 +63,46 @@ class KernelMapReader final : public MapReader {
 
   bool remove(const void* key) override { return bpf_map_delete_elem(fd_, key) == 0; }
 
+ protected:
+  bool take_batches(std::size_t key_size, std::size_t value_size, std::size_t limit,
+                    const Visit& visit, std::size_t& taken) override {
+    if (copies_ > 1 || batch_ == BatchReads::Unsupported) return false;
+    std::size_t room = std::min<std::size_t>(limit, 256);
+    std::vector<std::uint8_t> keys, values;
+    __u64 at = 0;  // where the last batch ended (a hash map: a bucket)
+    bool first = true;
+    while (taken < limit) {
+      room = std::min(room, limit - taken);
+      keys.resize(room * key_size);
+      values.resize(room * value_size);
+      auto count = static_cast<__u32>(room);
+      const int err = bpf_map_lookup_and_delete_batch(fd_, first ? nullptr : &at, &at, keys.data(),
+                                                      values.data(), &count, nullptr);
+      const int why = err != 0 ? errno : 0;
+      // EINVAL / ENOTSUPP / EOPNOTSUPP at the first: no batches for this map on this kernel.
+      if (first && err != 0 && (why == EINVAL || why == 524 || why == EOPNOTSUPP)) {
+        batch_ = BatchReads::Unsupported;
+        return false;
+      }
+      first = false;
+      batch_ = BatchReads::Supported;
+      for (__u32 i = 0; i < count && i < room; ++i)
+        visit(keys.data() + i * key_size, values.data() + i * value_size);
+      taken += std::min<std::size_t>(count, room);
+      if (err == 0) continue;
+      if (why == ENOENT) break;  // past the last bucket, its entries taken
+      if (why == ENOSPC && count == 0) {
+        // One bucket holds more entries than there was room for; past the limit (entries
+        // added while the map is taken), the rest waits for the next read.
+        if (room >= limit - taken) break;
+        room *= 2;
+        continue;
+      }
+      throw BpfError(bpf_error_text("bpf_map_lookup_and_delete_batch", why));
+    }
+    return true;
+  }
+
  private:
   int fd_;
   std::size_t copies_;
@@ -79,6 +120,27 @@ std::vector<std::uint8_t> MapReader::keys(std::size_t key_size, std::size_t limi
     out.insert(out.end(), next.begin(), next.end());
   }
   return out;
+}
+
+bool MapReader::take_batches(std::size_t, std::size_t, std::size_t, const Visit&, std::size_t&) {
+  return false;
+}
+
+std::size_t MapReader::take_each(std::size_t key_size, std::size_t value_size, std::size_t limit,
+                                 const Visit& visit) {
+  std::size_t taken = 0;
+  if (take_batches(key_size, value_size, limit, visit, taken)) return taken;
+  const std::vector<std::uint8_t> all = keys(key_size, limit);
+  std::vector<std::uint8_t> value(value_size);
+  for (std::size_t i = 0; i < all.size() / key_size; ++i) {
+    const std::uint8_t* key = all.data() + i * key_size;
+    const Taken got = lookup_and_delete(key, value.data());
+    if (got == Taken::Absent) continue;
+    if (got == Taken::Unsupported && !(lookup(key, value.data()) && remove(key))) continue;
+    visit(key, value.data());
+    ++taken;
+  }
+  return taken;
 }
 
 std::unique_ptr<MapReader> read_map(const bpf_map* map) {

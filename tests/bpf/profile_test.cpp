@@ -827,6 +827,7 @@ std::vector<std::vector<std::string>> perf_main_thread_stacks(const std::string&
 struct PerfBeside {
   ProfileWindow window;
   std::string script, recorded;
+  std::string tables;  // the tables built, by result, and the walks, by how they ended
 };
 PerfBeside perf_beside(const std::string& command) {
   MetricStore metrics;
@@ -840,6 +841,11 @@ PerfBeside perf_beside(const std::string& command) {
                                    command + " 2>&1");
   REQUIRE(store.cut());
   out.window = store.store().window(from, profiling::Clock::now());
+  tracer->drain();
+  const auto families = test::collect(metrics);
+  out.tables =
+      "tables:" + test::counters_text(families, "ebpf_metricsd_profile_unwind_tables_total", {}) +
+      "\n  walks:" + test::counters_text(families, "ebpf_metricsd_profile_unwinds_total", {});
   out.script = test::run_capture("perf script -i " + data +
                                  " -F comm,pid,tid,ip,sym,dso --no-inline 2>/dev/null");
   std::remove(data.c_str());
@@ -1291,7 +1297,7 @@ TEST_CASE("profile: perf --call-graph dwarf on the same workload agrees on whole
   const PerfBeside run = perf_beside(std::string(PROFILE_WORKLOAD_NOFP) + " 2000 5");
   const ProfileWindow& w = run.window;
   const std::string& script = run.script;
-  INFO("perf record: " << run.recorded);
+  INFO("perf record: " << run.recorded << "\n  " << run.tables);
 
   // The main thread's on-CPU stacks with one of the workload's leaves, leaf to main.
   const std::set<std::string> leaves = {"hot_three", "hot_one", "compare_slowly"};
@@ -1359,7 +1365,7 @@ TEST_CASE("profile: /usr/bin/python3.11 reaches main as perf --call-graph dwarf 
                                      "        leaf(1000)\n"
                                      "middle(2.0)'");
   const ProfileWindow& w = run.window;
-  INFO("perf record: " << run.recorded);
+  INFO("perf record: " << run.recorded << "\n  " << run.tables);
   // Debian's python3.11 main() ends in a jump to Py_BytesMain (a tail call): no stack holds
   // main itself, Py_BytesMain stands in its place.
   const auto reaches_main = [](const std::vector<std::string>& names) {

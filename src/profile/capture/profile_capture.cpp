@@ -77,12 +77,10 @@ void ProfileCapture::cut() {
   };
 
   std::vector<std::pair<profile_key, profile_value>> entries;
-  for (const profile_key& k :
-       read_map_fd(full, false)->keys<profile_key>(bpf_map__max_entries(full_map))) {
-    profile_value v{};
-    if (bpf_map_lookup_elem(full, &k, &v) == 0) entries.emplace_back(k, v);
-  }
-  for (const auto& e : entries) bpf_map_delete_elem(full, &e.first);
+  read_map_fd(full, false)
+      ->take_each<profile_key, profile_value>(
+          bpf_map__max_entries(full_map),
+          [&](const profile_key& k, const profile_value& v) { entries.emplace_back(k, v); });
   // The threads now: before the stacks are read, for the kernel stacks of their waits.
   const std::vector<profile_thread> now = threads_->now();
   stacks_->read(object_.stacks, end);

@@ -21,25 +21,22 @@ constexpr std::chrono::minutes kRawStackLife{10};
 void StackCache::read(const bpf_map* stacks, Clock::time_point now) {
   ++generation_;
   const int fd = bpf_map__fd(stacks);
-  for (const __u64 k : read_map_fd(fd, false)->keys<__u64>(bpf_map__max_entries(stacks))) {
-    emd_stack s{};
-    if (bpf_map_lookup_elem(fd, &k, &s) == 0) {
-      auto [at, fresh] = raw_.try_emplace(k);
-      RawStack& r = at->second;
-      // Another stack under a hash read before (the kernel side compares within what it
-      // holds, which each read empties): the newer is what samples from now on mean.
-      if (!fresh && r.check != s.check) {
-        ++collisions_;
-        // Before the batch takes views of the caches (the stacks are read first).
-        std::erase_if(kernel_cache_, [k](const auto& kv) { return kv.first.first == k; });
-        std::erase_if(user_cache_, [k](const auto& kv) { return kv.first.second == k; });
-      }
-      r.ips.assign(s.ips, s.ips + std::min<__u32>(s.nr, EMD_STACK_MAX_DEPTH));
-      r.check = s.check;
-      r.seen = now;
-    }
-    bpf_map_delete_elem(fd, &k);
-  }
+  read_map_fd(fd, false)->take_each<__u64, emd_stack>(
+      bpf_map__max_entries(stacks), [&](const __u64 k, const emd_stack& s) {
+        auto [at, fresh] = raw_.try_emplace(k);
+        RawStack& r = at->second;
+        // Another stack under a hash read before (the kernel side compares within what it
+        // holds, which each read empties): the newer is what samples from now on mean.
+        if (!fresh && r.check != s.check) {
+          ++collisions_;
+          // Before the batch takes views of the caches (the stacks are read first).
+          std::erase_if(kernel_cache_, [k](const auto& kv) { return kv.first.first == k; });
+          std::erase_if(user_cache_, [k](const auto& kv) { return kv.first.second == k; });
+        }
+        r.ips.assign(s.ips, s.ips + std::min<__u32>(s.nr, EMD_STACK_MAX_DEPTH));
+        r.check = s.check;
+        r.seen = now;
+      });
 }
 
 const StackCache::RawStack* StackCache::raw_stack(std::uint64_t hash) {

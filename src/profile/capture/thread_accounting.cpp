@@ -70,15 +70,12 @@ std::vector<profile_thread> ThreadAccounting::now() {
   out.resize(bytes.size() / sizeof(profile_thread));
   std::memcpy(out.data(), bytes.data(), out.size() * sizeof(profile_thread));
   const std::size_t alive = out.size();
-  const int ends = bpf_map__fd(thread_ends_);
-  for (__u32 tid : read_map_fd(ends, false)->keys<__u32>(bpf_map__max_entries(thread_ends_))) {
-    profile_thread t{};
-    if (bpf_map_lookup_and_delete_elem(ends, &tid, &t) == 0 ||
-        (bpf_map_lookup_elem(ends, &tid, &t) == 0 && bpf_map_delete_elem(ends, &tid) == 0)) {
-      t.blocked = 0;  // exited: its waits are over
-      out.push_back(t);
-    }
-  }
+  read_map_fd(bpf_map__fd(thread_ends_), false)
+      ->take_each<__u32, profile_thread>(bpf_map__max_entries(thread_ends_),
+                                         [&](__u32, profile_thread t) {
+                                           t.blocked = 0;  // exited: its waits are over
+                                           out.push_back(t);
+                                         });
   exited_from_ = alive;
   return out;
 }
