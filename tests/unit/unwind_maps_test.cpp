@@ -89,6 +89,37 @@ TEST_CASE("unwind maps: rules no loaded table uses are given back", "[unwind_tab
   CHECK(maps.usage().rules == 3);
 }
 
+TEST_CASE("unwind maps: no file takes more than half of the rows", "[unwind_table]") {
+  if (geteuid() != 0) {
+    WARN("skipped: making BPF maps needs root");
+    return;
+  }
+  UnwindMapLimits limits;
+  limits.mapping_blocks = limits.processes = limits.files = limits.pages = 16;
+  limits.rows = 64;
+  limits.rules = 4;
+  UnwindMaps maps(limits);
+  const auto table_of = [](std::uint16_t rows) {
+    UnwindTable t;
+    UnwindRule r;
+    r.kind = EMD_UNWIND_CFA_RSP;
+    r.cfa_offset = 8;
+    r.ra_offset = -8;
+    t.rules.push_back(r);
+    for (std::uint16_t i = 0; i < rows; ++i) t.rows.push_back({static_cast<std::uint16_t>(i), 0});
+    t.pages.push_back({1, 0, rows});
+    return t;
+  };
+  // 33 of 64 rows: refused, though the rows are free; 32 fit, and the other 32 are left for
+  // the rest of the host's files.
+  CHECK(maps.load(1, table_of(33)) == UnwindMaps::Loaded::RowsFull);
+  CHECK(maps.usage().rows == 0);
+  CHECK(maps.load(1, table_of(32)) == UnwindMaps::Loaded::Ok);
+  CHECK(maps.load(2, table_of(32)) == UnwindMaps::Loaded::Ok);
+  CHECK(maps.load(3, table_of(2)) == UnwindMaps::Loaded::RowsFull);
+  CHECK(maps.usage().rows == 64);
+}
+
 // A full trie: a block whose file changed is written again (not left naming the old file,
 // as an update in place that a full trie refuses before Linux 6.13 would), and a write that
 // fell short is made whole by the next read's rewrite once there is room. Makes BPF maps:

@@ -172,7 +172,9 @@ void UnwindMaps::reclaim() {
 
 UnwindMaps::Loaded UnwindMaps::load(std::uint32_t file, const UnwindTable& table) {
   std::lock_guard lock(mutex_);
-  if (table.rows.size() > (limits_.rows & ~1u)) return Loaded::RowsFull;
+  // No file takes more than half of the rows: one huge library (libLLVM-15's 980,000) would
+  // otherwise leave no room for the rest of a host's code while any process maps it.
+  if (table.rows.size() > (limits_.rows / 2 & ~1u)) return Loaded::RowsFull;
   const auto n = static_cast<std::uint32_t>(table.rows.size());
   reclaim();
   // The rules this table adds to those written: each a free index (one retired for kGrace,
