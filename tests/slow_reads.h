@@ -17,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <new>
 #include <stdexcept>
@@ -140,8 +141,12 @@ class SlowReader : public HeldChild {
       return true;
     });
     const std::string status = "/proc/" + std::to_string(pid()) + "/status";
+    const std::string syscall = "/proc/" + std::to_string(pid()) + "/syscall";
     for (int i = 0; i < reads; ++i) {
       if (!TestCgroup::wait_blocked(status, before_)) throw std::runtime_error("reader gone");
+      // Blocked in the read itself (system call 0), not in a sleep on its way there (a page
+      // fault): its wait began before the delay does, so it lasts at least the delay.
+      if (!in_read(syscall)) throw std::runtime_error("reader not blocked in read");
       std::this_thread::sleep_for(delay);
       *before_ = -1;
       char c = 'x';
@@ -157,6 +162,18 @@ class SlowReader : public HeldChild {
   }
 
  private:
+  // Waits until the child is blocked in read(2) (its /proc syscall file names system call 0;
+  // a running task's says "running"); false after a minute.
+  static bool in_read(const std::string& syscall) {
+    for (int i = 0; i < 600000; ++i) {
+      std::ifstream in(syscall);
+      std::string line;
+      if (!in || !std::getline(in, line)) return false;
+      if (line.rfind("0 ", 0) == 0) return true;
+      usleep(100);
+    }
+    return false;
+  }
   int data_[2]{-1, -1}, done_[2]{-1, -1};
   std::atomic<long>* before_ = nullptr;
 };

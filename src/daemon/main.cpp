@@ -100,10 +100,12 @@ int main(int argc, char** argv) {
   // Symbolization reads local files only: elfutils would ask a debuginfod server named here.
   unsetenv("DEBUGINFOD_URLS");
   // glibc gives every thread that allocates an arena of its own and keeps them: after a burst
-  // of scrapes on many connections the daemon would hold their memory for good. Two arenas
-  // serve a daemon of a few threads; measured with bench/load_bench.sh (100 connections):
-  // RSS 11 -> 30 MB and staying, 15 -> 19 MB with two arenas.
-  mallopt(M_ARENA_MAX, 2);
+  // of scrapes on many connections the daemon would hold their memory for good (measured with
+  // bench/load_bench.sh, 100 connections: RSS 11 -> 30 MB and staying, 15 -> 19 MB with two
+  // arenas). One arena serves a daemon of a few threads, and what one thread frees another
+  // reuses: the profile's threads (tables, processes, reads) each kept a heap's worth apart,
+  // 20 MiB more at the peak of the memory-budget test with two.
+  mallopt(M_ARENA_MAX, 1);
   // A scrape's body is a block of 100 KB and more. glibc would serve such blocks from an
   // mmap of their own until the first is freed, then raise its threshold and keep later ones
   // in the arenas, where a burst of scrapes leaves them resident. Fixed thresholds keep every

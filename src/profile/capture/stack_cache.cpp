@@ -3,7 +3,9 @@
 #include <bpf/bpf.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <csignal>
 
 #include "ebpf_metricsd/bpf/map_reader.h"
 
@@ -78,7 +80,18 @@ const std::vector<Frame>* StackCache::user_frames(std::uint32_t tgid, std::uint6
 void StackCache::forget_unused() {
   const std::uint64_t keep_from = generation_ > 3 ? generation_ - 3 : 0;
   std::erase_if(kernel_cache_, [&](const auto& kv) { return kv.second.seen < keep_from; });
-  std::erase_if(user_cache_, [&](const auto& kv) { return kv.second.seen < keep_from; });
+  // A process's named stacks serve its later samples; once it has exited (its last ones
+  // read by this cut), they serve none: 2,000 short processes would otherwise hold theirs
+  // for three cuts.
+  std::unordered_map<std::uint32_t, bool> gone;
+  const auto exited = [&](std::uint32_t tgid) {
+    auto [at, fresh] = gone.try_emplace(tgid, false);
+    if (fresh) at->second = kill(static_cast<pid_t>(tgid), 0) != 0 && errno == ESRCH;
+    return at->second;
+  };
+  std::erase_if(user_cache_, [&](const auto& kv) {
+    return kv.second.seen < keep_from || exited(kv.first.first);
+  });
   const auto too_old = Clock::now() - kRawStackLife;
   std::erase_if(raw_, [&](const auto& kv) { return kv.second.seen < too_old; });
   const std::size_t cap = std::size_t{max_stacks_} * 4;

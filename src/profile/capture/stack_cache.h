@@ -33,7 +33,8 @@ class StackCache {
   // an off-CPU one was taken where the thread switched out.
   const std::vector<Frame>* kernel_frames(std::uint64_t hash, bool off_cpu);
   const std::vector<Frame>* user_frames(std::uint32_t tgid, std::uint64_t hash);
-  // Named stacks not used in the last few cuts go. Raw stacks stay as long as a profile is
+  // Named stacks not used in the last few cuts go, and those of processes that have exited
+  // (their last samples read). Raw stacks stay as long as a profile is
   // kept, since a thread that blocked with one may wake much later; past max_stacks * 4 of
   // them, the least recently used go first. Call once the batch was added: the store no
   // longer views the frames.

@@ -86,12 +86,15 @@ UnwindMaps::UnwindMaps(const UnwindMapLimits& limits) : limits_(limits) {
                          sizeof(emd_unwind_mapping), limits.mapping_blocks, BPF_F_NO_PREALLOC);
     procs_ = make_map(BPF_MAP_TYPE_LRU_HASH, "emd_unwind_procs", sizeof(__u32),
                       sizeof(emd_unwind_proc), limits.processes);
+    // Written by the daemon alone (the kernel side looks up, or writes a value in place):
+    // an element is made as it is written, so a host with 300 processes holds 300, not room
+    // for 16,384 (1.7 MiB; the pages' 1.2 MiB).
     settled_ = make_map(BPF_MAP_TYPE_HASH, "emd_unwind_settled", sizeof(__u32),
-                        sizeof(emd_unwind_settled), limits.processes);
+                        sizeof(emd_unwind_settled), limits.processes, BPF_F_NO_PREALLOC);
     files_ = make_map(BPF_MAP_TYPE_HASH, "emd_unwind_files", sizeof(__u32), sizeof(emd_unwind_file),
-                      limits.files);
+                      limits.files, BPF_F_NO_PREALLOC);
     pages_ = make_map(BPF_MAP_TYPE_HASH, "emd_unwind_pages", sizeof(emd_unwind_page_key),
-                      sizeof(emd_unwind_page), limits.pages);
+                      sizeof(emd_unwind_page), limits.pages, BPF_F_NO_PREALLOC);
     rows_ = make_map(BPF_MAP_TYPE_ARRAY, "emd_unwind_rows", sizeof(__u32),
                      sizeof(emd_unwind_row_pair), limits.rows / 2);
     rules_ = make_map(BPF_MAP_TYPE_ARRAY, "emd_unwind_rules", sizeof(__u32),

@@ -27,7 +27,7 @@ struct UnwindMapLimits {
   std::uint32_t processes = 1u << 14;
   std::uint32_t files = 1u << 12;
   std::uint32_t pages = 1u << 14;
-  std::uint32_t rows = 1u << 21;  // 4 bytes each, two to an array element; half at most a file
+  std::uint32_t rows = 1u << 20;  // 4 bytes each, two to an array element; a file half at most
   std::uint32_t rules = 1u << 14;
   std::uint32_t wants_bytes = 1u << 16;
 };
