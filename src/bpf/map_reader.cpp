@@ -128,6 +128,7 @@ bool MapReader::take_batches(std::size_t, std::size_t, std::size_t, const Visit&
 
 std::size_t MapReader::take_each(std::size_t key_size, std::size_t value_size, std::size_t limit,
                                  const Visit& visit) {
+  if (copies() > 1) throw BpfError("take_each: a per-CPU map's values are not one copy each");
   std::size_t taken = 0;
   if (take_batches(key_size, value_size, limit, visit, taken)) return taken;
   const std::vector<std::uint8_t> all = keys(key_size, limit);

@@ -17,6 +17,7 @@
 #include <tuple>
 
 #include "ebpf_metricsd/bpf/bpf_support.h"
+#include "ebpf_metricsd/bpf/host_safety.h"
 
 namespace ebpf_metricsd::profiling {
 
@@ -86,15 +87,18 @@ UnwindMaps::UnwindMaps(const UnwindMapLimits& limits) : limits_(limits) {
                          sizeof(emd_unwind_mapping), limits.mapping_blocks, BPF_F_NO_PREALLOC);
     procs_ = make_map(BPF_MAP_TYPE_LRU_HASH, "emd_unwind_procs", sizeof(__u32),
                       sizeof(emd_unwind_proc), limits.processes);
-    // Written by the daemon alone (the kernel side looks up, or writes a value in place):
+    // Written by the daemon alone (the kernel side only looks up): where the kernel lets
+    // perf-event and tracing programs use a hash that is not preallocated (6.1, the BPF
+    // memory allocator's kernels; before, the verifier refuses a perf-event program one),
     // an element is made as it is written, so a host with 300 processes holds 300, not room
-    // for 16,384 (1.7 MiB; the pages' 1.2 MiB).
+    // for 16,384 (1.7 MiB; the 16,384 pages' 1.2 MiB).
+    const __u32 as_written = kernel_allocators().hash_elements ? BPF_F_NO_PREALLOC : 0;
     settled_ = make_map(BPF_MAP_TYPE_HASH, "emd_unwind_settled", sizeof(__u32),
-                        sizeof(emd_unwind_settled), limits.processes, BPF_F_NO_PREALLOC);
+                        sizeof(emd_unwind_settled), limits.processes, as_written);
     files_ = make_map(BPF_MAP_TYPE_HASH, "emd_unwind_files", sizeof(__u32), sizeof(emd_unwind_file),
-                      limits.files, BPF_F_NO_PREALLOC);
+                      limits.files, as_written);
     pages_ = make_map(BPF_MAP_TYPE_HASH, "emd_unwind_pages", sizeof(emd_unwind_page_key),
-                      sizeof(emd_unwind_page), limits.pages, BPF_F_NO_PREALLOC);
+                      sizeof(emd_unwind_page), limits.pages, as_written);
     rows_ = make_map(BPF_MAP_TYPE_ARRAY, "emd_unwind_rows", sizeof(__u32),
                      sizeof(emd_unwind_row_pair), limits.rows / 2);
     rules_ = make_map(BPF_MAP_TYPE_ARRAY, "emd_unwind_rules", sizeof(__u32),
