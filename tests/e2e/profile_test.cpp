@@ -115,19 +115,24 @@ struct ProfileDaemon {
   }
 };
 
-// Runs the known workload (`binary`) under the daemon until the daemon's own data shows its
-// CPU work and its reader's waits (fixed work, done at any speed), and a few hundred samples
-// more (3 s at 997 Hz). Its pid.
-pid_t profile_workload(ProfileDaemon& p, const char* binary) {
-  Workload w(binary);
-  const bool seen = wait_until(
+// Whether, within `limit`, the daemon's own data shows the known workload's CPU work and its
+// reader's waits (wait_on_pipe, reached only through the C library's read).
+bool workload_walked(ProfileDaemon& p, std::chrono::seconds limit) {
+  return wait_until(
       [&] {
         const auto d = p.get("/profile/data?seconds=60&view=wall");
         return d.first == "200" && d.second.find("hot_one") != std::string::npos &&
                d.second.find("wait_on_pipe") != std::string::npos;
       },
-      30s);
-  REQUIRE(seen);
+      limit);
+}
+
+// Runs the known workload (`binary`) under the daemon until the daemon's own data shows its
+// CPU work and its reader's waits (fixed work, done at any speed), and a few hundred samples
+// more (3 s at 997 Hz). Its pid.
+pid_t profile_workload(ProfileDaemon& p, const char* binary) {
+  Workload w(binary);
+  REQUIRE(workload_walked(p, 30s));
   std::this_thread::sleep_for(3s);
   return w.pid;
 }
@@ -153,13 +158,7 @@ TEST_CASE("pprof over HTTPS with basic auth: go tool pprof reads the known workl
   Workload w;
   // Once the daemon has walked it through the C library (the process read, the tables of its
   // files loaded: seconds on a slow machine, or under the sanitizers), 3 s of its profile.
-  REQUIRE(wait_until(
-      [&] {
-        const auto d = p.get("/profile/data?seconds=60&view=wall");
-        return d.first == "200" && d.second.find("hot_one") != std::string::npos &&
-               d.second.find("wait_on_pipe") != std::string::npos;
-      },
-      60s));
+  REQUIRE(workload_walked(p, 60s));
   const auto [status, body] = p.get("/debug/pprof/profile?seconds=3");
   INFO(p.d->log());
   REQUIRE(status == "200");

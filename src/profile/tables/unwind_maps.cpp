@@ -39,7 +39,6 @@ bool key_less(const emd_unwind_map_key& a, const emd_unwind_map_key& b) {
   return std::tie(a.prefixlen, a.tgid, a.addr) < std::tie(b.prefixlen, b.tgid, b.addr);
 }
 
-// Each block of `ranges` with its value.
 // The trie's key of the block of 2^bits bytes at addr (bits 0: the address alone).
 emd_unwind_map_key mapping_key(std::uint32_t tgid, std::uint64_t addr, unsigned bits) {
   emd_unwind_map_key k{};
@@ -48,6 +47,8 @@ emd_unwind_map_key mapping_key(std::uint32_t tgid, std::uint64_t addr, unsigned 
   k.addr = htobe64(addr);
   return k;
 }
+
+// Each block of `ranges` with its value.
 
 std::map<emd_unwind_map_key, emd_unwind_mapping, decltype(&key_less)> blocks_of(
     std::uint32_t tgid, const std::vector<MappedRange>& ranges) {
