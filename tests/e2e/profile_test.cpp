@@ -115,26 +115,44 @@ struct ProfileDaemon {
   }
 };
 
-// Whether, within `limit`, the daemon's own data shows the known workload's CPU work and its
-// reader's waits (wait_on_pipe, reached only through the C library's read).
+// Whether, within `limit`, the daemon's own data shows the known workload's CPU work under
+// its callers (run_rounds: walked with the workload's own table) and its reader's waits
+// (wait_on_pipe, reached only through the C library's read).
 bool workload_walked(ProfileDaemon& p, std::chrono::seconds limit) {
   return wait_until(
       [&] {
         const auto d = p.get("/profile/data?seconds=60&view=wall");
         return d.first == "200" && d.second.find("hot_one") != std::string::npos &&
+               d.second.find("run_rounds") != std::string::npos &&
                d.second.find("wait_on_pipe") != std::string::npos;
       },
       limit);
 }
 
+// Now as a Unix time in milliseconds (a page's from= and to=).
+std::uint64_t unix_ms_now() {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        std::chrono::system_clock::now().time_since_epoch())
+                                        .count());
+}
+
+// The known workload under the daemon: its pid, and the range (from=...&to=...) of its
+// profile after the daemon had loaded its tables.
+struct WalkedWorkload {
+  pid_t pid;
+  std::string range;
+};
+
 // Runs the known workload (`binary`) under the daemon until the daemon's own data shows its
-// CPU work and its reader's waits (fixed work, done at any speed), and a few hundred samples
-// more (3 s at 997 Hz). Its pid.
-pid_t profile_workload(ProfileDaemon& p, const char* binary) {
+// CPU work and its reader's waits (fixed work, done at any speed), then 4 s more (thousands of
+// samples at 997 Hz): that range holds the walks made with every table loaded, none of the
+// workload's first samples, taken before the daemon had read it.
+WalkedWorkload profile_workload(ProfileDaemon& p, const char* binary) {
   Workload w(binary);
   REQUIRE(workload_walked(p, 30s));
-  std::this_thread::sleep_for(3s);
-  return w.pid;
+  const std::uint64_t from = unix_ms_now();
+  std::this_thread::sleep_for(4s);
+  return {w.pid, "from=" + std::to_string(from) + "&to=" + std::to_string(unix_ms_now())};
 }
 
 // A screenshot of the page at `url` by `chromium` (its command line so far), kept with the
@@ -379,9 +397,9 @@ TEST_CASE("the flame graph page in a real browser: the known workload's function
           "[profile][browser]") {
   ProfileDaemon p;
   // The workload's process alone: what else the host runs meanwhile does not thin it out.
-  const pid_t pid = profile_workload(p, PROFILE_WORKLOAD_FP);
+  const WalkedWorkload w = profile_workload(p, PROFILE_WORKLOAD_FP);
   const std::string url =
-      p.page_url("/profile?seconds=60&group=process&view=wall&pid=" + std::to_string(pid));
+      p.page_url("/profile?" + w.range + "&group=process&view=wall&pid=" + std::to_string(w.pid));
   const std::string chromium = p.chromium();
   const std::string dom = run_capture(chromium + "--dump-dom '" + url + "' 2>/dev/null");
   REQUIRE_THAT(dom, Contains("data-loaded=\"1\""));
@@ -509,9 +527,9 @@ TEST_CASE(
     "[profile][browser][unwind]") {
   // Every user-mode sample's stack walked in the kernel at 997 Hz on every busy CPU.
   ProfileDaemon p;
-  const pid_t pid = profile_workload(p, PROFILE_WORKLOAD_NOFP);
+  const WalkedWorkload w = profile_workload(p, PROFILE_WORKLOAD_NOFP);
   const std::string url =
-      p.page_url("/profile?seconds=60&group=process&view=wall&pid=" + std::to_string(pid));
+      p.page_url("/profile?" + w.range + "&group=process&view=wall&pid=" + std::to_string(w.pid));
   const std::string chromium = p.chromium();
   const std::string dom = run_capture(chromium + "--dump-dom '" + url + "' 2>/dev/null");
   REQUIRE_THAT(dom, Contains("data-loaded=\"1\""));
@@ -771,12 +789,6 @@ TEST_CASE(
 }
 
 namespace {
-
-std::uint64_t unix_ms_now() {
-  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                        std::chrono::system_clock::now().time_since_epoch())
-                                        .count());
-}
 
 // The time `go tool pprof` gives function `name` in `top` (its lines as -top -unit=ms prints
 // them: flat flat% sum% cum cum% name), the cum column in ms; nullopt when it lists none.
