@@ -662,7 +662,7 @@ TEST_CASE("profile store: the bytes it reports follow the frames it keeps, rebui
   const std::vector<Frame> stack = {frame(std::string(100, 'a')), frame(std::string(100, 'b'))};
   store.add_batch(t0 + std::chrono::seconds(1), {sample(0, SampleKind::OnCpu, 10)}, {stack});
   const ProfileStore::Bytes first = store.bytes();
-  CHECK(first.frames >= 2 * (sizeof(Frame) + 101));
+  CHECK(first.frames >= 2 * (sizeof(std::uint64_t) + 101));
   CHECK(first.stacks >= 2 * sizeof(std::uint32_t));
   // The same stack again adds no frame.
   store.add_batch(t0 + std::chrono::seconds(2), {sample(0, SampleKind::OnCpu, 10)}, {stack});
@@ -672,7 +672,29 @@ TEST_CASE("profile store: the bytes it reports follow the frames it keeps, rebui
   store.add_batch(t0 + std::chrono::seconds(60), {sample(0, SampleKind::OnCpu, 10)},
                   {{frame("f")}});
   REQUIRE(store.frames_kept() == 1);
-  CHECK(store.bytes().frames < 2 * 101);
+  CHECK(store.bytes().frames + 2 * 101 < first.frames);
+}
+
+TEST_CASE("profile store: frames keep each name once, and come back whole") {
+  ProfileStore store;
+  const auto t0 = Clock::now();
+  // 1,000 frames of one file, its path and build ID 64 and 40 characters long: kept once.
+  std::vector<Frame> stack;
+  for (int i = 0; i < 1000; ++i) {
+    Frame f = frame("function_" + std::to_string(i % 10));
+    f.module = "/opt/service/lib/" + std::string(47, 'm');
+    f.build_id = std::string(40, 'b');
+    f.address = 0x1000 + static_cast<std::uint64_t>(i);
+    stack.push_back(f);
+  }
+  store.add_batch(t0 + std::chrono::seconds(1), {sample(0, SampleKind::OnCpu, 10)}, {stack});
+  REQUIRE(store.frames_kept() == 1000);
+  // A frame as a Frame holds it would be at least sizeof(Frame) and its two long strings.
+  CHECK(store.bytes().frames < 1000 * (sizeof(Frame) + 65 + 41) / 2);
+  const ProfileWindow w = store.window(t0, t0 + std::chrono::seconds(1));
+  REQUIRE(w.stacks.size() == 1);
+  REQUIRE(w.stacks[0].size() == 1000);
+  for (std::size_t i = 0; i < 1000; ++i) CHECK(w.frames[w.stacks[0][i]] == stack[i]);
 }
 
 TEST_CASE("profile store: a window of one process, thread, command or workload") {

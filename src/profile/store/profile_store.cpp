@@ -27,14 +27,40 @@ std::uint64_t part_within(const S& s, Clock::time_point from, Clock::time_point 
 
 }  // namespace
 
-std::size_t ProfileStore::FrameIdHash::operator()(const Frame& f) const {
-  std::size_t h = std::hash<std::string>{}(f.function);
-  mix(h, std::hash<std::string>{}(f.module));
-  mix(h, std::hash<std::string>{}(f.build_id));
-  mix(h, std::hash<std::uint64_t>{}(f.address));
+std::size_t ProfileStore::FrameIdHash::operator()(const KeptFrame& f) const {
+  std::size_t h = std::hash<std::uint64_t>{}(f.address);
+  mix(h, f.function);
+  mix(h, f.module);
+  mix(h, f.build_id);
   mix(h, f.kernel);
   for (const SourceLine& l : f.lines) mix(h, std::hash<std::string>{}(l.function) ^ l.line);
   return h;
+}
+
+std::uint32_t ProfileStore::intern_name(const std::string& text) {
+  const auto [it, fresh] = name_ids_.try_emplace(text, static_cast<std::uint32_t>(names_.size()));
+  if (fresh) {
+    names_.push_back(&it->first);
+    names_heap_ += string_heap_bytes(it->first);
+  }
+  return it->second;
+}
+
+ProfileStore::KeptFrame ProfileStore::keep_frame(const Frame& f) {
+  return {
+      f.address, intern_name(f.function), intern_name(f.module), intern_name(f.build_id), f.kernel,
+      f.lines};
+}
+
+Frame ProfileStore::unpack_frame(const KeptFrame& f) const {
+  Frame out;
+  out.function = *names_[f.function];
+  out.module = *names_[f.module];
+  out.build_id = *names_[f.build_id];
+  out.address = f.address;
+  out.kernel = f.kernel;
+  out.lines = f.lines;
+  return out;
 }
 
 std::size_t ProfileStore::StackIdHash::operator()(std::uint32_t id) const {
@@ -50,12 +76,13 @@ std::uint32_t ProfileStore::intern(const StackView& stack) {
   ids.reserve(n);
   for (const auto& part : stack.parts) {
     for (const Frame& f : part) {
-      if (const auto known = frame_ids_.find(f); known != frame_ids_.end()) {
+      KeptFrame kept = keep_frame(f);
+      if (const auto known = frame_ids_.find(kept); known != frame_ids_.end()) {
         ids.push_back(*known);
         continue;
       }
-      frames_.push_back(f);
-      frames_heap_ += frame_heap_bytes(frames_.back());
+      frames_.push_back(std::move(kept));
+      frames_heap_ += lines_heap_bytes(frames_.back().lines);
       ids.push_back(*frame_ids_.insert(static_cast<std::uint32_t>(frames_.size() - 1)).first);
     }
   }
@@ -226,14 +253,20 @@ void ProfileStore::compact() {
     for (Kept& k : waiting_) k.who = new_who[k.who];
   }
   if (in_use * 2 > stacks_.size()) return;
-  std::vector<Frame> frames = std::move(frames_);
+  std::vector<KeptFrame> frames = std::move(frames_);
   std::vector<std::vector<std::uint32_t>> stacks = std::move(stacks_);
+  // The names, kept again as the frames kept use them.
+  std::unordered_map<std::string, std::uint32_t> name_ids = std::move(name_ids_);
+  std::vector<const std::string*> names = std::move(names_);
   frames_.clear();
   stacks_.clear();
   frame_ids_.clear();
   stack_ids_.clear();
+  name_ids_.clear();
+  names_.clear();
   frames_heap_ = 0;
   stacks_heap_ = 0;
+  names_heap_ = 0;
   // The frames the used stacks have, moved over (each was kept once), under new ids.
   constexpr std::uint32_t kGone = ~std::uint32_t{0};
   std::vector<std::uint32_t> new_stack(stacks.size(), 0), new_frame(frames.size(), kGone);
@@ -244,8 +277,10 @@ void ProfileStore::compact() {
     for (std::uint32_t f : stacks[i]) {
       if (new_frame[f] == kGone) {
         new_frame[f] = static_cast<std::uint32_t>(frames_.size());
-        frames_.push_back(std::move(frames[f]));
-        frames_heap_ += frame_heap_bytes(frames_.back());
+        KeptFrame& moved = frames_.emplace_back(std::move(frames[f]));
+        for (std::uint32_t* name : {&moved.function, &moved.module, &moved.build_id})
+          *name = intern_name(*names[*name]);
+        frames_heap_ += lines_heap_bytes(moved.lines);
         frame_ids_.insert(new_frame[f]);
       }
       ids.push_back(new_frame[f]);
@@ -277,7 +312,7 @@ ProfileWindow ProfileStore::window(Clock::time_point from, Clock::time_point to,
       std::vector<std::uint32_t> ids;
       for (std::uint32_t f : stacks_[s.stack]) {
         auto [fit, ffresh] = frame_map.try_emplace(f, static_cast<std::uint32_t>(w.frames.size()));
-        if (ffresh) w.frames.push_back(frames_[f]);
+        if (ffresh) w.frames.push_back(unpack_frame(frames_[f]));
         ids.push_back(fit->second);
       }
       w.stacks.push_back(std::move(ids));
@@ -372,7 +407,12 @@ ProfileStore::Bytes ProfileStore::bytes() const {
   // walk of every frame and stack would hold the lock for long on every read).
   b.stacks = stacks_.capacity() * sizeof(std::vector<std::uint32_t>) + stacks_heap_ +
              stack_ids_.size() * kSetEntry;
-  b.frames = frames_.capacity() * sizeof(Frame) + frames_heap_ + frame_ids_.size() * kSetEntry;
+  // A name: its node in name_ids_ (a pointer, the string and the id) and bucket, its pointer
+  // in names_, and its text past the string's inline buffer.
+  constexpr std::size_t kNameEntry =
+      2 * sizeof(void*) + sizeof(std::string) + sizeof(std::uint64_t) + sizeof(void*);
+  b.frames = frames_.capacity() * sizeof(KeptFrame) + frames_heap_ + frame_ids_.size() * kSetEntry +
+             names_.capacity() * sizeof(void*) + name_ids_.size() * kNameEntry + names_heap_;
   return b;
 }
 

@@ -6,19 +6,20 @@
 
 namespace ebpf_metricsd::profiling {
 
-namespace {
 std::size_t string_heap_bytes(const std::string& s) {
   // Past libstdc++'s inline buffer of 15 characters, the heap holds capacity + 1.
   return s.capacity() > 15 ? s.capacity() + 1 : 0;
 }
-}  // namespace
+
+std::size_t lines_heap_bytes(const std::vector<SourceLine>& lines) {
+  std::size_t n = lines.capacity() * sizeof(SourceLine);
+  for (const SourceLine& l : lines) n += string_heap_bytes(l.function) + string_heap_bytes(l.file);
+  return n;
+}
 
 std::size_t frame_heap_bytes(const Frame& f) {
-  std::size_t n = string_heap_bytes(f.function) + string_heap_bytes(f.module) +
-                  string_heap_bytes(f.build_id) + f.lines.capacity() * sizeof(SourceLine);
-  for (const SourceLine& l : f.lines)
-    n += string_heap_bytes(l.function) + string_heap_bytes(l.file);
-  return n;
+  return string_heap_bytes(f.function) + string_heap_bytes(f.module) +
+         string_heap_bytes(f.build_id) + lines_heap_bytes(f.lines);
 }
 
 std::size_t frames_bytes(const std::vector<Frame>& frames) {

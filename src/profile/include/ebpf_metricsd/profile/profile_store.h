@@ -204,21 +204,34 @@ class ProfileStore {
   Clock::time_point last_end_ = Clock::now();
   std::size_t samples_ = 0;
   std::uint64_t dropped_ = 0;
+  // A frame as kept: its function, file and build ID as ids of names_, each text kept once
+  // however many frames share it (200 programs' frames share their function names; a
+  // program's thousand frames, its file's name and build ID).
+  struct KeptFrame {
+    std::uint64_t address = 0;
+    std::uint32_t function = 0, module = 0, build_id = 0;
+    bool kernel = false;
+    std::vector<SourceLine> lines;
+    bool operator==(const KeptFrame&) const = default;
+  };
+  std::uint32_t intern_name(const std::string& text);  // caller holds mutex_
+  KeptFrame keep_frame(const Frame& f);                // caller holds mutex_
+  Frame unpack_frame(const KeptFrame& f) const;        // caller holds mutex_
   // Each frame and stack once, by id; the sets index them by content (ids, hashed and
   // compared through the tables).
   // Transparent: a frame is looked up by its content before it is copied in.
   struct FrameIdHash {
     using is_transparent = void;
-    const std::vector<Frame>* frames;
+    const std::vector<KeptFrame>* frames;
     std::size_t operator()(std::uint32_t id) const { return (*this)((*frames)[id]); }
-    std::size_t operator()(const Frame& f) const;
+    std::size_t operator()(const KeptFrame& f) const;
   };
   struct FrameIdEq {
     using is_transparent = void;
-    const std::vector<Frame>* frames;
+    const std::vector<KeptFrame>* frames;
     bool operator()(std::uint32_t a, std::uint32_t b) const { return (*frames)[a] == (*frames)[b]; }
-    bool operator()(const Frame& a, std::uint32_t b) const { return a == (*frames)[b]; }
-    bool operator()(std::uint32_t a, const Frame& b) const { return (*frames)[a] == b; }
+    bool operator()(const KeptFrame& a, std::uint32_t b) const { return a == (*frames)[b]; }
+    bool operator()(std::uint32_t a, const KeptFrame& b) const { return (*frames)[a] == b; }
   };
   struct StackIdHash {
     const std::vector<std::vector<std::uint32_t>>* stacks;
@@ -230,8 +243,12 @@ class ProfileStore {
   };
   std::vector<Who> whos_;
   std::unordered_map<std::string, std::uint32_t> who_ids_;  // by comm and labels, joined
-  std::vector<Frame> frames_;
-  std::size_t frames_heap_ = 0;  // frame_heap_bytes() of frames_, kept as they change
+  // The names frames use, by id (pointers to name_ids_' keys, which stay where they are).
+  std::vector<const std::string*> names_;
+  std::unordered_map<std::string, std::uint32_t> name_ids_;
+  std::size_t names_heap_ = 0;  // the names' text past their strings' inline buffers
+  std::vector<KeptFrame> frames_;
+  std::size_t frames_heap_ = 0;  // the lines of frames_, kept as they change
   std::unordered_set<std::uint32_t, FrameIdHash, FrameIdEq> frame_ids_{0, FrameIdHash{&frames_},
                                                                        FrameIdEq{&frames_}};
   std::vector<std::vector<std::uint32_t>> stacks_;

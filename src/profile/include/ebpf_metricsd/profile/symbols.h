@@ -44,6 +44,10 @@ struct Frame {
   auto operator<=>(const Frame&) const = default;
 };
 
+// The heap a string holds beside itself: its text past the inline buffer.
+std::size_t string_heap_bytes(const std::string& s);
+// The heap source lines hold: their array and their strings'.
+std::size_t lines_heap_bytes(const std::vector<SourceLine>& lines);
 // The heap a frame holds beside itself: its strings past the inline buffer, its lines.
 std::size_t frame_heap_bytes(const Frame& f);
 // What a vector of frames holds: the frames and their heap.
