@@ -41,6 +41,7 @@ Config parse_config(const std::string& yaml_text, const std::string& file_name) 
   web.finish();
 
   cfg.drain_interval = top.get_duration("drain_interval", cfg.drain_interval, 100ms, 1h);
+  cfg.nice = static_cast<int>(top.get_int("nice", cfg.nice, -20, 19));
   cfg.max_series = static_cast<std::size_t>(
       top.get_int("max_series", static_cast<std::int64_t>(cfg.max_series), 0, 10'000'000));
 

@@ -3,9 +3,13 @@
 #include <malloc.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <systemd/sd-daemon.h>
 
+#include <cerrno>
+#include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -42,6 +46,23 @@ void release_free_memory() {
   if (free_now > after_last_trim + kSlack) {
     malloc_trim(0);
     after_last_trim = mallinfo2().fordblks;
+  }
+}
+
+// Sets every thread of the daemon to nice value `nice`: those there are now, and (as they
+// inherit it) those they start. Where lowering it is not permitted (no CAP_SYS_NICE, as under
+// the unit, which sets it with Nice=), the threads keep theirs, with a warning.
+void set_nice(int nice) {
+  int failed = 0, why = 0;
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    const auto tid = static_cast<id_t>(std::stoul(task.path().filename().string()));
+    if (setpriority(PRIO_PROCESS, tid, nice) != 0 && failed++ == 0) why = errno;
+  }
+  if (ec) why = ec.value();
+  if (failed > 0 || ec) {
+    spdlog::warn("nice {}: {}; the daemon's threads keep their nice value", nice,
+                 std::strerror(why));
   }
 }
 
@@ -217,6 +238,7 @@ bool Daemon::reload() {
   set_kernel_btf_path(cfg.btf_path);
   if (!reconcile(cfg)) return false;
   drain_->set_interval(cfg.drain_interval);
+  if (cfg.nice != cfg_.nice) set_nice(cfg.nice);
   store_->set_series_limit(cfg.max_series);
   keep_profiles(cfg.profiles);
   cfg_ = std::move(cfg);
@@ -242,6 +264,8 @@ int Daemon::run() {
   // else (block_daemon_signals), and every thread inherits the blocked mask. Blocking again
   // costs nothing and keeps run_daemon() safe when called from elsewhere (tests).
   block_daemon_signals();
+  // Before any thread starts: each inherits it.
+  set_nice(cfg_.nice);
 
   route_libbpf_logs();
   store_->set_series_limit(cfg_.max_series);

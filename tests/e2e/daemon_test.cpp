@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <sstream>
 
 #include "daemon_process.h"
 #include "ebpf_metricsd/daemon/daemon.h"
@@ -136,6 +137,49 @@ TEST_CASE(
       wait_until([&] { return d.log().find("web server restarted") != std::string::npos; }, 30s));
   CHECK(http_get(s.port, "/metrics").status == 200);
   CHECK(wait_until([&] { return thread_count(d.pid()) == before; }, 10s));
+  kill(d.pid(), SIGTERM);
+  CHECK(d.wait_exit(10s) == 0);
+}
+
+namespace {
+// The nice values of process `pid`'s threads (field 19 of each /proc/PID/task/TID/stat,
+// counted after the command name's closing parenthesis).
+std::multiset<int> thread_nice_values(pid_t pid) {
+  std::multiset<int> values;
+  const std::string task = "/proc/" + std::to_string(pid) + "/task";
+  DIR* d = opendir(task.c_str());
+  if (!d) return values;
+  while (const dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    const std::string stat = read_file(task + "/" + e->d_name + "/stat");
+    std::istringstream fields(stat.substr(stat.rfind(')') + 2));
+    std::string field;
+    for (int i = 3; i < 19 && fields >> field; ++i) {
+    }
+    int nice = 100;
+    if (fields >> nice) values.insert(nice);
+  }
+  closedir(d);
+  return values;
+}
+}  // namespace
+
+TEST_CASE("the daemon's threads run at the config's nice value, -10 by default; a reload sets it",
+          "[sizing]") {
+  Setup s;
+  DaemonProcess d(daemon_path(), s.log, {s.args(), false, {}, {}});
+  REQUIRE(wait_until([&] { return d.log().find("draining every") != std::string::npos; }, 60s));
+  // Every thread, the web server's and the drain's too (started after the value was set).
+  std::multiset<int> values = thread_nice_values(d.pid());
+  INFO("daemon log:\n" << d.log());
+  REQUIRE(values.size() >= 3);
+  CHECK(values.count(-10) == values.size());
+  // A reload sets every thread's, those running included.
+  s.prepend("nice: 5\n");
+  kill(d.pid(), SIGHUP);
+  REQUIRE(wait_until([&] { return d.log().find("reload done") != std::string::npos; }, 30s));
+  values = thread_nice_values(d.pid());
+  CHECK(values.count(5) == values.size());
   kill(d.pid(), SIGTERM);
   CHECK(d.wait_exit(10s) == 0);
 }

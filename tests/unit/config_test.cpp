@@ -37,6 +37,7 @@ TEST_CASE("empty config gives the documented defaults") {
   const Config c = parse_config("", "test.yaml");
   CHECK(c.web.listen_address == ":9810");
   CHECK(c.drain_interval == std::chrono::seconds(5));
+  CHECK(c.nice == -10);
   REQUIRE(!c.tracers.empty());
   for (const auto& t : c.tracers) CHECK_FALSE(t.enabled);
 }
@@ -125,6 +126,13 @@ TEST_CASE("config errors name file, line, column and key") {
     CHECK_THAT(error_of("drain_interval: 5\n"), Contains("expected a unit"));
     CHECK_THAT(error_of("drain_interval: {a: 1}\n"),
                Contains("expected a duration, got a mapping"));
+  }
+  SECTION("nice out of range or not a number") {
+    CHECK_THAT(error_of("nice: -21\n"), StartsWith("test.yaml:1:7: nice:"));
+    CHECK_THAT(error_of("nice: 20\n"), StartsWith("test.yaml:1:7: nice:"));
+    CHECK_THAT(error_of("nice: low\n"), StartsWith("test.yaml:1:7: nice:"));
+    CHECK(parse_config("nice: 19\n", "test.yaml").nice == 19);
+    CHECK(parse_config("nice: -20\n", "test.yaml").nice == -20);
   }
   SECTION("drain interval out of range") {
     CHECK(error_of("drain_interval: 10ms\n") ==
