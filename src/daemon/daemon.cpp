@@ -50,17 +50,19 @@ void release_free_memory() {
 }
 
 // Sets every thread of the daemon to nice value `nice`: those there are now, and (as they
-// inherit it) those they start. Where lowering it is not permitted (no CAP_SYS_NICE, as under
-// the unit, which sets it with Nice=), the threads keep theirs, with a warning.
+// inherit it) those they start. Where lowering it is not permitted (no CAP_SYS_NICE and no
+// RLIMIT_NICE room: the unit sets Nice= and LimitNICE=), the threads keep theirs, with a
+// warning. A thread that exits meanwhile is no failure.
 void set_nice(int nice) {
-  int failed = 0, why = 0;
+  int why = 0;
   std::error_code ec;
-  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
-    const auto tid = static_cast<id_t>(std::stoul(task.path().filename().string()));
-    if (setpriority(PRIO_PROCESS, tid, nice) != 0 && failed++ == 0) why = errno;
+  std::filesystem::directory_iterator task("/proc/self/task", ec);
+  for (; !ec && task != std::filesystem::directory_iterator(); task.increment(ec)) {
+    const auto tid = static_cast<id_t>(std::stoul(task->path().filename().string()));
+    if (setpriority(PRIO_PROCESS, tid, nice) != 0 && errno != ESRCH && why == 0) why = errno;
   }
   if (ec) why = ec.value();
-  if (failed > 0 || ec) {
+  if (why != 0) {
     spdlog::warn("nice {}: {}; the daemon's threads keep their nice value", nice,
                  std::strerror(why));
   }
@@ -238,7 +240,8 @@ bool Daemon::reload() {
   set_kernel_btf_path(cfg.btf_path);
   if (!reconcile(cfg)) return false;
   drain_->set_interval(cfg.drain_interval);
-  if (cfg.nice != cfg_.nice) set_nice(cfg.nice);
+  // Against the value in effect: one refused before is tried again.
+  if (getpriority(PRIO_PROCESS, 0) != cfg.nice) set_nice(cfg.nice);
   store_->set_series_limit(cfg.max_series);
   keep_profiles(cfg.profiles);
   cfg_ = std::move(cfg);

@@ -152,7 +152,9 @@ std::multiset<int> thread_nice_values(pid_t pid) {
   while (const dirent* e = readdir(d)) {
     if (e->d_name[0] == '.') continue;
     const std::string stat = read_file(task + "/" + e->d_name + "/stat");
-    std::istringstream fields(stat.substr(stat.rfind(')') + 2));
+    const auto name_end = stat.rfind(')');
+    if (name_end == std::string::npos || name_end + 2 > stat.size()) continue;  // gone
+    std::istringstream fields(stat.substr(name_end + 2));
     std::string field;
     for (int i = 3; i < 19 && fields >> field; ++i) {
     }

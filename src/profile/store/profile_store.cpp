@@ -407,8 +407,8 @@ ProfileStore::Bytes ProfileStore::bytes() const {
   // walk of every frame and stack would hold the lock for long on every read).
   b.stacks = stacks_.capacity() * sizeof(std::vector<std::uint32_t>) + stacks_heap_ +
              stack_ids_.size() * kSetEntry;
-  // A name: its node in name_ids_ (a pointer, the string and the id) and bucket, its pointer
-  // in names_, and its text past the string's inline buffer.
+  // A name: its node in name_ids_ (a pointer, the string, the id and the cached hash) and
+  // its bucket; its pointer in names_ and its text are counted apart.
   constexpr std::size_t kNameEntry =
       2 * sizeof(void*) + sizeof(std::string) + sizeof(std::uint64_t) + sizeof(void*);
   b.frames = frames_.capacity() * sizeof(KeptFrame) + frames_heap_ + frame_ids_.size() * kSetEntry +
