@@ -417,6 +417,9 @@ report = {
     "max_loop_gap_seconds": round(max_loop_gap, 3),
     "answered_data": answered_data,
     "bytes_sent": sum(c.sent for c in conns),
+    # Connections that sent a byte after their first (dripped at least once) and that the
+    # server then closed: what a timeout restarted by each byte would never close.
+    "dripped_then_closed": sum(1 for c in by_server if c.sent >= 2),
     "statuses": statuses,
     "no_answer": no_answer,
     "answer_seconds_median": round(answer_seconds[len(answer_seconds) // 2], 3)
